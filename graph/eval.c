@@ -1,0 +1,234 @@
+/*
+ * eval.c: the reference evaluator's driver. It runs nodes in topological
+ * order, asks each op's shape function for output types (the same function
+ * shape inference uses), allocates outputs when their shape is static, calls
+ * the op's reference kernel and frees intermediates after their last use.
+ * It is the oracle for every other backend and the engine of constant folding.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kf_ref.h"
+
+/* Why op version `ver` of node n cannot run, or NULL. */
+static const char *unsupported_reason(const kf_node *n) {
+    static _Thread_local char buf[512];
+    const kf_op_info *info = kf_op_get(n->op);
+    if (!info) {
+        snprintf(buf, sizeof buf, "unsupported op %s%s%s", n->domain[0] ? n->domain : "",
+                 n->domain[0] ? "::" : "", n->op_type);
+        return buf;
+    }
+    if (!info->eval) {
+        snprintf(buf, sizeof buf, "op %s has no reference kernel", n->op_type);
+        return buf;
+    }
+    if (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi)) {
+        snprintf(buf, sizeof buf, "op %s at opset %lld is not supported (supported %d..%d)",
+                 n->op_type, (long long)n->opset, info->ver_lo, info->ver_hi);
+        return buf;
+    }
+    return NULL;
+}
+
+const char *kf_eval_unsupported_reason(const kf_model *m) {
+    const kf_graph *g = m->graph;
+    for (kf_id i = 1; i < g->nnodes; i++) {
+        if (g->nodes[i].dead) continue;
+        const char *r = unsupported_reason(&g->nodes[i]);
+        if (r) return r;
+    }
+    return NULL;
+}
+
+kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *out) {
+    const char *why = unsupported_reason(n);
+    if (why) return kf_fail(KF_ERR_UNSUPPORTED, "node '%s': %s", kf_node_label(n), why);
+    const kf_op_info *info = kf_op_get(n->op);
+    if (nin < info->in_min || (info->in_max >= 0 && nin > info->in_max))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): %d inputs, expected %d..%d", kf_node_label(n),
+                       n->op_type, nin, info->in_min, info->in_max);
+    if (n->nout < info->out_min || (info->out_max >= 0 && n->nout > info->out_max))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): %d outputs, expected %d..%d", kf_node_label(n),
+                       n->op_type, n->nout, info->out_min, info->out_max);
+    for (int i = 0; i < info->in_min && i < nin; i++)
+        if (!in[i])
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): required input %d is missing",
+                           kf_node_label(n), n->op_type, i);
+
+    kf_status st = KF_ERR_NOMEM;
+    kf_type *types = kf_calloc((size_t)nin + 1, sizeof(kf_type));
+    const kf_type **tp = kf_calloc((size_t)nin + 1, sizeof(kf_type *));
+    kf_type *otypes = kf_calloc((size_t)n->nout + 1, sizeof(kf_type));
+    if (!types || !tp || !otypes) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < nin; i++) {
+        if (!in[i]) continue;
+        kf_type_of_tensor(&types[i], in[i]);
+        tp[i] = &types[i];
+    }
+    for (int j = 0; j < n->nout; j++) {
+        kf_tensor_release(&out[j]);
+        kf_type_unknown(&otypes[j]);
+    }
+    if (info->shape && (st = info->shape(n, nin, tp, in, n->nout, otypes)) != KF_OK) goto done;
+    for (int j = 0; j < n->nout; j++) {
+        if (kf_dtype_valid(otypes[j].dtype) && kf_type_is_static(&otypes[j])) {
+            st = kf_tensor_alloc(&out[j], otypes[j].dtype, otypes[j].rank, otypes[j].dims);
+            if (st) {
+                kf_fail_context(st, "node '%s' (%s) output %d", kf_node_label(n), n->op_type, j);
+                goto done;
+            }
+        }
+    }
+    st = info->eval(n, nin, in, n->nout, out);
+    if (st) goto done;
+    for (int j = 0; j < n->nout; j++) {
+        if (!n->out[j]) continue;
+        if (!out[j].data && out[j].numel == 0 && !kf_dtype_valid(out[j].dtype)) {
+            st = kf_fail(KF_ERR_INTERNAL, "node '%s' (%s): kernel produced no output %d",
+                         kf_node_label(n), n->op_type, j);
+            goto done;
+        }
+    }
+done:
+    if (st)
+        for (int j = 0; j < n->nout; j++) kf_tensor_release(&out[j]);
+    kf_free(types);
+    kf_free(tp);
+    kf_free(otypes);
+    return st;
+}
+
+kf_status kf_graph_real_inputs(const kf_graph *g, kf_id **ids, uint32_t *count) {
+    kf_id *r = kf_calloc(g->ninputs + 1, sizeof(kf_id));
+    if (!r) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    uint32_t c = 0;
+    for (uint32_t i = 0; i < g->ninputs; i++)
+        if (!g->values[g->inputs[i]].init) r[c++] = g->inputs[i];
+    *ids = r;
+    *count = c;
+    return KF_OK;
+}
+
+/* Checks a caller's tensor against the declared type of graph input v. */
+static kf_status check_input(const kf_graph *g, kf_id v, const kf_tensor *t) {
+    const kf_value *val = &g->values[v];
+    const kf_type *ty = &val->type;
+    if (ty->dtype && t->dtype != ty->dtype)
+        return kf_fail(KF_ERR_SHAPE, "input '%s' has dtype %s, the model declares %s", val->name,
+                       kf_dtype_name(t->dtype), kf_dtype_name(ty->dtype));
+    if (ty->rank >= 0) {
+        if (t->rank != ty->rank)
+            return kf_fail(KF_ERR_SHAPE, "input '%s' has rank %d, the model declares %d", val->name,
+                           t->rank, ty->rank);
+        for (int d = 0; d < ty->rank; d++)
+            if (ty->dims[d] >= 0 && ty->dims[d] != t->dims[d])
+                return kf_fail(KF_ERR_SHAPE, "input '%s' dim %d is %lld, the model declares %lld",
+                               val->name, d, (long long)t->dims[d], (long long)ty->dims[d]);
+    }
+    return KF_OK;
+}
+
+kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
+                        kf_tensor *outputs, const kf_eval_opts *opts) {
+    const kf_graph *g = m->graph;
+    kf_status st = KF_OK;
+    kf_id *order = NULL, *real = NULL;
+    uint32_t norder = 0, nreal = 0;
+    kf_tensor *vals = NULL;       /* one slot per value id */
+    uint32_t *remaining = NULL;   /* uses left before a value can be freed */
+    const kf_tensor **inp = NULL;
+    kf_tensor *outs = NULL;
+    uint32_t maxio = 1;
+
+    if ((st = kf_graph_topo(g, &order, &norder))) return st;
+    if ((st = kf_graph_real_inputs(g, &real, &nreal))) goto done;
+    if ((uint32_t)ninputs != nreal) {
+        st = kf_fail(KF_ERR_INVALID_ARG, "model has %u inputs, %d were given", nreal, ninputs);
+        goto done;
+    }
+    vals = kf_calloc(g->nvalues, sizeof(kf_tensor));
+    remaining = kf_calloc(g->nvalues, sizeof(uint32_t));
+    if (!vals || !remaining) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t k = 0; k < norder; k++) {
+        const kf_node *n = &g->nodes[order[k]];
+        if (n->nin > (int)maxio) maxio = (uint32_t)n->nin;
+        if (n->nout > (int)maxio) maxio = (uint32_t)n->nout;
+        const char *why = unsupported_reason(n);
+        if (why) {
+            st = kf_fail(KF_ERR_UNSUPPORTED, "node '%s': %s", kf_node_label(n), why);
+            goto done;
+        }
+        for (int i = 0; i < n->nin; i++)
+            if (n->in[i]) remaining[n->in[i]]++;
+    }
+    inp = kf_calloc(maxio, sizeof(kf_tensor *));
+    outs = kf_calloc(maxio, sizeof(kf_tensor));
+    if (!inp || !outs) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t i = 0; i < nreal; i++) {
+        if ((st = check_input(g, real[i], &inputs[i]))) goto done;
+        if ((st = kf_tensor_copy(&vals[real[i]], &inputs[i]))) goto done;
+    }
+    for (uint32_t k = 0; k < norder; k++) {
+        const kf_node *n = &g->nodes[order[k]];
+        for (int i = 0; i < n->nin; i++) {
+            kf_id v = n->in[i];
+            inp[i] = NULL;
+            if (!v) continue;
+            const kf_value *val = &g->values[v];
+            if (vals[v].data || vals[v].dtype) inp[i] = &vals[v];
+            else if (val->init) inp[i] = val->init;
+            else {
+                st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): input '%s' has no value",
+                             kf_node_label(n), n->op_type, val->name);
+                goto done;
+            }
+        }
+        if ((st = kf_eval_node(n, n->nin, inp, outs))) goto done;
+        for (int j = 0; j < n->nout; j++) {
+            if (n->out[j]) kf_tensor_move(&vals[n->out[j]], &outs[j]);
+            else kf_tensor_release(&outs[j]);
+        }
+        if (opts && opts->on_node) {
+            /* outputs now live in vals */
+            for (int j = 0; j < n->nout; j++)
+                if (n->out[j]) outs[j] = vals[n->out[j]];
+            opts->on_node(opts->user, g, order[k], outs);
+            memset(outs, 0, sizeof(kf_tensor) * (size_t)n->nout);
+        }
+        for (int i = 0; i < n->nin; i++) {
+            kf_id v = n->in[i];
+            if (v && --remaining[v] == 0 && !g->values[v].is_output) kf_tensor_release(&vals[v]);
+        }
+    }
+    for (uint32_t o = 0; o < g->noutputs; o++) {
+        kf_id v = g->outputs[o];
+        const kf_tensor *src = (vals[v].data || vals[v].dtype) ? &vals[v] : g->values[v].init;
+        if (!src) {
+            st = kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is never computed", g->values[v].name);
+            goto done;
+        }
+        if ((st = kf_tensor_copy(&outputs[o], src))) goto done;
+    }
+done:
+    if (st && outputs)
+        for (uint32_t o = 0; o < g->noutputs; o++) kf_tensor_release(&outputs[o]);
+    if (vals)
+        for (uint32_t v = 0; v < g->nvalues; v++) kf_tensor_release(&vals[v]);
+    kf_free(vals);
+    kf_free(remaining);
+    kf_free(inp);
+    kf_free(outs);
+    kf_free(order);
+    kf_free(real);
+    return st;
+}

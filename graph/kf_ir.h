@@ -1,0 +1,176 @@
+/*
+ * kf_ir.h: the graph IR. One kf_graph owns its values (tensors) and nodes,
+ * stored in growable arrays and named by dense 32-bit ids; id 0 means "none".
+ * Every value keeps its use list, so "who consumes this" is O(1). Analyses
+ * are plain arrays indexed by id.
+ */
+#ifndef KF_IR_H
+#define KF_IR_H
+
+#include "kf_tensor.h"
+
+typedef uint32_t kf_id;
+
+/* Attribute kinds; numbers equal ONNX AttributeProto.AttributeType. */
+typedef enum kf_attr_type {
+    KF_ATTR_UNDEFINED = 0,
+    KF_ATTR_FLOAT = 1,
+    KF_ATTR_INT = 2,
+    KF_ATTR_STRING = 3,
+    KF_ATTR_TENSOR = 4,
+    KF_ATTR_GRAPH = 5,
+    KF_ATTR_FLOATS = 6,
+    KF_ATTR_INTS = 7,
+    KF_ATTR_STRINGS = 8,
+    KF_ATTR_TENSORS = 9,
+    KF_ATTR_GRAPHS = 10,
+    KF_ATTR_SPARSE_TENSOR = 11,
+    KF_ATTR_SPARSE_TENSORS = 12,
+    KF_ATTR_TYPE_PROTO = 13,
+    KF_ATTR_TYPE_PROTOS = 14
+} kf_attr_type;
+
+typedef struct kf_attr {
+    char *name;
+    kf_attr_type type;
+    int64_t i;
+    float f;
+    kf_bytes s;
+    int64_t *ints;    /* KF_ATTR_INTS */
+    float *floats;    /* KF_ATTR_FLOATS */
+    kf_bytes *strings; /* KF_ATTR_STRINGS */
+    int n;            /* element count of ints/floats/strings */
+    kf_tensor *t;     /* KF_ATTR_TENSOR */
+    char *ref_attr_name; /* inside functions: refers to a caller attribute */
+    char *doc;
+    /* Kinds kfuse does not interpret (graphs, sparse tensors, type protos,
+     * tensor lists) are kept as the packed AttributeProto and written back
+     * byte for byte. */
+    uint8_t *packed;
+    size_t packed_len;
+} kf_attr;
+
+/* Sub-kinds of opaque ops live in the op table; KF_OP_UNKNOWN is 0. */
+typedef int kf_op;
+
+typedef struct kf_node {
+    char *name;
+    char *op_type;
+    char *domain; /* "" for the default ONNX domain */
+    char *doc;
+    kf_op op;     /* op table entry, 0 when kfuse does not know it (opaque) */
+    int64_t opset; /* version of `domain` the model imports */
+    kf_id *in;    /* value ids; 0 = absent optional input */
+    int nin;
+    kf_id *out;   /* value ids; 0 = absent optional output */
+    int nout;
+    kf_attr *attrs;
+    int nattrs;
+    bool dead;    /* removed; slot kept so ids stay stable */
+} kf_node;
+
+typedef struct kf_value {
+    char *name;
+    char *doc;
+    kf_type type;
+    kf_tensor *init;  /* initializer / constant data, owned; NULL otherwise */
+    kf_id producer;   /* producing node, 0 for inputs and initializers */
+    kf_id *users;     /* consuming nodes, once per input slot */
+    uint32_t nusers, capusers;
+    bool is_input;    /* listed in graph.input */
+    bool is_output;   /* listed in graph.output */
+    bool has_info;    /* appeared in value_info (keep it on export) */
+    bool has_type;    /* the file declared a type for it */
+} kf_value;
+
+typedef struct kf_graph {
+    kf_value *values; /* [0] unused */
+    uint32_t nvalues, capvalues;
+    kf_node *nodes;   /* [0] unused */
+    uint32_t nnodes, capnodes;
+    kf_id *inputs, *outputs; /* in file order */
+    uint32_t ninputs, noutputs, capinputs, capoutputs;
+    char **syms;      /* symbolic dim names; [0] unused */
+    uint32_t nsyms, capsyms;
+    char *name;
+    char *doc;
+    /* name -> value id hash (open addressing), rebuilt as values grow */
+    kf_id *hash;
+    uint32_t hashcap;
+} kf_graph;
+
+typedef struct kf_opset {
+    char *domain;
+    int64_t version;
+} kf_opset;
+
+struct kf_model {
+    kf_graph *graph;
+    kf_opset *opsets;
+    int nopsets;
+    int64_t ir_version;
+    char *dir;    /* folder external data is resolved in; may be NULL */
+    void *proto;  /* the unpacked Onnx__ModelProto the model came from:
+                   * fields kfuse does not model are written back from it */
+};
+
+/* ---- graph construction ---------------------------------------------- */
+
+/* New empty graph / free everything it owns. NULL on out of memory. */
+kf_graph *kf_graph_new(void);
+void kf_graph_free(kf_graph *g);
+
+static inline kf_node *kf_node_at(const kf_graph *g, kf_id id) { return &g->nodes[id]; }
+static inline kf_value *kf_value_at(const kf_graph *g, kf_id id) { return &g->values[id]; }
+
+/* Finds a value by name; 0 if absent. */
+kf_id kf_graph_find(const kf_graph *g, const char *name);
+/* Adds a value with a unique name (copied). *id receives the new id.
+ * Fails with KF_ERR_BAD_MODEL if the name exists. */
+kf_status kf_graph_add_value(kf_graph *g, const char *name, kf_id *id);
+/* Returns the id of the value named name, creating it if needed. */
+kf_status kf_graph_intern_value(kf_graph *g, const char *name, kf_id *id);
+/* Adds a node. op_type/domain/name are copied; in/out value ids must exist
+ * (0 for absent). Use lists and producers are updated; a value that already
+ * has a producer is a KF_ERR_BAD_MODEL naming it. */
+kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain,
+                            const char *name, const kf_id *in, int nin, const kf_id *out,
+                            int nout, kf_id *id);
+/* Interns a symbolic dim name; returns id > 0 or 0 on out of memory. */
+uint32_t kf_graph_sym(kf_graph *g, const char *name);
+kf_status kf_graph_mark_input(kf_graph *g, kf_id v);
+kf_status kf_graph_mark_output(kf_graph *g, kf_id v);
+/* Appends a copy of an attribute to the node (deep copy). */
+kf_status kf_node_add_attr(kf_node *n, const kf_attr *a);
+void kf_attr_release(kf_attr *a);
+kf_status kf_attr_copy(kf_attr *dst, const kf_attr *src);
+
+/* Node ids in a topological order (producers first; ties keep file order).
+ * *order is malloc'ed (caller frees) with *count live nodes. A cycle is
+ * KF_ERR_BAD_MODEL naming one node on it. */
+kf_status kf_graph_topo(const kf_graph *g, kf_id **order, uint32_t *count);
+
+/* ---- attribute lookup (for shape functions and kernels) ---------------- */
+
+const kf_attr *kf_attr_find(const kf_node *n, const char *name);
+/* Value of an attribute or def when absent. A present attribute of another
+ * kind also yields def (shape functions validate kinds where it matters). */
+int64_t kf_attr_i(const kf_node *n, const char *name, int64_t def);
+float kf_attr_f(const kf_node *n, const char *name, float def);
+/* NUL-terminated string attribute or def. */
+const char *kf_attr_s(const kf_node *n, const char *name, const char *def);
+/* Lists: pointer to the elements and *count, or NULL (count 0) if absent. */
+const int64_t *kf_attr_ints(const kf_node *n, const char *name, int *count);
+const float *kf_attr_floats(const kf_node *n, const char *name, int *count);
+const kf_tensor *kf_attr_t(const kf_node *n, const char *name);
+
+/* A printable name for messages: the node's name, or "#id op_type" if none. */
+const char *kf_node_label(const kf_node *n);
+
+/* ---- model ------------------------------------------------------------ */
+
+/* Opset version the model imports for domain ("" / "ai.onnx" alike), 0 if
+ * none. */
+int64_t kf_model_opset(const kf_model *m, const char *domain);
+
+#endif

@@ -1,0 +1,96 @@
+/*
+ * kf_ref.h: the reference evaluator: helpers shared by every reference
+ * kernel and shape function (broadcasting, axes, index iteration, reading
+ * shape-like inputs), and the driver that runs a whole graph on the CPU.
+ * Kernels favour clarity over speed but never loop quadratically by accident.
+ */
+#ifndef KF_REF_H
+#define KF_REF_H
+
+#include "kf_ops.h"
+
+/* ---- broadcasting ------------------------------------------------------ */
+
+/* Numpy-style broadcast of nin shapes into out (rank = max rank). Unknown
+ * dims (-1) stay unknown unless another operand fixes them (1 vs -1 gives
+ * -1). Mismatch is KF_ERR_SHAPE naming node n. */
+kf_status kf_broadcast_shapes(const kf_node *n, int nin, const kf_type *const *in, kf_type *out);
+
+#define KF_BCAST_MAX_IN 8
+/* Iterates the output of a broadcast op: for each output linear index it
+ * gives the element offset into every input. */
+typedef struct kf_bcast {
+    int rank;
+    int nin;
+    int64_t dims[KF_MAX_RANK];
+    int64_t numel;
+    int64_t strides[KF_BCAST_MAX_IN][KF_MAX_RANK]; /* 0 on broadcast dims */
+} kf_bcast;
+/* Prepares iteration over inputs in[0..nin) (nin <= KF_BCAST_MAX_IN). */
+kf_status kf_bcast_init(kf_bcast *b, const kf_node *n, int nin, const kf_tensor *const *in);
+/* Offsets of output element `linear` in each input. */
+void kf_bcast_offsets(const kf_bcast *b, int64_t linear, int64_t *offs);
+
+/* ---- generic shape functions ------------------------------------------- */
+
+/* out[0] = in[0] (dtype and shape); for unary elementwise ops. */
+kf_status kf_shape_same(const kf_node *n, int nin, const kf_type *const *in,
+                        const kf_tensor *const *val, int nout, kf_type *out);
+/* out[0] = broadcast of all present inputs, dtype of in[0]. */
+kf_status kf_shape_bcast(const kf_node *n, int nin, const kf_type *const *in,
+                         const kf_tensor *const *val, int nout, kf_type *out);
+/* Like kf_shape_bcast but the dtype is bool (comparisons, logic). */
+kf_status kf_shape_bcast_bool(const kf_node *n, int nin, const kf_type *const *in,
+                              const kf_tensor *const *val, int nout, kf_type *out);
+/* Leaves every output unknown; for ops whose shape needs their data. */
+kf_status kf_shape_unknown(const kf_node *n, int nin, const kf_type *const *in,
+                           const kf_tensor *const *val, int nout, kf_type *out);
+
+/* ---- small helpers ------------------------------------------------------ */
+
+/* Normalises a possibly negative axis into [0, rank); KF_ERR_BAD_MODEL
+ * naming the node when out of range. */
+kf_status kf_norm_axis(const kf_node *n, int64_t axis, int rank, int *out);
+/* Reads a 1-D (or scalar) integer tensor into a malloc'ed int64 array the
+ * caller frees; *count gets its length. what names the input in errors. */
+kf_status kf_read_ints(const kf_node *n, const kf_tensor *t, const char *what, int64_t **vals,
+                       int64_t *count);
+/* Multi-index <-> linear index for a row-major shape. */
+void kf_unravel(int rank, const int64_t *dims, int64_t linear, int64_t *idx);
+int64_t kf_ravel(int rank, const int64_t *strides, const int64_t *idx);
+/* Checks that input i exists and has one of the listed dtypes (terminated
+ * by KF_DT_UNDEFINED); KF_ERR_SHAPE naming node and input otherwise. */
+kf_status kf_check_dtype(const kf_node *n, const kf_tensor *t, int i, ...);
+
+/* ---- graph evaluation ---------------------------------------------------- */
+
+/* Options of one evaluation. */
+typedef struct kf_eval_opts {
+    /* called after each node with its outputs; NULL for none */
+    void (*on_node)(void *user, const kf_graph *g, kf_id node, const kf_tensor *outs);
+    void *user;
+} kf_eval_opts;
+
+/* Runs the model's graph on the reference evaluator.
+ *   inputs[i]  tensors for the graph inputs that are not initializers, in
+ *              file order (ninputs of them); a missing input whose value
+ *              has an initializer uses the initializer
+ *   outputs    receives m->graph->noutputs tensors (caller releases each)
+ * Errors: KF_ERR_UNSUPPORTED for unknown ops or opset versions (naming
+ * them), shape errors and run-time errors naming the node. */
+kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
+                        kf_tensor *outputs, const kf_eval_opts *opts);
+
+/* Evaluates one node from input tensors (used by constant folding and
+ * tests). Output tensors out[0..n->nout) are released and refilled. */
+kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *out);
+
+/* Graph inputs that need data from the caller (not initializers), in order;
+ * *ids malloc'ed. */
+kf_status kf_graph_real_inputs(const kf_graph *g, kf_id **ids, uint32_t *count);
+
+/* Why the model cannot be evaluated (unknown op, unsupported opset), or
+ * NULL when every node is supported. Static or thread-local storage. */
+const char *kf_eval_unsupported_reason(const kf_model *m);
+
+#endif

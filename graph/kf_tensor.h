@@ -1,0 +1,114 @@
+/*
+ * kf_tensor.h: dtypes, dense tensors and static/symbolic tensor types.
+ * A kf_tensor owns its data. A kf_type is what shape inference knows about a
+ * value before it runs: dtype, rank and dims, each maybe unknown or symbolic.
+ */
+#ifndef KF_TENSOR_H
+#define KF_TENSOR_H
+
+#include "kf_base.h"
+
+/* Numbers equal ONNX TensorProto.DataType, so they never shift. */
+typedef enum kf_dtype {
+    KF_DT_UNDEFINED = 0,
+    KF_DT_FLOAT = 1,
+    KF_DT_UINT8 = 2,
+    KF_DT_INT8 = 3,
+    KF_DT_UINT16 = 4,
+    KF_DT_INT16 = 5,
+    KF_DT_INT32 = 6,
+    KF_DT_INT64 = 7,
+    KF_DT_STRING = 8,
+    KF_DT_BOOL = 9,
+    KF_DT_FLOAT16 = 10,
+    KF_DT_DOUBLE = 11,
+    KF_DT_UINT32 = 12,
+    KF_DT_UINT64 = 13,
+    KF_DT_COMPLEX64 = 14,
+    KF_DT_COMPLEX128 = 15,
+    KF_DT_BFLOAT16 = 16,
+    KF_DT_COUNT_ = 17
+} kf_dtype;
+
+/* A string element: bytes, not necessarily NUL-terminated (ONNX strings are
+ * byte strings). ptr is owned by the tensor; NUL is appended for convenience. */
+typedef struct kf_bytes {
+    char *ptr;
+    size_t len;
+} kf_bytes;
+
+typedef struct kf_tensor {
+    kf_dtype dtype;
+    int rank;
+    int64_t dims[KF_MAX_RANK];
+    int64_t numel;
+    void *data; /* owned; numel * elem size bytes; kf_bytes[] for strings */
+} kf_tensor;
+
+/* What inference knows of a value. rank -1: unknown rank. dims[i] -1:
+ * unknown; syms[i] != 0 names it (graph symbol id) so equal names unify. */
+typedef struct kf_type {
+    kf_dtype dtype;
+    int rank;
+    int64_t dims[KF_MAX_RANK];
+    uint32_t syms[KF_MAX_RANK];
+} kf_type;
+
+/* Size in bytes of one element; 0 for undefined/unknown dtypes. */
+size_t kf_dtype_size(kf_dtype dt);
+/* ONNX spelling ("float", "int64", ...); "?" for unknown numbers. */
+const char *kf_dtype_name(kf_dtype dt);
+bool kf_dtype_valid(int dt);
+bool kf_dtype_is_float(kf_dtype dt); /* float16/bfloat16/float/double */
+bool kf_dtype_is_int(kf_dtype dt);   /* signed or unsigned integer, not bool */
+bool kf_dtype_is_signed(kf_dtype dt);
+
+/* Element count of a shape; fails with KF_ERR_BAD_MODEL on negative dims,
+ * overflow, or a total over KF_MAX_TENSOR_BYTES for element size esz. */
+kf_status kf_shape_numel(int rank, const int64_t *dims, size_t esz, int64_t *numel);
+
+/* (Re)initialises t as a zero-filled tensor of the given shape. Any old data
+ * of t is freed first. Errors: bad shape (see kf_shape_numel), out of memory.
+ * On failure t is left empty (data NULL, numel 0). */
+kf_status kf_tensor_alloc(kf_tensor *t, kf_dtype dt, int rank, const int64_t *dims);
+/* Frees data (and string elements); leaves t empty but reusable. */
+void kf_tensor_release(kf_tensor *t);
+/* Deep copy into dst (released first). */
+kf_status kf_tensor_copy(kf_tensor *dst, const kf_tensor *src);
+/* Heap-allocated empty tensor / destroy (release + free). */
+kf_tensor *kf_tensor_new(void);
+void kf_tensor_free(kf_tensor *t);
+/* Moves src into dst (dst released first); src is left empty. */
+void kf_tensor_move(kf_tensor *dst, kf_tensor *src);
+
+/* Element access by linear index, converting through double or int64.
+ * Strings: get returns 0, set is a no-op. Booleans read as 0/1 and store
+ * v != 0. Float->int set truncates toward zero (like C casts) with saturation
+ * instead of undefined behaviour; NaN stores 0. */
+double kf_get_f64(const kf_tensor *t, int64_t i);
+int64_t kf_get_i64(const kf_tensor *t, int64_t i);
+uint64_t kf_get_u64(const kf_tensor *t, int64_t i);
+void kf_set_f64(kf_tensor *t, int64_t i, double v);
+void kf_set_i64(kf_tensor *t, int64_t i, int64_t v);
+void kf_set_u64(kf_tensor *t, int64_t i, uint64_t v);
+
+/* IEEE half and bfloat16 conversions (round to nearest even). */
+float kf_half_to_float(uint16_t h);
+uint16_t kf_float_to_half(float f);
+float kf_bf16_to_float(uint16_t h);
+uint16_t kf_float_to_bf16(float f);
+
+/* Row-major strides (in elements) of a shape. */
+void kf_strides(int rank, const int64_t *dims, int64_t *strides);
+
+/* Types: a fully unknown type, and a type describing a concrete tensor. */
+void kf_type_unknown(kf_type *ty);
+void kf_type_of_tensor(kf_type *ty, const kf_tensor *t);
+/* True when rank and every dim are known. */
+bool kf_type_is_static(const kf_type *ty);
+
+/* Equality of dtype, shape and every element bit (NaN payloads included);
+ * used for round-trip tests. */
+bool kf_tensor_equal(const kf_tensor *a, const kf_tensor *b);
+
+#endif

@@ -1,0 +1,35 @@
+/*
+ * ops.c: the op table built from the ops_*.def rows, and lookup by
+ * (domain, op_type). Passes, the evaluator and codegen ask this table for
+ * everything they need to know about an op.
+ */
+#include <string.h>
+
+#include "kf_ops.h"
+
+static const kf_op_info op_table[KF_OP_MAX_] = {
+#define KF_OP(sym, id, nm, dom, imin, imax, omin, omax, vlo, vhi, fc, fl, shp, ev, cg)         \
+    [id] = {nm, dom, imin, imax, omin, omax, vlo, vhi, fc, fl, shp, ev, cg},
+#include "kf_ops_all.def"
+#undef KF_OP
+};
+
+const kf_op_info *kf_op_get(kf_op op) {
+    if (op <= 0 || op >= KF_OP_MAX_ || !op_table[op].name) return NULL;
+    return &op_table[op];
+}
+
+static int same_domain(const char *a, const char *b) {
+    if (!a || !a[0] || strcmp(a, "ai.onnx") == 0) a = "";
+    if (!b || !b[0] || strcmp(b, "ai.onnx") == 0) b = "";
+    return strcmp(a, b) == 0;
+}
+
+kf_op kf_op_lookup(const char *domain, const char *op_type) {
+    if (!op_type) return KF_OP_UNKNOWN;
+    for (int i = 1; i < KF_OP_MAX_; i++)
+        if (op_table[i].name && strcmp(op_table[i].name, op_type) == 0 &&
+            same_domain(op_table[i].domain, domain))
+            return i;
+    return KF_OP_UNKNOWN;
+}

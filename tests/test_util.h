@@ -1,0 +1,42 @@
+/*
+ * test_util.h: small builders for unit tests: standalone nodes with
+ * attributes, tensors from literals or random values (seeded, seed printed),
+ * and tolerance comparison per DESIGN.md's numerics policy.
+ */
+#ifndef KF_TEST_UTIL_H
+#define KF_TEST_UTIL_H
+
+#include "kf_ref.h"
+
+/* A node outside any graph: op looked up in the default domain, every input
+ * and output slot present (ids 1..n), opset as given. Free with tu_node_free. */
+kf_node *tu_node(const char *op_type, int nin, int nout, int64_t opset);
+void tu_node_free(kf_node *n);
+void tu_attr_i(kf_node *n, const char *name, int64_t v);
+void tu_attr_f(kf_node *n, const char *name, float v);
+void tu_attr_s(kf_node *n, const char *name, const char *v);
+void tu_attr_ints(kf_node *n, const char *name, int count, const int64_t *v);
+void tu_attr_floats(kf_node *n, const char *name, int count, const float *v);
+void tu_attr_t(kf_node *n, const char *name, const kf_tensor *t);
+
+/* Tensors from literals (copied). */
+kf_tensor tu_tensor(kf_dtype dt, int rank, const int64_t *dims, const double *vals);
+kf_tensor tu_f32(int rank, const int64_t *dims, const float *vals);
+kf_tensor tu_i64(int rank, const int64_t *dims, const int64_t *vals);
+/* Random values uniform in [lo, hi) from the test seed. */
+kf_tensor tu_rand(kf_dtype dt, int rank, const int64_t *dims, double lo, double hi);
+
+/* The run's seed: $KF_SEED or the clock, printed once. */
+uint64_t tu_seed(void);
+double tu_uniform(double lo, double hi);
+
+/* |got - want| <= atol + rtol*|want| elementwise, NaN matches NaN, Inf
+ * matches Inf of the same sign; shapes and dtypes must match. On mismatch
+ * writes a description into why (if not NULL) and returns false. */
+bool tu_close(const kf_tensor *got, const kf_tensor *want, double atol, double rtol, char *why,
+              size_t whylen);
+
+/* Runs one node through kf_eval_node; asserts success (Criterion). */
+void tu_eval(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *out);
+
+#endif
