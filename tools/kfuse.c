@@ -1,1 +1,616 @@
-int main(void){return 0;}
+/*
+ * kfuse.c: the command-line tool. Each verb is one function; they share
+ * argument parsing and the exit-code policy (0 ok, 1 check/compare failed,
+ * 2 usage, 3 bad input or environment). The verbs call the library; this
+ * file holds no graph logic of its own.
+ */
+#include <dirent.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "kf_onnx.h"
+#include "kf_ref.h"
+
+enum { EXIT_OK = 0, EXIT_CHECK = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
+
+static int fail_status(kf_status st) {
+    fprintf(stderr, "kfuse: %s: %s\n", kf_status_name(st), kf_last_error());
+    return EXIT_INPUT;
+}
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: kfuse VERB [options]\n"
+            "  info M.onnx                     opsets, op histogram, inputs/outputs, parameter bytes\n"
+            "  run M.onnx [--backend ref] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
+            "                                  run the model; random inputs unless --inputs\n"
+            "  conform DIR... [--verbose]      run ONNX backend-test folders, per-op table and summary\n"
+            "exit codes: 0 ok, 1 check failed, 2 usage, 3 bad input\n");
+}
+
+/* ---- shared helpers ------------------------------------------------------- */
+
+static void print_type(const kf_graph *g, const kf_type *ty) {
+    printf("%s", ty->dtype ? kf_dtype_name(ty->dtype) : "?");
+    if (ty->rank < 0) {
+        printf("[?]");
+        return;
+    }
+    printf("[");
+    for (int i = 0; i < ty->rank; i++) {
+        if (i) printf(",");
+        if (ty->dims[i] >= 0) printf("%lld", (long long)ty->dims[i]);
+        else if (ty->syms[i]) printf("%s", g->syms[ty->syms[i]]);
+        else printf("?");
+    }
+    printf("]");
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Sorted names in dir that start with prefix (malloc'ed list, caller frees). */
+static char **list_dir(const char *dir, const char *prefix, int *count) {
+    *count = 0;
+    DIR *d = opendir(dir);
+    if (!d) return NULL;
+    char **names = NULL;
+    int n = 0, cap = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (strncmp(e->d_name, prefix, strlen(prefix)) != 0) continue;
+        if (n == cap) {
+            cap = cap ? cap * 2 : 16;
+            char **nn = realloc(names, sizeof(char *) * (size_t)cap);
+            if (!nn) break;
+            names = nn;
+        }
+        names[n++] = strdup(e->d_name);
+    }
+    closedir(d);
+    qsort(names, (size_t)n, sizeof(char *), cmp_str);
+    *count = n;
+    return names;
+}
+
+static void free_list(char **l, int n) {
+    for (int i = 0; i < n; i++) free(l[i]);
+    free(l);
+}
+
+/* input_10.pb sorts after input_9.pb */
+static int pb_index(const char *name) {
+    const char *u = strrchr(name, '_');
+    return u ? atoi(u + 1) : 0;
+}
+
+static int cmp_pb(const void *a, const void *b) {
+    return pb_index(*(char *const *)a) - pb_index(*(char *const *)b);
+}
+
+/* out = a/b; false (and out empty) when it does not fit. */
+static bool join(char *out, size_t n, const char *a, const char *b) {
+    int w = snprintf(out, n, "%s/%s", a, b);
+    if (w < 0 || (size_t)w >= n) {
+        out[0] = 0;
+        return false;
+    }
+    return true;
+}
+
+static bool is_dir(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISDIR(sb.st_mode);
+}
+
+static bool is_file(const char *p) {
+    struct stat sb;
+    return stat(p, &sb) == 0 && S_ISREG(sb.st_mode);
+}
+
+/* ---- info ------------------------------------------------------------------ */
+
+static int cmd_info(int argc, char **argv) {
+    if (argc < 1) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    kf_model *m;
+    kf_status st = kf_model_load(argv[0], &m);
+    if (st) return fail_status(st);
+    const kf_graph *g = m->graph;
+    printf("model: %s\n", argv[0]);
+    printf("ir_version: %lld\n", (long long)m->ir_version);
+    printf("opsets:");
+    for (int i = 0; i < m->nopsets; i++)
+        printf(" %s:%lld", m->opsets[i].domain[0] ? m->opsets[i].domain : "ai.onnx", (long long)m->opsets[i].version);
+    printf("\n");
+    int64_t params = 0, nparams = 0;
+    for (kf_id v = 1; v < g->nvalues; v++)
+        if (g->values[v].init) {
+            params += g->values[v].init->numel * (int64_t)kf_dtype_size(g->values[v].init->dtype);
+            nparams++;
+        }
+    uint32_t live = 0;
+    for (kf_id i = 1; i < g->nnodes; i++) live += !g->nodes[i].dead;
+    printf("nodes: %u\ninitializers: %lld (%lld bytes)\n", live, (long long)nparams, (long long)params);
+    printf("inputs:\n");
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        const kf_value *v = &g->values[g->inputs[i]];
+        if (v->init) continue;
+        printf("  %s: ", v->name);
+        print_type(g, &v->type);
+        printf("\n");
+    }
+    printf("outputs:\n");
+    for (uint32_t i = 0; i < g->noutputs; i++) {
+        const kf_value *v = &g->values[g->outputs[i]];
+        printf("  %s: ", v->name);
+        print_type(g, &v->type);
+        printf("\n");
+    }
+    /* op histogram, most frequent first */
+    typedef struct {
+        const char *op;
+        int count;
+    } hist;
+    hist *h = calloc(live + 1, sizeof *h);
+    int nh = 0;
+    for (kf_id i = 1; h && i < g->nnodes; i++) {
+        if (g->nodes[i].dead) continue;
+        int k = 0;
+        while (k < nh && strcmp(h[k].op, g->nodes[i].op_type)) k++;
+        if (k == nh) h[nh++].op = g->nodes[i].op_type;
+        h[k].count++;
+    }
+    for (int a = 0; a < nh; a++)
+        for (int b = a + 1; b < nh; b++)
+            if (h[b].count > h[a].count || (h[b].count == h[a].count && strcmp(h[b].op, h[a].op) < 0)) {
+                hist t = h[a];
+                h[a] = h[b];
+                h[b] = t;
+            }
+    printf("ops:\n");
+    for (int a = 0; a < nh; a++) printf("  %-28s %d\n", h[a].op, h[a].count);
+    free(h);
+    const char *why = kf_eval_unsupported_reason(m);
+    printf("reference evaluator: %s\n", why ? why : "supports every node");
+    kf_model_free(m);
+    return EXIT_OK;
+}
+
+/* ---- run --------------------------------------------------------------------- */
+
+typedef struct dimbind {
+    const char *name;
+    int64_t value;
+} dimbind;
+
+static uint64_t rng = 88172645463325252ull;
+static double uniform(void) {
+    rng ^= rng << 13;
+    rng ^= rng >> 7;
+    rng ^= rng << 17;
+    return (double)(rng >> 11) / 9007199254740992.0;
+}
+
+/* A random tensor for graph input v; symbolic dims from binds, else 1. */
+static kf_status random_input(const kf_graph *g, const kf_value *v, const dimbind *binds, int nbinds, kf_tensor *t) {
+    const kf_type *ty = &v->type;
+    if (ty->rank < 0 || !ty->dtype)
+        return kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type; pass --inputs", v->name);
+    int64_t dims[KF_MAX_RANK];
+    for (int i = 0; i < ty->rank; i++) {
+        dims[i] = ty->dims[i];
+        if (dims[i] >= 0) continue;
+        dims[i] = 1;
+        for (int b = 0; b < nbinds; b++)
+            if (ty->syms[i] && strcmp(binds[b].name, g->syms[ty->syms[i]]) == 0) dims[i] = binds[b].value;
+    }
+    KF_TRY(kf_tensor_alloc(t, ty->dtype, ty->rank, dims));
+    for (int64_t i = 0; i < t->numel; i++) {
+        double u = uniform();
+        if (kf_dtype_is_float(t->dtype)) kf_set_f64(t, i, 2 * u - 1);
+        else if (t->dtype == KF_DT_BOOL) kf_set_i64(t, i, u < 0.5);
+        else kf_set_i64(t, i, (int64_t)(u * 8)); /* small non-negative: safe as indices into most dims */
+    }
+    return KF_OK;
+}
+
+static void print_summary(const char *name, const kf_tensor *t) {
+    printf("%s: %s[", name, kf_dtype_name(t->dtype));
+    for (int i = 0; i < t->rank; i++) printf("%s%lld", i ? "," : "", (long long)t->dims[i]);
+    printf("]");
+    if (t->dtype != KF_DT_STRING && t->numel) {
+        double sum = 0, mn = INFINITY, mx = -INFINITY;
+        for (int64_t i = 0; i < t->numel; i++) {
+            double x = kf_get_f64(t, i);
+            sum += x;
+            if (x < mn) mn = x;
+            if (x > mx) mx = x;
+        }
+        printf(" min %.6g max %.6g mean %.6g", mn, mx, sum / (double)t->numel);
+        printf(" first [");
+        for (int64_t i = 0; i < t->numel && i < 6; i++) printf("%s%.6g", i ? ", " : "", kf_get_f64(t, i));
+        printf("%s]", t->numel > 6 ? ", ..." : "");
+    }
+    printf("\n");
+}
+
+/* Loads input_*.pb of dir for the graph's real inputs (by name when the
+ * file names its tensor, else by position). */
+static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nreal, const char *dir, kf_tensor *ins) {
+    int nf;
+    char **files = list_dir(dir, "input_", &nf);
+    if (!files && nf == 0 && !is_dir(dir)) return kf_fail(KF_ERR_IO, "cannot read folder '%s'", dir);
+    qsort(files, (size_t)nf, sizeof(char *), cmp_pb);
+    kf_status st = KF_OK;
+    bool *filled = calloc(nreal + 1, 1);
+    for (int f = 0; f < nf && !st; f++) {
+        char path[4096];
+        join(path, sizeof path, dir, files[f]);
+        kf_tensor t = {0};
+        char *name = NULL;
+        if ((st = kf_onnx_read_tensor_file(path, &t, &name))) break;
+        uint32_t slot = (uint32_t)f;
+        if (name && name[0])
+            for (uint32_t i = 0; i < nreal; i++)
+                if (strcmp(g->values[real[i]].name, name) == 0) slot = i;
+        free(name);
+        if (slot >= nreal) {
+            kf_tensor_release(&t);
+            st = kf_fail(KF_ERR_INVALID_ARG, "'%s' does not match any model input", path);
+            break;
+        }
+        kf_tensor_move(&ins[slot], &t);
+        filled[slot] = true;
+    }
+    for (uint32_t i = 0; i < nreal && !st; i++)
+        if (!filled[i]) st = kf_fail(KF_ERR_INVALID_ARG, "no data for input '%s' in '%s'", g->values[real[i]].name, dir);
+    free(filled);
+    free_list(files, nf);
+    return st;
+}
+
+static int cmd_run(int argc, char **argv) {
+    const char *model = NULL, *inputs = NULL, *outputs = NULL, *backend = "ref";
+    dimbind binds[32];
+    int nbinds = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--inputs") && i + 1 < argc) inputs = argv[++i];
+        else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) outputs = argv[++i];
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 0) | 1;
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc && nbinds < 32) {
+            char *eq = strchr(argv[++i], '=');
+            if (!eq) {
+                usage(stderr);
+                return EXIT_USAGE;
+            }
+            *eq = 0;
+            binds[nbinds].name = argv[i];
+            binds[nbinds++].value = strtoll(eq + 1, NULL, 10);
+        } else if (argv[i][0] != '-' && !model) model = argv[i];
+        else {
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (!model) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    if (strcmp(backend, "ref") != 0) {
+        fprintf(stderr, "kfuse: backend '%s' is not available in this build (only 'ref')\n", backend);
+        return EXIT_USAGE;
+    }
+    kf_model *m;
+    kf_status st = kf_model_load(model, &m);
+    if (st) return fail_status(st);
+    const kf_graph *g = m->graph;
+    kf_id *real = NULL;
+    uint32_t nreal = 0;
+    kf_tensor *ins = NULL, *outs = NULL;
+    int rc = EXIT_OK;
+    if ((st = kf_graph_real_inputs(g, &real, &nreal))) goto done;
+    ins = calloc(nreal + 1, sizeof(kf_tensor));
+    outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
+    if (!ins || !outs) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    if (inputs) {
+        if ((st = load_inputs(g, real, nreal, inputs, ins))) goto done;
+    } else {
+        for (uint32_t i = 0; i < nreal; i++)
+            if ((st = random_input(g, &g->values[real[i]], binds, nbinds, &ins[i]))) goto done;
+    }
+    if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) goto done;
+    for (uint32_t o = 0; o < g->noutputs; o++) {
+        print_summary(g->values[g->outputs[o]].name, &outs[o]);
+        if (outputs) {
+            char path[4096];
+            mkdir(outputs, 0777);
+            char fname[32];
+            snprintf(fname, sizeof fname, "output_%u.pb", o);
+            join(path, sizeof path, outputs, fname);
+            if ((st = kf_onnx_write_tensor_file(path, &outs[o], g->values[g->outputs[o]].name))) goto done;
+        }
+    }
+done:
+    if (st) rc = fail_status(st);
+    for (uint32_t i = 0; ins && i < nreal; i++) kf_tensor_release(&ins[i]);
+    for (uint32_t o = 0; outs && o < g->noutputs; o++) kf_tensor_release(&outs[o]);
+    free(ins);
+    free(outs);
+    free(real);
+    kf_model_free(m);
+    return rc;
+}
+
+/* ---- conform -------------------------------------------------------------------- */
+
+/* ONNX backend test runner defaults (DESIGN.md, numerics). */
+#define CONFORM_RTOL 1e-3
+#define CONFORM_ATOL 1e-7
+
+typedef enum { R_PASS, R_FAIL, R_SKIP } result;
+
+typedef struct opstat {
+    char *op;
+    int pass, fail, skip;
+    char *skip_reason;
+} opstat;
+
+typedef struct conform_state {
+    opstat *ops;
+    int nops, capops;
+    int pass, fail, skip;
+    bool verbose;
+} conform_state;
+
+static opstat *op_entry(conform_state *cs, const char *op) {
+    for (int i = 0; i < cs->nops; i++)
+        if (!strcmp(cs->ops[i].op, op)) return &cs->ops[i];
+    if (cs->nops == cs->capops) {
+        cs->capops = cs->capops ? cs->capops * 2 : 64;
+        cs->ops = realloc(cs->ops, sizeof(opstat) * (size_t)cs->capops);
+    }
+    opstat *e = &cs->ops[cs->nops++];
+    memset(e, 0, sizeof *e);
+    e->op = strdup(op);
+    return e;
+}
+
+static bool compare(const kf_tensor *got, const kf_tensor *want, char *why, size_t n) {
+    if (got->dtype != want->dtype) {
+        snprintf(why, n, "dtype %s, expected %s", kf_dtype_name(got->dtype), kf_dtype_name(want->dtype));
+        return false;
+    }
+    if (got->rank != want->rank || got->numel != want->numel) {
+        snprintf(why, n, "shape rank %d numel %lld, expected rank %d numel %lld", got->rank, (long long)got->numel,
+                 want->rank, (long long)want->numel);
+        return false;
+    }
+    for (int d = 0; d < got->rank; d++)
+        if (got->dims[d] != want->dims[d]) {
+            snprintf(why, n, "dim %d is %lld, expected %lld", d, (long long)got->dims[d], (long long)want->dims[d]);
+            return false;
+        }
+    if (got->dtype == KF_DT_STRING) {
+        if (!kf_tensor_equal(got, want)) {
+            snprintf(why, n, "string elements differ");
+            return false;
+        }
+        return true;
+    }
+    for (int64_t i = 0; i < got->numel; i++) {
+        if (!kf_dtype_is_float(got->dtype)) {
+            if (kf_get_u64(got, i) != kf_get_u64(want, i)) {
+                snprintf(why, n, "element %lld is %lld, expected %lld", (long long)i, (long long)kf_get_i64(got, i),
+                         (long long)kf_get_i64(want, i));
+                return false;
+            }
+            continue;
+        }
+        double g = kf_get_f64(got, i), w = kf_get_f64(want, i);
+        bool ok = isnan(w) ? isnan(g) : isinf(w) ? g == w : fabs(g - w) <= CONFORM_ATOL + CONFORM_RTOL * fabs(w);
+        if (!ok) {
+            snprintf(why, n, "element %lld is %.9g, expected %.9g", (long long)i, g, w);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Runs one test folder; returns the result and a reason for fail/skip. */
+static result conform_one(const char *dir, char *why, size_t whylen, kf_model **mout) {
+    char path[4096];
+    join(path, sizeof path, dir, "model.onnx");
+    *mout = NULL;
+    kf_model *m;
+    kf_status st = kf_model_load(path, &m);
+    if (st == KF_ERR_UNSUPPORTED) {
+        snprintf(why, whylen, "%s", kf_last_error());
+        return R_SKIP;
+    }
+    if (st) {
+        snprintf(why, whylen, "load: %s", kf_last_error());
+        return R_FAIL;
+    }
+    *mout = m;
+    const char *unsup = kf_eval_unsupported_reason(m);
+    if (unsup) {
+        snprintf(why, whylen, "%s", unsup);
+        return R_SKIP;
+    }
+    const kf_graph *g = m->graph;
+    kf_id *real = NULL;
+    uint32_t nreal = 0;
+    if (kf_graph_real_inputs(g, &real, &nreal)) {
+        snprintf(why, whylen, "%s", kf_last_error());
+        return R_FAIL;
+    }
+    int nsets;
+    char **sets = list_dir(dir, "test_data_set_", &nsets);
+    result r = nsets ? R_PASS : R_SKIP;
+    if (!nsets) snprintf(why, whylen, "no test_data_set_* folder");
+    for (int s = 0; s < nsets && r == R_PASS; s++) {
+        char sdir[4096];
+        join(sdir, sizeof sdir, dir, sets[s]);
+        kf_tensor *ins = calloc(nreal + 1, sizeof(kf_tensor));
+        kf_tensor *outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
+        st = load_inputs(g, real, nreal, sdir, ins);
+        if (st) {
+            snprintf(why, whylen, "%s: inputs: %s", sets[s], kf_last_error());
+            r = (st == KF_ERR_UNSUPPORTED || st == KF_ERR_BAD_MODEL) ? R_SKIP : R_FAIL;
+        } else if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) {
+            snprintf(why, whylen, "%s: %s", sets[s], kf_last_error());
+            r = st == KF_ERR_UNSUPPORTED ? R_SKIP : R_FAIL;
+        } else {
+            for (uint32_t o = 0; o < g->noutputs && r == R_PASS; o++) {
+                char fname[32];
+                snprintf(fname, sizeof fname, "output_%u.pb", o);
+                join(path, sizeof path, sdir, fname);
+                kf_tensor want = {0};
+                if ((st = kf_onnx_read_tensor_file(path, &want, NULL))) {
+                    snprintf(why, whylen, "%s: expected output %u is not a tensor this build reads: %s", sets[s], o,
+                             kf_last_error());
+                    r = R_SKIP;
+                    break;
+                }
+                char d[512];
+                if (!compare(&outs[o], &want, d, sizeof d)) {
+                    snprintf(why, whylen, "%s: output '%s': %s", sets[s], g->values[g->outputs[o]].name, d);
+                    r = R_FAIL;
+                }
+                kf_tensor_release(&want);
+            }
+        }
+        for (uint32_t i = 0; i < nreal; i++) kf_tensor_release(&ins[i]);
+        for (uint32_t o = 0; o < g->noutputs; o++) kf_tensor_release(&outs[o]);
+        free(ins);
+        free(outs);
+    }
+    free_list(sets, nsets);
+    free(real);
+    return r;
+}
+
+static void conform_record(conform_state *cs, const char *dir) {
+    char why[1024] = "";
+    kf_model *m = NULL;
+    result r = conform_one(dir, why, sizeof why, &m);
+    const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    if (r == R_PASS) cs->pass++;
+    else if (r == R_FAIL) cs->fail++;
+    else cs->skip++;
+    if (r == R_FAIL) printf("FAIL %s: %s\n", name, why);
+    else if (r == R_SKIP && cs->verbose) printf("SKIP %s: %s\n", name, why);
+    else if (cs->verbose) printf("PASS %s\n", name);
+    fflush(stdout);
+    if (!m) {
+        opstat *e = op_entry(cs, "(load)");
+        if (r == R_FAIL) e->fail++;
+        else e->skip++;
+        return;
+    }
+    const kf_graph *g = m->graph;
+    /* credit every distinct op of the model */
+    for (kf_id i = 1; i < g->nnodes; i++) {
+        bool seen = false;
+        for (kf_id j = 1; j < i && !seen; j++) seen = !strcmp(g->nodes[j].op_type, g->nodes[i].op_type);
+        if (seen) continue;
+        opstat *e = op_entry(cs, g->nodes[i].op_type);
+        if (r == R_PASS) e->pass++;
+        else if (r == R_FAIL) e->fail++;
+        else {
+            e->skip++;
+            if (!e->skip_reason) e->skip_reason = strdup(why);
+        }
+    }
+    kf_model_free(m);
+}
+
+static int cmp_opstat(const void *a, const void *b) {
+    return strcmp(((const opstat *)a)->op, ((const opstat *)b)->op);
+}
+
+static int cmd_conform(int argc, char **argv) {
+    conform_state cs = {0};
+    int ndirs = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--verbose")) cs.verbose = true;
+        else if (argv[i][0] == '-') {
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    for (int i = 0; i < argc; i++) {
+        if (argv[i][0] == '-') continue;
+        char path[4096];
+        join(path, sizeof path, argv[i], "model.onnx");
+        if (is_file(path)) {
+            conform_record(&cs, argv[i]);
+            ndirs++;
+            continue;
+        }
+        if (!is_dir(argv[i])) {
+            fprintf(stderr, "kfuse: '%s' is not a test folder\n", argv[i]);
+            return EXIT_INPUT;
+        }
+        int n;
+        char **subs = list_dir(argv[i], "", &n);
+        for (int k = 0; k < n; k++) {
+            if (subs[k][0] == '.') continue;
+            char sub[4096];
+            join(sub, sizeof sub, argv[i], subs[k]);
+            join(path, sizeof path, sub, "model.onnx");
+            if (!is_file(path)) continue;
+            conform_record(&cs, sub);
+            ndirs++;
+        }
+        free_list(subs, n);
+    }
+    if (!ndirs) {
+        fprintf(stderr, "kfuse: no test folders found\n");
+        return EXIT_USAGE;
+    }
+    qsort(cs.ops, (size_t)cs.nops, sizeof(opstat), cmp_opstat);
+    printf("\n%-28s %6s %6s %6s  %s\n", "op", "pass", "fail", "skip", "first skip reason");
+    for (int i = 0; i < cs.nops; i++) {
+        opstat *e = &cs.ops[i];
+        printf("%-28s %6d %6d %6d  %s\n", e->op, e->pass, e->fail, e->skip, e->skip_reason ? e->skip_reason : "");
+        free(e->op);
+        free(e->skip_reason);
+    }
+    free(cs.ops);
+    printf("\n%d passed, %d failed, %d skipped\n", cs.pass, cs.fail, cs.skip);
+    return cs.fail ? EXIT_CHECK : EXIT_OK;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    const char *verb = argv[1];
+    if (!strcmp(verb, "info")) return cmd_info(argc - 2, argv + 2);
+    if (!strcmp(verb, "run")) return cmd_run(argc - 2, argv + 2);
+    if (!strcmp(verb, "conform")) return cmd_conform(argc - 2, argv + 2);
+    if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
+        usage(stdout);
+        return EXIT_OK;
+    }
+    if (!strcmp(verb, "--version")) {
+        printf("kfuse %s\n", kf_version());
+        return EXIT_OK;
+    }
+    fprintf(stderr, "kfuse: unknown verb '%s'\n", verb);
+    usage(stderr);
+    return EXIT_USAGE;
+}

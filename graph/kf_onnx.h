@@ -1,0 +1,37 @@
+/*
+ * kf_onnx.h: ONNX import and export (protobuf-c over the onnx.proto that
+ * Debian's libonnx-dev installs). Import keeps everything it reads; what the
+ * IR does not model (functions, training info, sparse initializers, graph
+ * attributes of control-flow ops) is carried through to export unchanged.
+ */
+#ifndef KF_ONNX_H
+#define KF_ONNX_H
+
+#include "kf_ir.h"
+
+/* Parses an ONNX model. dir: folder for external data (NULL forbids it);
+ * what: the file name used in messages. On success *out is owned by the
+ * caller (kf_model_free). Malformed input is KF_ERR_BAD_MODEL with a message
+ * naming the node, tensor or field. */
+kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const char *what,
+                        kf_model **out);
+
+/* Reads a serialized TensorProto file (.pb of the ONNX test data) into t. */
+kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name);
+
+/* Writes t as a serialized TensorProto file named `name` inside. */
+kf_status kf_onnx_write_tensor_file(const char *path, const kf_tensor *t, const char *name);
+
+/* Reads a whole file into a malloc'ed buffer (caller frees). */
+kf_status kf_read_file(const char *path, uint8_t **data, size_t *len);
+
+/* Rejects protobuf input nested deeper than KF_MAX_PROTO_DEPTH (protobuf-c's
+ * unpacker recurses without limit) and malformed wire format. */
+kf_status kf_proto_check_depth(const uint8_t *data, size_t len, const char *what);
+
+/* True when the two models' graphs are equal: same nodes (op, domain,
+ * names, inputs, outputs, attributes), initializers bit for bit, inputs,
+ * outputs and declared types. On difference writes a description to why. */
+bool kf_model_equal(const kf_model *a, const kf_model *b, char *why, size_t whylen);
+
+#endif

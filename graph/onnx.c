@@ -1,0 +1,1061 @@
+/*
+ * onnx.c: ONNX files in and out. Import turns a protobuf-c ModelProto into
+ * the IR, checking every length, dim and offset it reads (files are
+ * untrusted); export builds a fresh ModelProto from the IR and carries the
+ * fields the IR does not model from the original. This is the first and last
+ * stage of the pipeline: graph/ -> fusion/ -> ... -> back out through here.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "kf_onnx.h"
+#include "kf_ops.h"
+#include "onnx.pb-c.h"
+
+/* Largest model file read into memory; bigger weights belong in external
+ * data, which is read tensor by tensor. */
+#define KF_MAX_FILE_BYTES ((int64_t)8 << 30)
+
+/* ---- files -------------------------------------------------------------- */
+
+kf_status kf_read_file(const char *path, uint8_t **data, size_t *len) {
+    *data = NULL;
+    *len = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return kf_fail(KF_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
+    struct stat sb;
+    if (fstat(fileno(f), &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        fclose(f);
+        return kf_fail(KF_ERR_IO, "'%s' is not a regular file", path);
+    }
+    if (sb.st_size > KF_MAX_FILE_BYTES) {
+        fclose(f);
+        return kf_fail(KF_ERR_IO, "'%s' is larger than %lld bytes", path, (long long)KF_MAX_FILE_BYTES);
+    }
+    size_t n = (size_t)sb.st_size;
+    uint8_t *buf = kf_malloc(n);
+    if (!buf) {
+        fclose(f);
+        return kf_fail(KF_ERR_NOMEM, "out of memory reading '%s'", path);
+    }
+    if (n && fread(buf, 1, n, f) != n) {
+        kf_free(buf);
+        fclose(f);
+        return kf_fail(KF_ERR_IO, "cannot read '%s'", path);
+    }
+    fclose(f);
+    *data = buf;
+    *len = n;
+    return KF_OK;
+}
+
+/* ---- nesting guard ------------------------------------------------------- */
+
+static bool read_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v) {
+    uint64_t r = 0;
+    for (int shift = 0; shift < 64; shift += 7) {
+        if (*pos >= len) return false;
+        uint8_t b = p[(*pos)++];
+        r |= (uint64_t)(b & 0x7f) << shift;
+        if (!(b & 0x80)) {
+            *v = r;
+            return true;
+        }
+    }
+    return false;
+}
+
+/* Returns the nesting depth of buffer p as a message: -1 when it is not
+ * valid wire format, else 1 + the deepest length-delimited field that itself
+ * parses as a message (strings and blobs that happen to parse count too, so
+ * the bound is conservative). Stops descending past `limit`. Work is
+ * O(len * limit). */
+static int wire_depth(const uint8_t *p, size_t len, int limit) {
+    size_t pos = 0;
+    int deepest = 0;
+    while (pos < len) {
+        uint64_t key, v;
+        if (!read_varint(p, len, &pos, &key)) return -1;
+        if ((key >> 3) == 0) return -1;
+        switch (key & 7) {
+        case 0:
+            if (!read_varint(p, len, &pos, &v)) return -1;
+            break;
+        case 1:
+            if (len - pos < 8) return -1;
+            pos += 8;
+            break;
+        case 5:
+            if (len - pos < 4) return -1;
+            pos += 4;
+            break;
+        case 2: {
+            if (!read_varint(p, len, &pos, &v) || v > len - pos) return -1;
+            if (limit > 0 && v > 0) {
+                int d = wire_depth(p + pos, (size_t)v, limit - 1);
+                if (d > deepest) deepest = d;
+            }
+            pos += (size_t)v;
+            break;
+        }
+        default: return -1; /* groups (3, 4) are not used by onnx.proto */
+        }
+        if (deepest > limit) break;
+    }
+    return deepest + 1;
+}
+
+kf_status kf_proto_check_depth(const uint8_t *data, size_t len, const char *what) {
+    int d = wire_depth(data, len, KF_MAX_PROTO_DEPTH + 1);
+    if (d < 0) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid protobuf message (truncated or garbage bytes)", what);
+    if (d > KF_MAX_PROTO_DEPTH)
+        return kf_fail(KF_ERR_BAD_MODEL, "%s: messages nested deeper than %d levels", what, KF_MAX_PROTO_DEPTH);
+    return KF_OK;
+}
+
+/* ---- import: tensors ------------------------------------------------------ */
+
+/* Opens dir/location for external data, refusing anything that resolves
+ * outside dir (absolute paths, "..", links pointing out). */
+static kf_status open_external(const char *dir, const char *location, const char *tname, FILE **out) {
+    *out = NULL;
+    if (!dir) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data without a model folder", tname);
+    if (!location || !location[0] || location[0] == '/' || strstr(location, ".."))
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data location '%s' must be a relative path inside the model folder",
+                       tname, location ? location : "");
+    char *root = realpath(dir, NULL);
+    if (!root) return kf_fail(KF_ERR_IO, "tensor '%s': cannot resolve model folder '%s'", tname, dir);
+    size_t plen = strlen(dir) + strlen(location) + 2;
+    char *joined = kf_malloc(plen);
+    if (!joined) {
+        free(root);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    snprintf(joined, plen, "%s/%s", dir, location);
+    char *real = realpath(joined, NULL);
+    kf_free(joined);
+    if (!real) {
+        free(root);
+        return kf_fail(KF_ERR_IO, "tensor '%s': external data file '%s' not found", tname, location);
+    }
+    size_t rl = strlen(root);
+    bool inside = strncmp(real, root, rl) == 0 && real[rl] == '/';
+    free(root);
+    if (!inside) {
+        free(real);
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data '%s' resolves outside the model folder", tname, location);
+    }
+    FILE *f = fopen(real, "rb");
+    free(real);
+    if (!f) return kf_fail(KF_ERR_IO, "tensor '%s': cannot open external data '%s'", tname, location);
+    *out = f;
+    return KF_OK;
+}
+
+static kf_status read_external(const Onnx__TensorProto *tp, const char *dir, const char *tname, void *dst,
+                               size_t nbytes) {
+    const char *location = NULL;
+    int64_t offset = 0, length = -1;
+    for (size_t i = 0; i < tp->n_external_data; i++) {
+        const char *k = tp->external_data[i]->key, *v = tp->external_data[i]->value;
+        if (!k || !v) continue;
+        char *end;
+        if (strcmp(k, "location") == 0) location = v;
+        else if (strcmp(k, "offset") == 0 || strcmp(k, "length") == 0) {
+            errno = 0;
+            long long x = strtoll(v, &end, 10);
+            if (errno || *end || x < 0)
+                return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': bad external data %s '%s'", tname, k, v);
+            if (k[0] == 'o') offset = x;
+            else length = x;
+        }
+    }
+    if (length >= 0 && (uint64_t)length != nbytes)
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data length %lld, shape needs %zu bytes", tname,
+                       (long long)length, nbytes);
+    FILE *f;
+    KF_TRY(open_external(dir, location, tname, &f));
+    struct stat sb;
+    int64_t end;
+    if (fstat(fileno(f), &sb) != 0 || !kf_add_ok(offset, (int64_t)nbytes, &end) || end > sb.st_size) {
+        fclose(f);
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data offset %lld + %zu bytes is past the end of '%s'",
+                       tname, (long long)offset, nbytes, location);
+    }
+    if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || (nbytes && fread(dst, 1, nbytes, f) != nbytes)) {
+        fclose(f);
+        return kf_fail(KF_ERR_IO, "tensor '%s': cannot read external data '%s'", tname, location);
+    }
+    fclose(f);
+    return KF_OK;
+}
+
+static kf_status tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, kf_tensor *t) {
+    const char *tname = tp->name ? tp->name : "";
+    int dt = tp->data_type;
+    if (!kf_dtype_valid(dt)) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': unknown data type %d", tname, dt);
+    if (dt == KF_DT_COMPLEX64 || dt == KF_DT_COMPLEX128)
+        return kf_fail(KF_ERR_UNSUPPORTED, "tensor '%s': complex tensors are not supported", tname);
+    if (tp->n_dims > KF_MAX_RANK)
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': rank %zu exceeds %d", tname, tp->n_dims, KF_MAX_RANK);
+    if (tp->segment) return kf_fail(KF_ERR_UNSUPPORTED, "tensor '%s': segmented tensors are not supported", tname);
+    int64_t dims[KF_MAX_RANK];
+    for (size_t i = 0; i < tp->n_dims; i++) {
+        dims[i] = tp->dims[i];
+        if (dims[i] < 0) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': negative dimension %lld", tname, (long long)dims[i]);
+    }
+    kf_status st = kf_tensor_alloc(t, (kf_dtype)dt, (int)tp->n_dims, dims);
+    if (st) return kf_fail_context(st, "tensor '%s'", tname);
+    size_t esz = kf_dtype_size((kf_dtype)dt);
+    size_t nbytes = (size_t)t->numel * esz;
+    int64_t n = t->numel;
+    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
+        if (dt == KF_DT_STRING) st = kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': string tensors cannot use external data", tname);
+        else st = read_external(tp, dir, tname, t->data, nbytes);
+        if (st) kf_tensor_release(t);
+        return st;
+    }
+    if (tp->has_raw_data && dt != KF_DT_STRING) {
+        if (tp->raw_data.len != nbytes) {
+            kf_tensor_release(t);
+            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape and dtype need %zu", tname,
+                           tp->raw_data.len, nbytes);
+        }
+        if (nbytes) memcpy(t->data, tp->raw_data.data, nbytes); /* little-endian host assumed, as ONNX stores */
+        return KF_OK;
+    }
+    size_t have;
+    const char *field;
+    switch (dt) {
+    case KF_DT_FLOAT: have = tp->n_float_data; field = "float_data"; break;
+    case KF_DT_DOUBLE: have = tp->n_double_data; field = "double_data"; break;
+    case KF_DT_INT64: have = tp->n_int64_data; field = "int64_data"; break;
+    case KF_DT_UINT32:
+    case KF_DT_UINT64: have = tp->n_uint64_data; field = "uint64_data"; break;
+    case KF_DT_STRING: have = tp->n_string_data; field = "string_data"; break;
+    default: have = tp->n_int32_data; field = "int32_data"; break;
+    }
+    if (have != (size_t)n) {
+        kf_tensor_release(t);
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %lld", tname, field, have,
+                       (long long)n);
+    }
+    for (int64_t i = 0; i < n; i++) {
+        switch (dt) {
+        case KF_DT_FLOAT: ((float *)t->data)[i] = tp->float_data[i]; break;
+        case KF_DT_DOUBLE: ((double *)t->data)[i] = tp->double_data[i]; break;
+        case KF_DT_INT64: ((int64_t *)t->data)[i] = tp->int64_data[i]; break;
+        case KF_DT_UINT32: ((uint32_t *)t->data)[i] = (uint32_t)tp->uint64_data[i]; break;
+        case KF_DT_UINT64: ((uint64_t *)t->data)[i] = tp->uint64_data[i]; break;
+        case KF_DT_FLOAT16:
+        case KF_DT_BFLOAT16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break;
+        case KF_DT_STRING: {
+            kf_bytes *s = &((kf_bytes *)t->data)[i];
+            s->ptr = kf_strndup((const char *)tp->string_data[i].data, tp->string_data[i].len);
+            if (!s->ptr) {
+                kf_tensor_release(t);
+                return kf_fail(KF_ERR_NOMEM, "out of memory");
+            }
+            s->len = tp->string_data[i].len;
+            break;
+        }
+        default: kf_set_i64(t, i, tp->int32_data[i]); break;
+        }
+    }
+    return KF_OK;
+}
+
+/* ---- import: types ------------------------------------------------------------ */
+
+static kf_status type_from_proto(kf_graph *g, const Onnx__TypeProto *tp, const char *vname, kf_type *ty,
+                                 bool *is_tensor) {
+    kf_type_unknown(ty);
+    *is_tensor = false;
+    if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type) return KF_OK;
+    const Onnx__TypeProto__Tensor *tt = tp->tensor_type;
+    *is_tensor = true;
+    if (tt->has_elem_type) {
+        if (tt->elem_type != 0 && !kf_dtype_valid(tt->elem_type))
+            return kf_fail(KF_ERR_BAD_MODEL, "value '%s': unknown element type %d", vname, tt->elem_type);
+        ty->dtype = (kf_dtype)tt->elem_type;
+    }
+    if (!tt->shape) return KF_OK;
+    if (tt->shape->n_dim > KF_MAX_RANK)
+        return kf_fail(KF_ERR_BAD_MODEL, "value '%s': rank %zu exceeds %d", vname, tt->shape->n_dim, KF_MAX_RANK);
+    ty->rank = (int)tt->shape->n_dim;
+    for (size_t i = 0; i < tt->shape->n_dim; i++) {
+        const Onnx__TensorShapeProto__Dimension *d = tt->shape->dim[i];
+        ty->dims[i] = -1;
+        ty->syms[i] = 0;
+        if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
+            if (d->dim_value < 0)
+                return kf_fail(KF_ERR_BAD_MODEL, "value '%s': negative dimension %lld", vname, (long long)d->dim_value);
+            ty->dims[i] = d->dim_value;
+        } else if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && d->dim_param &&
+                   d->dim_param[0]) {
+            ty->syms[i] = kf_graph_sym(g, d->dim_param);
+            if (!ty->syms[i]) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        }
+    }
+    return KF_OK;
+}
+
+static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, kf_id *id, bool create) {
+    if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "value_info without a name");
+    kf_id v = kf_graph_find(g, vi->name);
+    if (!v) {
+        if (!create) {
+            *id = 0;
+            return KF_OK;
+        }
+        KF_TRY(kf_graph_add_value(g, vi->name, &v));
+    }
+    kf_value *val = kf_value_at(g, v);
+    bool is_tensor;
+    KF_TRY(type_from_proto(g, vi->type, vi->name, &val->type, &is_tensor));
+    val = kf_value_at(g, v);
+    val->has_type = vi->type != NULL;
+    if (vi->doc_string && !val->doc && !(val->doc = kf_strdup(vi->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    *id = v;
+    return KF_OK;
+}
+
+/* ---- import: attributes --------------------------------------------------------- */
+
+static kf_status attr_from_proto(const Onnx__AttributeProto *ap, const char *dir, const char *nname, kf_attr *a) {
+    memset(a, 0, sizeof *a);
+    kf_status st = KF_OK;
+    const char *aname = ap->name ? ap->name : "";
+    if (!(a->name = kf_strdup(aname))) goto nomem;
+    if (ap->ref_attr_name && !(a->ref_attr_name = kf_strdup(ap->ref_attr_name))) goto nomem;
+    if (ap->doc_string && !(a->doc = kf_strdup(ap->doc_string))) goto nomem;
+    int type = ap->has_type ? (int)ap->type : 0;
+    if (!type) { /* IR v1 files: infer the kind from the field in use */
+        if (ap->has_f) type = KF_ATTR_FLOAT;
+        else if (ap->has_i) type = KF_ATTR_INT;
+        else if (ap->has_s) type = KF_ATTR_STRING;
+        else if (ap->t) type = KF_ATTR_TENSOR;
+        else if (ap->g) type = KF_ATTR_GRAPH;
+        else if (ap->n_floats) type = KF_ATTR_FLOATS;
+        else if (ap->n_ints) type = KF_ATTR_INTS;
+        else if (ap->n_strings) type = KF_ATTR_STRINGS;
+        else if (ap->n_tensors) type = KF_ATTR_TENSORS;
+        else if (ap->n_graphs) type = KF_ATTR_GRAPHS;
+    }
+    a->type = (kf_attr_type)type;
+    switch (type) {
+    case KF_ATTR_FLOAT: a->f = ap->f; break;
+    case KF_ATTR_INT: a->i = ap->i; break;
+    case KF_ATTR_STRING:
+        if (!(a->s.ptr = kf_strndup(ap->s.data ? (const char *)ap->s.data : "", ap->s.len))) goto nomem;
+        a->s.len = ap->s.len;
+        break;
+    case KF_ATTR_FLOATS:
+        if (ap->n_floats > INT_MAX) goto toolong;
+        a->n = (int)ap->n_floats;
+        if (!(a->floats = kf_calloc(ap->n_floats, sizeof(float)))) goto nomem;
+        if (ap->n_floats) memcpy(a->floats, ap->floats, ap->n_floats * sizeof(float));
+        break;
+    case KF_ATTR_INTS:
+        if (ap->n_ints > INT_MAX) goto toolong;
+        a->n = (int)ap->n_ints;
+        if (!(a->ints = kf_calloc(ap->n_ints, sizeof(int64_t)))) goto nomem;
+        if (ap->n_ints) memcpy(a->ints, ap->ints, ap->n_ints * sizeof(int64_t));
+        break;
+    case KF_ATTR_STRINGS:
+        if (ap->n_strings > INT_MAX) goto toolong;
+        if (!(a->strings = kf_calloc(ap->n_strings, sizeof(kf_bytes)))) goto nomem;
+        a->n = (int)ap->n_strings;
+        for (size_t i = 0; i < ap->n_strings; i++) {
+            a->strings[i].ptr = kf_strndup(ap->strings[i].data ? (const char *)ap->strings[i].data : "", ap->strings[i].len);
+            if (!a->strings[i].ptr) goto nomem;
+            a->strings[i].len = ap->strings[i].len;
+        }
+        break;
+    case KF_ATTR_TENSOR:
+        if (!ap->t) {
+            st = kf_fail(KF_ERR_BAD_MODEL, "node '%s': tensor attribute '%s' has no tensor", nname, aname);
+            goto fail;
+        }
+        if (!(a->t = kf_tensor_new())) goto nomem;
+        if ((st = tensor_from_proto(ap->t, dir, a->t))) {
+            kf_fail_context(st, "node '%s' attribute '%s'", nname, aname);
+            goto fail;
+        }
+        break;
+    case KF_ATTR_GRAPH:
+    case KF_ATTR_GRAPHS:
+    case KF_ATTR_TENSORS:
+    case KF_ATTR_SPARSE_TENSOR:
+    case KF_ATTR_SPARSE_TENSORS:
+    case KF_ATTR_TYPE_PROTO:
+    case KF_ATTR_TYPE_PROTOS:
+        break;
+    default:
+        st = kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' has unknown type %d", nname, aname, type);
+        goto fail;
+    }
+    /* kinds the IR does not interpret travel packed, byte for byte */
+    if (type >= KF_ATTR_GRAPH && type != KF_ATTR_FLOATS && type != KF_ATTR_INTS && type != KF_ATTR_STRINGS) {
+        size_t n = protobuf_c_message_get_packed_size(&ap->base);
+        if (!(a->packed = kf_malloc(n))) goto nomem;
+        a->packed_len = protobuf_c_message_pack(&ap->base, a->packed);
+    }
+    return KF_OK;
+toolong:
+    st = kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' is too long", nname, aname);
+    goto fail;
+nomem:
+    st = kf_fail(KF_ERR_NOMEM, "out of memory reading attributes of node '%s'", nname);
+fail:
+    kf_attr_release(a);
+    return st;
+}
+
+/* ---- import: model ------------------------------------------------------------- */
+
+static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const char *dir) {
+    kf_graph *g = m->graph;
+    if ((gp->name && !(g->name = kf_strdup(gp->name))) || (gp->doc_string && !(g->doc = kf_strdup(gp->doc_string))))
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < gp->n_initializer; i++) {
+        const Onnx__TensorProto *tp = gp->initializer[i];
+        if (!tp->name || !tp->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "initializer %zu has no name", i);
+        kf_id v;
+        KF_TRY(kf_graph_add_value(g, tp->name, &v));
+        kf_tensor *t = kf_tensor_new();
+        if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        kf_status st = tensor_from_proto(tp, dir, t);
+        if (st) {
+            kf_tensor_free(t);
+            return st;
+        }
+        kf_value *val = kf_value_at(g, v);
+        val->init = t;
+        kf_type_of_tensor(&val->type, t);
+        if (tp->doc_string && !(val->doc = kf_strdup(tp->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    for (size_t i = 0; i < gp->n_input; i++) {
+        const Onnx__ValueInfoProto *vi = gp->input[i];
+        if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "graph input %zu has no name", i);
+        kf_id v = kf_graph_find(g, vi->name);
+        if (v && kf_value_at(g, v)->is_input)
+            return kf_fail(KF_ERR_BAD_MODEL, "graph input '%s' is listed twice", vi->name);
+        kf_type keep;
+        bool had_init = v && kf_value_at(g, v)->init;
+        if (had_init) keep = kf_value_at(g, v)->type;
+        KF_TRY(value_info_in(g, vi, &v, true));
+        if (had_init) {
+            kf_value *val = kf_value_at(g, v);
+            const kf_type *d = &val->type;
+            bool agree = d->rank < 0 || d->rank == keep.rank;
+            if (agree && d->dtype && d->dtype != keep.dtype) agree = false;
+            for (int k = 0; agree && d->rank > 0 && k < d->rank; k++)
+                if (d->dims[k] >= 0 && d->dims[k] != keep.dims[k]) agree = false;
+            if (!agree) return kf_fail(KF_ERR_BAD_MODEL, "graph input '%s' declares a type its initializer does not have", vi->name);
+            val->type = keep; /* the initializer is the default value and fixes the type */
+        }
+        KF_TRY(kf_graph_mark_input(g, v));
+    }
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        const char *nname = np->name && np->name[0] ? np->name : (np->op_type ? np->op_type : "?");
+        if (!np->op_type || !np->op_type[0]) return kf_fail(KF_ERR_BAD_MODEL, "node %zu ('%s') has no op_type", i, nname);
+        if (np->n_input > INT_MAX / 2 || np->n_output > INT_MAX / 2)
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has too many inputs or outputs", nname);
+        kf_id *ids = kf_calloc(np->n_input + np->n_output + 1, sizeof(kf_id));
+        if (!ids) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        kf_status st = KF_OK;
+        for (size_t k = 0; k < np->n_input && !st; k++) {
+            const char *in = np->input[k];
+            if (!in || !in[0]) continue;
+            ids[k] = kf_graph_find(g, in);
+            if (!ids[k] || (!kf_value_at(g, ids[k])->producer && !kf_value_at(g, ids[k])->is_input &&
+                            !kf_value_at(g, ids[k])->init))
+                st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): input '%s' is not defined before use", nname,
+                             np->op_type, in);
+        }
+        for (size_t k = 0; k < np->n_output && !st; k++) {
+            const char *o = np->output[k];
+            if (!o || !o[0]) continue;
+            if (kf_graph_find(g, o)) {
+                st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): output '%s' is already defined", nname, np->op_type, o);
+                break;
+            }
+            st = kf_graph_add_value(g, o, &ids[np->n_input + k]);
+        }
+        kf_id nid = 0;
+        if (!st)
+            st = kf_graph_add_node(g, np->op_type, np->domain, np->name, ids, (int)np->n_input, ids + np->n_input,
+                                   (int)np->n_output, &nid);
+        kf_free(ids);
+        if (st) return st;
+        kf_node *n = kf_node_at(g, nid);
+        n->op = kf_op_lookup(n->domain, n->op_type);
+        n->opset = kf_model_opset(m, n->domain);
+        if (np->doc_string && !(n->doc = kf_strdup(np->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        if (np->n_attribute) {
+            if (np->n_attribute > INT_MAX / 2) return kf_fail(KF_ERR_BAD_MODEL, "node '%s': too many attributes", nname);
+            n->attrs = kf_calloc(np->n_attribute, sizeof(kf_attr));
+            if (!n->attrs) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            for (size_t k = 0; k < np->n_attribute; k++) {
+                KF_TRY(attr_from_proto(np->attribute[k], dir, nname, &n->attrs[k]));
+                n->nattrs++;
+                for (int j = 0; j < n->nattrs - 1; j++)
+                    if (strcmp(n->attrs[j].name, n->attrs[k].name) == 0)
+                        return kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' appears twice", nname, n->attrs[k].name);
+            }
+        }
+    }
+    for (size_t i = 0; i < gp->n_output; i++) {
+        const Onnx__ValueInfoProto *vi = gp->output[i];
+        if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "graph output %zu has no name", i);
+        kf_id v = kf_graph_find(g, vi->name);
+        if (!v) return kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is not produced by any node", vi->name);
+        if (kf_value_at(g, v)->is_output) return kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is listed twice", vi->name);
+        KF_TRY(value_info_in(g, vi, &v, false));
+        KF_TRY(kf_graph_mark_output(g, v));
+    }
+    for (size_t i = 0; i < gp->n_value_info; i++) {
+        kf_id v;
+        KF_TRY(value_info_in(g, gp->value_info[i], &v, false));
+        if (v) kf_value_at(g, v)->has_info = true;
+    }
+    return KF_OK;
+}
+
+void kf_model_free(kf_model *m) {
+    if (!m) return;
+    kf_graph_free(m->graph);
+    for (int i = 0; i < m->nopsets; i++) kf_free(m->opsets[i].domain);
+    kf_free(m->opsets);
+    kf_free(m->dir);
+    if (m->proto) onnx__model_proto__free_unpacked(m->proto, NULL);
+    kf_free(m);
+}
+
+kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const char *what, kf_model **out) {
+    *out = NULL;
+    if (!what) what = "model";
+    KF_TRY(kf_proto_check_depth(data, len, what));
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, data);
+    if (!mp) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid ONNX model (protobuf decoding failed)", what);
+    kf_model *m = kf_calloc(1, sizeof *m);
+    if (!m) {
+        onnx__model_proto__free_unpacked(mp, NULL);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    m->proto = mp;
+    m->ir_version = mp->ir_version;
+    kf_status st = KF_OK;
+    if (!mp->graph) {
+        st = kf_fail(KF_ERR_BAD_MODEL, "%s: model has no graph", what);
+        goto fail;
+    }
+    if (!(m->graph = kf_graph_new()) || (dir && !(m->dir = kf_strdup(dir)))) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    if (mp->n_opset_import > 1024) {
+        st = kf_fail(KF_ERR_BAD_MODEL, "%s: too many opset imports", what);
+        goto fail;
+    }
+    m->opsets = kf_calloc(mp->n_opset_import, sizeof(kf_opset));
+    if (!m->opsets) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto fail;
+    }
+    for (size_t i = 0; i < mp->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *op = mp->opset_import[i];
+        if (!(m->opsets[i].domain = kf_strdup(op->domain ? op->domain : ""))) {
+            st = kf_fail(KF_ERR_NOMEM, "out of memory");
+            goto fail;
+        }
+        m->opsets[i].version = op->version;
+        m->nopsets++;
+        if (op->version < 1) {
+            st = kf_fail(KF_ERR_BAD_MODEL, "%s: opset import '%s' has version %lld", what, m->opsets[i].domain,
+                         (long long)op->version);
+            goto fail;
+        }
+    }
+    if ((st = graph_from_proto(m, mp->graph, dir))) {
+        kf_fail_context(st, "%s", what);
+        goto fail;
+    }
+    {
+        kf_id *order;
+        uint32_t n;
+        if ((st = kf_graph_topo(m->graph, &order, &n))) {
+            kf_fail_context(st, "%s", what);
+            goto fail;
+        }
+        kf_free(order);
+    }
+    *out = m;
+    return KF_OK;
+fail:
+    kf_model_free(m);
+    return st;
+}
+
+static char *dir_of(const char *path) {
+    const char *slash = strrchr(path, '/');
+    if (!slash) return kf_strdup(".");
+    if (slash == path) return kf_strdup("/");
+    return kf_strndup(path, (size_t)(slash - path));
+}
+
+kf_status kf_model_load(const char *path, kf_model **out) {
+    if (!path || !out) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_load: NULL argument");
+    *out = NULL;
+    uint8_t *data;
+    size_t len;
+    KF_TRY(kf_read_file(path, &data, &len));
+    char *dir = dir_of(path);
+    if (!dir) {
+        kf_free(data);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    kf_status st = kf_onnx_parse(data, len, dir, path, out);
+    kf_free(dir);
+    kf_free(data);
+    return st;
+}
+
+kf_status kf_model_load_memory(const void *data, size_t len, const char *base_dir, kf_model **out) {
+    if (!data || !out) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_load_memory: NULL argument");
+    return kf_onnx_parse(data, len, base_dir, "model", out);
+}
+
+kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name) {
+    uint8_t *data;
+    size_t len;
+    if (name) *name = NULL;
+    KF_TRY(kf_read_file(path, &data, &len));
+    kf_status st = kf_proto_check_depth(data, len, path);
+    if (st) {
+        kf_free(data);
+        return st;
+    }
+    Onnx__TensorProto *tp = onnx__tensor_proto__unpack(NULL, len, data);
+    kf_free(data);
+    if (!tp) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid TensorProto", path);
+    char *dir = dir_of(path);
+    st = tensor_from_proto(tp, dir, t);
+    kf_free(dir);
+    if (!st && name && tp->name && !(*name = kf_strdup(tp->name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    onnx__tensor_proto__free_unpacked(tp, NULL);
+    if (st) kf_fail_context(st, "%s", path);
+    return st;
+}
+
+/* ---- export ------------------------------------------------------------------------- */
+
+/* Every allocation of one export lives in this arena and is freed at once. */
+typedef struct arena {
+    void **ptrs;
+    uint32_t n, cap;
+    bool failed;
+} arena;
+
+static void *aalloc(arena *a, size_t size) {
+    if (a->failed) return NULL;
+    void *p = kf_calloc(1, size);
+    if (!p || kf_grow((void **)&a->ptrs, &a->cap, a->n + 1, sizeof(void *))) {
+        kf_free(p);
+        a->failed = true;
+        return NULL;
+    }
+    a->ptrs[a->n++] = p;
+    return p;
+}
+
+static void afree(arena *a) {
+    for (uint32_t i = 0; i < a->n; i++) kf_free(a->ptrs[i]);
+    kf_free(a->ptrs);
+}
+
+static char *astr(arena *a, const char *s) {
+    if (!s) return NULL;
+    size_t n = strlen(s);
+    char *r = aalloc(a, n + 1);
+    if (r) memcpy(r, s, n + 1);
+    return r;
+}
+
+static Onnx__TensorProto *tensor_to_proto(arena *a, const kf_tensor *t, const char *name) {
+    Onnx__TensorProto *tp = aalloc(a, sizeof *tp);
+    if (!tp) return NULL;
+    onnx__tensor_proto__init(tp);
+    tp->name = astr(a, name);
+    tp->has_data_type = 1;
+    tp->data_type = t->dtype;
+    tp->n_dims = (size_t)t->rank;
+    tp->dims = aalloc(a, sizeof(int64_t) * (size_t)(t->rank + 1));
+    if (!tp->dims) return NULL;
+    for (int i = 0; i < t->rank; i++) tp->dims[i] = t->dims[i];
+    if (t->dtype == KF_DT_STRING) {
+        tp->n_string_data = (size_t)t->numel;
+        tp->string_data = aalloc(a, sizeof(ProtobufCBinaryData) * (size_t)(t->numel + 1));
+        if (!tp->string_data) return NULL;
+        for (int64_t i = 0; i < t->numel; i++) {
+            const kf_bytes *s = &((const kf_bytes *)t->data)[i];
+            tp->string_data[i].data = (uint8_t *)s->ptr;
+            tp->string_data[i].len = s->len;
+        }
+    } else {
+        tp->has_raw_data = 1;
+        tp->raw_data.data = t->data;
+        tp->raw_data.len = (size_t)t->numel * kf_dtype_size(t->dtype);
+    }
+    return tp;
+}
+
+static Onnx__TypeProto *type_to_proto(arena *a, const kf_graph *g, const kf_type *ty) {
+    Onnx__TypeProto *tp = aalloc(a, sizeof *tp);
+    Onnx__TypeProto__Tensor *tt = aalloc(a, sizeof *tt);
+    if (!tp || !tt) return NULL;
+    onnx__type_proto__init(tp);
+    onnx__type_proto__tensor__init(tt);
+    tp->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    tp->tensor_type = tt;
+    tt->has_elem_type = 1;
+    tt->elem_type = ty->dtype;
+    if (ty->rank >= 0) {
+        Onnx__TensorShapeProto *sp = aalloc(a, sizeof *sp);
+        if (!sp) return NULL;
+        onnx__tensor_shape_proto__init(sp);
+        sp->n_dim = (size_t)ty->rank;
+        sp->dim = aalloc(a, sizeof(void *) * (size_t)(ty->rank + 1));
+        if (!sp->dim) return NULL;
+        for (int i = 0; i < ty->rank; i++) {
+            Onnx__TensorShapeProto__Dimension *d = aalloc(a, sizeof *d);
+            if (!d) return NULL;
+            onnx__tensor_shape_proto__dimension__init(d);
+            if (ty->dims[i] >= 0) {
+                d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE;
+                d->dim_value = ty->dims[i];
+            } else if (ty->syms[i] && ty->syms[i] < g->nsyms) {
+                d->value_case = ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM;
+                d->dim_param = g->syms[ty->syms[i]];
+            }
+            sp->dim[i] = d;
+        }
+        tt->shape = sp;
+    }
+    return tp;
+}
+
+/* The file's own ValueInfoProto for a name, when the IR type is not a tensor
+ * type kfuse understands (sequences, maps, optionals): written back as read. */
+static const Onnx__ValueInfoProto *orig_info(const kf_model *m, const char *name) {
+    const Onnx__ModelProto *mp = m->proto;
+    if (!mp || !mp->graph) return NULL;
+    const Onnx__GraphProto *gp = mp->graph;
+    const size_t counts[3] = {gp->n_input, gp->n_output, gp->n_value_info};
+    Onnx__ValueInfoProto **lists[3] = {gp->input, gp->output, gp->value_info};
+    for (int l = 0; l < 3; l++)
+        for (size_t i = 0; i < counts[l]; i++)
+            if (lists[l][i]->name && strcmp(lists[l][i]->name, name) == 0) return lists[l][i];
+    return NULL;
+}
+
+static Onnx__ValueInfoProto *info_to_proto(arena *a, const kf_model *m, kf_id v) {
+    const kf_value *val = kf_value_at(m->graph, v);
+    Onnx__ValueInfoProto *vi = aalloc(a, sizeof *vi);
+    if (!vi) return NULL;
+    onnx__value_info_proto__init(vi);
+    vi->name = val->name;
+    vi->doc_string = val->doc;
+    const Onnx__ValueInfoProto *o = orig_info(m, val->name);
+    if (val->type.dtype) vi->type = type_to_proto(a, m->graph, &val->type);
+    else if (o) vi->type = o->type;
+    return vi;
+}
+
+static Onnx__AttributeProto *attr_to_proto(arena *a, const kf_attr *at, Onnx__AttributeProto ***unpacked,
+                                           uint32_t *nunpacked, uint32_t *capunpacked) {
+    if (at->packed) {
+        Onnx__AttributeProto *ap = onnx__attribute_proto__unpack(NULL, at->packed_len, at->packed);
+        if (!ap || kf_grow((void **)unpacked, capunpacked, *nunpacked + 1, sizeof(void *))) {
+            if (ap) onnx__attribute_proto__free_unpacked(ap, NULL);
+            a->failed = true;
+            return NULL;
+        }
+        (*unpacked)[(*nunpacked)++] = ap;
+        return ap;
+    }
+    Onnx__AttributeProto *ap = aalloc(a, sizeof *ap);
+    if (!ap) return NULL;
+    onnx__attribute_proto__init(ap);
+    ap->name = at->name;
+    ap->ref_attr_name = at->ref_attr_name;
+    ap->doc_string = at->doc;
+    ap->has_type = 1;
+    ap->type = (Onnx__AttributeProto__AttributeType)at->type;
+    switch (at->type) {
+    case KF_ATTR_FLOAT: ap->has_f = 1; ap->f = at->f; break;
+    case KF_ATTR_INT: ap->has_i = 1; ap->i = at->i; break;
+    case KF_ATTR_STRING:
+        ap->has_s = 1;
+        ap->s.data = (uint8_t *)at->s.ptr;
+        ap->s.len = at->s.len;
+        break;
+    case KF_ATTR_TENSOR: ap->t = tensor_to_proto(a, at->t, NULL); break;
+    case KF_ATTR_FLOATS: ap->n_floats = (size_t)at->n; ap->floats = at->floats; break;
+    case KF_ATTR_INTS: ap->n_ints = (size_t)at->n; ap->ints = at->ints; break;
+    case KF_ATTR_STRINGS:
+        ap->n_strings = (size_t)at->n;
+        ap->strings = aalloc(a, sizeof(ProtobufCBinaryData) * (size_t)(at->n + 1));
+        if (!ap->strings) return NULL;
+        for (int i = 0; i < at->n; i++) {
+            ap->strings[i].data = (uint8_t *)at->strings[i].ptr;
+            ap->strings[i].len = at->strings[i].len;
+        }
+        break;
+    default: break;
+    }
+    return ap;
+}
+
+kf_status kf_model_save_memory(const kf_model *m, void **data, size_t *len) {
+    if (!m || !data || !len) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_save_memory: NULL argument");
+    const kf_graph *g = m->graph;
+    const Onnx__ModelProto *orig = m->proto;
+    arena a = {0};
+    Onnx__AttributeProto **unpacked = NULL;
+    uint32_t nunpacked = 0, capunpacked = 0;
+    kf_status st = KF_OK;
+
+    Onnx__ModelProto mp;
+    onnx__model_proto__init(&mp);
+    Onnx__GraphProto gp;
+    onnx__graph_proto__init(&gp);
+    if (orig) mp = *orig; /* carry producer, metadata, functions, training info */
+    mp.has_ir_version = 1;
+    mp.ir_version = m->ir_version ? m->ir_version : 8;
+    mp.graph = &gp;
+    mp.n_opset_import = (size_t)m->nopsets;
+    mp.opset_import = aalloc(&a, sizeof(void *) * (size_t)(m->nopsets + 1));
+    for (int i = 0; mp.opset_import && i < m->nopsets; i++) {
+        Onnx__OperatorSetIdProto *op = aalloc(&a, sizeof *op);
+        if (!op) break;
+        onnx__operator_set_id_proto__init(op);
+        op->domain = m->opsets[i].domain;
+        op->has_version = 1;
+        op->version = m->opsets[i].version;
+        mp.opset_import[i] = op;
+    }
+    if (orig && orig->graph) gp = *orig->graph; /* sparse initializers, annotations */
+    gp.name = g->name;
+    gp.doc_string = g->doc;
+
+    uint32_t ninit = 0;
+    for (kf_id v = 1; v < g->nvalues; v++)
+        if (g->values[v].init && (g->values[v].nusers || g->values[v].is_input || g->values[v].is_output)) ninit++;
+    gp.initializer = aalloc(&a, sizeof(void *) * (ninit + 1));
+    gp.n_initializer = 0;
+    for (kf_id v = 1; gp.initializer && v < g->nvalues; v++) {
+        const kf_value *val = &g->values[v];
+        if (!val->init || !(val->nusers || val->is_input || val->is_output)) continue;
+        Onnx__TensorProto *tp = tensor_to_proto(&a, val->init, val->name);
+        if (!tp) break;
+        tp->doc_string = val->doc;
+        gp.initializer[gp.n_initializer++] = tp;
+    }
+    gp.n_input = g->ninputs;
+    gp.input = aalloc(&a, sizeof(void *) * (g->ninputs + 1));
+    for (uint32_t i = 0; gp.input && i < g->ninputs; i++) gp.input[i] = info_to_proto(&a, m, g->inputs[i]);
+    gp.n_output = g->noutputs;
+    gp.output = aalloc(&a, sizeof(void *) * (g->noutputs + 1));
+    for (uint32_t i = 0; gp.output && i < g->noutputs; i++) gp.output[i] = info_to_proto(&a, m, g->outputs[i]);
+    uint32_t ninfo = 0;
+    for (kf_id v = 1; v < g->nvalues; v++)
+        if (g->values[v].has_info && !g->values[v].is_input && !g->values[v].is_output && g->values[v].producer &&
+            !g->nodes[g->values[v].producer].dead)
+            ninfo++;
+    gp.value_info = aalloc(&a, sizeof(void *) * (ninfo + 1));
+    gp.n_value_info = 0;
+    for (kf_id v = 1; gp.value_info && v < g->nvalues; v++) {
+        const kf_value *val = &g->values[v];
+        if (val->has_info && !val->is_input && !val->is_output && val->producer && !g->nodes[val->producer].dead)
+            gp.value_info[gp.n_value_info++] = info_to_proto(&a, m, v);
+    }
+
+    kf_id *order = NULL;
+    uint32_t norder = 0;
+    if ((st = kf_graph_topo(g, &order, &norder))) goto done;
+    gp.n_node = norder;
+    gp.node = aalloc(&a, sizeof(void *) * (norder + 1));
+    for (uint32_t k = 0; gp.node && k < norder; k++) {
+        const kf_node *n = kf_node_at(g, order[k]);
+        Onnx__NodeProto *np = aalloc(&a, sizeof *np);
+        if (!np) break;
+        onnx__node_proto__init(np);
+        np->name = n->name && n->name[0] ? n->name : NULL;
+        np->op_type = n->op_type;
+        np->domain = n->domain && n->domain[0] ? n->domain : NULL;
+        np->doc_string = n->doc;
+        np->n_input = (size_t)n->nin;
+        np->input = aalloc(&a, sizeof(char *) * (size_t)(n->nin + 1));
+        np->n_output = (size_t)n->nout;
+        np->output = aalloc(&a, sizeof(char *) * (size_t)(n->nout + 1));
+        if (!np->input || !np->output) break;
+        for (int i = 0; i < n->nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
+        for (int j = 0; j < n->nout; j++) np->output[j] = n->out[j] ? g->values[n->out[j]].name : "";
+        np->n_attribute = (size_t)n->nattrs;
+        np->attribute = aalloc(&a, sizeof(void *) * (size_t)(n->nattrs + 1));
+        for (int i = 0; np->attribute && i < n->nattrs; i++)
+            np->attribute[i] = attr_to_proto(&a, &n->attrs[i], &unpacked, &nunpacked, &capunpacked);
+        gp.node[k] = np;
+    }
+    kf_free(order);
+    if (a.failed) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");
+        goto done;
+    }
+    size_t n = onnx__model_proto__get_packed_size(&mp);
+    uint8_t *buf = malloc(n ? n : 1);
+    if (!buf) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory: model of %zu bytes", n);
+        goto done;
+    }
+    *len = onnx__model_proto__pack(&mp, buf);
+    *data = buf;
+done:
+    for (uint32_t i = 0; i < nunpacked; i++) onnx__attribute_proto__free_unpacked(unpacked[i], NULL);
+    kf_free(unpacked);
+    afree(&a);
+    return st;
+}
+
+static kf_status write_file(const char *path, const void *data, size_t len) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    bool ok = fwrite(data, 1, len, f) == len;
+    ok = (fclose(f) == 0) && ok;
+    if (!ok) return kf_fail(KF_ERR_IO, "cannot write '%s'", path);
+    return KF_OK;
+}
+
+kf_status kf_model_save(const kf_model *m, const char *path) {
+    void *data;
+    size_t len;
+    KF_TRY(kf_model_save_memory(m, &data, &len));
+    kf_status st = write_file(path, data, len);
+    free(data);
+    return st;
+}
+
+kf_status kf_onnx_write_tensor_file(const char *path, const kf_tensor *t, const char *name) {
+    arena a = {0};
+    Onnx__TensorProto *tp = tensor_to_proto(&a, t, name);
+    if (!tp) {
+        afree(&a);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    size_t n = onnx__tensor_proto__get_packed_size(tp);
+    uint8_t *buf = kf_malloc(n);
+    kf_status st;
+    if (!buf) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    else st = write_file(path, buf, onnx__tensor_proto__pack(tp, buf));
+    kf_free(buf);
+    afree(&a);
+    return st;
+}
+
+/* ---- structural equality (round-trip tests) --------------------------------------- */
+
+static bool type_eq(const kf_graph *ga, const kf_type *a, const kf_graph *gb, const kf_type *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    for (int i = 0; i < a->rank; i++) {
+        if (a->dims[i] != b->dims[i]) return false;
+        const char *sa = a->syms[i] ? ga->syms[a->syms[i]] : "", *sb = b->syms[i] ? gb->syms[b->syms[i]] : "";
+        if (strcmp(sa, sb)) return false;
+    }
+    return true;
+}
+
+static bool bytes_eq(const kf_bytes *a, const kf_bytes *b) {
+    return a->len == b->len && (!a->len || memcmp(a->ptr, b->ptr, a->len) == 0);
+}
+
+static bool attr_eq(const kf_attr *a, const kf_attr *b) {
+    if (strcmp(a->name, b->name) || a->type != b->type || a->n != b->n) return false;
+    switch (a->type) {
+    case KF_ATTR_FLOAT: return memcmp(&a->f, &b->f, sizeof a->f) == 0;
+    case KF_ATTR_INT: return a->i == b->i;
+    case KF_ATTR_STRING: return bytes_eq(&a->s, &b->s);
+    case KF_ATTR_FLOATS: return !a->n || memcmp(a->floats, b->floats, sizeof(float) * (size_t)a->n) == 0;
+    case KF_ATTR_INTS: return !a->n || memcmp(a->ints, b->ints, sizeof(int64_t) * (size_t)a->n) == 0;
+    case KF_ATTR_STRINGS:
+        for (int i = 0; i < a->n; i++)
+            if (!bytes_eq(&a->strings[i], &b->strings[i])) return false;
+        return true;
+    case KF_ATTR_TENSOR: return kf_tensor_equal(a->t, b->t);
+    default: return a->packed_len == b->packed_len && memcmp(a->packed, b->packed, a->packed_len) == 0;
+    }
+}
+
+static const char *vname(const kf_graph *g, kf_id v) { return v ? g->values[v].name : ""; }
+
+bool kf_model_equal(const kf_model *ma, const kf_model *mb, char *why, size_t whylen) {
+    const kf_graph *a = ma->graph, *b = mb->graph;
+    char dummy[8];
+    if (!why) {
+        why = dummy;
+        whylen = sizeof dummy;
+    }
+#define DIFF(...)                                                                                                      \
+    do {                                                                                                               \
+        snprintf(why, whylen, __VA_ARGS__);                                                                            \
+        return false;                                                                                                  \
+    } while (0)
+    if (ma->nopsets != mb->nopsets) DIFF("opset import count differs");
+    for (int i = 0; i < ma->nopsets; i++)
+        if (strcmp(ma->opsets[i].domain, mb->opsets[i].domain) || ma->opsets[i].version != mb->opsets[i].version)
+            DIFF("opset import %d differs", i);
+    if (a->ninputs != b->ninputs || a->noutputs != b->noutputs) DIFF("input/output counts differ");
+    for (uint32_t i = 0; i < a->ninputs; i++) {
+        const kf_value *x = &a->values[a->inputs[i]], *y = &b->values[b->inputs[i]];
+        if (strcmp(x->name, y->name) || !type_eq(a, &x->type, b, &y->type)) DIFF("input %u ('%s') differs", i, x->name);
+    }
+    for (uint32_t i = 0; i < a->noutputs; i++) {
+        const kf_value *x = &a->values[a->outputs[i]], *y = &b->values[b->outputs[i]];
+        if (strcmp(x->name, y->name) || !type_eq(a, &x->type, b, &y->type)) DIFF("output %u ('%s') differs", i, x->name);
+    }
+    uint32_t live_a = 0, live_b = 0;
+    for (kf_id i = 1; i < a->nnodes; i++) live_a += !a->nodes[i].dead;
+    for (kf_id i = 1; i < b->nnodes; i++) live_b += !b->nodes[i].dead;
+    if (live_a != live_b) DIFF("node counts differ (%u vs %u)", live_a, live_b);
+    kf_id j = 1;
+    for (kf_id i = 1; i < a->nnodes; i++) {
+        const kf_node *x = &a->nodes[i];
+        if (x->dead) continue;
+        while (j < b->nnodes && b->nodes[j].dead) j++;
+        const kf_node *y = &b->nodes[j++];
+        if (strcmp(x->op_type, y->op_type) || strcmp(x->domain, y->domain) || strcmp(x->name, y->name) ||
+            x->nin != y->nin || x->nout != y->nout || x->nattrs != y->nattrs)
+            DIFF("node '%s' (%s) differs", x->name, x->op_type);
+        for (int k = 0; k < x->nin; k++)
+            if (strcmp(vname(a, x->in[k]), vname(b, y->in[k]))) DIFF("node '%s' input %d differs", x->name, k);
+        for (int k = 0; k < x->nout; k++)
+            if (strcmp(vname(a, x->out[k]), vname(b, y->out[k]))) DIFF("node '%s' output %d differs", x->name, k);
+        for (int k = 0; k < x->nattrs; k++)
+            if (!attr_eq(&x->attrs[k], &y->attrs[k])) DIFF("node '%s' attribute '%s' differs", x->name, x->attrs[k].name);
+    }
+    for (kf_id v = 1; v < a->nvalues; v++) {
+        const kf_value *x = &a->values[v];
+        if (!x->init || !(x->nusers || x->is_input || x->is_output)) continue;
+        kf_id w = kf_graph_find(b, x->name);
+        if (!w || !b->values[w].init || !kf_tensor_equal(x->init, b->values[w].init)) DIFF("initializer '%s' differs", x->name);
+    }
+#undef DIFF
+    return true;
+}
