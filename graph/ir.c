@@ -327,52 +327,63 @@ const char *kf_node_label(const kf_node *n) {
 
 /* ---- topological order ------------------------------------------------------ */
 
-/* Kahn's algorithm over live nodes, seeded in file order so a graph that is
- * already sorted keeps its order exactly. */
+/* Depth-first: visit nodes in id order and emit a node once all its
+ * producers are emitted, so a graph that is already sorted keeps its order
+ * exactly. Iterative (an explicit stack), since graphs can be deep chains.
+ *
+ *   state 0 = unvisited, 1 = on the stack (its producers pending), 2 = emitted;
+ *   meeting a node in state 1 again means a cycle.
+ */
 kf_status kf_graph_topo(const kf_graph *g, kf_id **order, uint32_t *count) {
     uint32_t nn = g->nnodes;
-    uint32_t *pending = kf_calloc(nn, sizeof(uint32_t));
-    kf_id *queue = kf_calloc(nn, sizeof(kf_id));
-    if (!pending || !queue) {
-        kf_free(pending);
-        kf_free(queue);
+    uint8_t *state = kf_calloc(nn, 1);
+    kf_id *out = kf_calloc(nn, sizeof(kf_id));
+    kf_id *stack = kf_calloc(nn, sizeof(kf_id));
+    int *next_in = kf_calloc(nn, sizeof(int)); /* next input slot to look at */
+    if (!state || !out || !stack || !next_in) {
+        kf_free(state);
+        kf_free(out);
+        kf_free(stack);
+        kf_free(next_in);
         return kf_fail(KF_ERR_NOMEM, "out of memory sorting the graph");
     }
-    uint32_t live = 0, head = 0, tail = 0;
-    for (kf_id i = 1; i < nn; i++) {
-        const kf_node *n = &g->nodes[i];
-        if (n->dead) continue;
-        live++;
-        for (int k = 0; k < n->nin; k++) {
-            kf_id p = n->in[k] ? g->values[n->in[k]].producer : 0;
-            if (p && !g->nodes[p].dead) pending[i]++;
-        }
-        if (!pending[i]) queue[tail++] = i;
-    }
-    while (head < tail) {
-        kf_id i = queue[head++];
-        const kf_node *n = &g->nodes[i];
-        for (int j = 0; j < n->nout; j++) {
-            if (!n->out[j]) continue;
-            const kf_value *v = &g->values[n->out[j]];
-            for (uint32_t u = 0; u < v->nusers; u++) {
-                kf_id c = v->users[u];
-                if (!g->nodes[c].dead && --pending[c] == 0) queue[tail++] = c;
+    uint32_t nout = 0;
+    kf_id bad = 0;
+    for (kf_id root = 1; root < nn && !bad; root++) {
+        if (g->nodes[root].dead || state[root]) continue;
+        uint32_t sp = 0;
+        stack[sp++] = root;
+        state[root] = 1;
+        while (sp && !bad) {
+            kf_id i = stack[sp - 1];
+            const kf_node *n = &g->nodes[i];
+            if (next_in[i] < n->nin) {
+                kf_id v = n->in[next_in[i]++];
+                kf_id p = v ? g->values[v].producer : 0;
+                if (!p || g->nodes[p].dead || state[p] == 2) continue;
+                if (state[p] == 1) {
+                    bad = p;
+                    break;
+                }
+                state[p] = 1;
+                stack[sp++] = p;
+                continue;
             }
+            state[i] = 2;
+            out[nout++] = i;
+            sp--;
         }
     }
-    if (tail != live) {
-        kf_id bad = 0;
-        for (kf_id i = 1; i < nn && !bad; i++)
-            if (!g->nodes[i].dead && pending[i]) bad = i;
-        kf_free(pending);
-        kf_free(queue);
-        return kf_fail(KF_ERR_BAD_MODEL, "graph has a cycle through node '%s' (%s)",
-                       kf_node_label(&g->nodes[bad]), g->nodes[bad].op_type);
+    kf_free(state);
+    kf_free(stack);
+    kf_free(next_in);
+    if (bad) {
+        kf_free(out);
+        return kf_fail(KF_ERR_BAD_MODEL, "graph has a cycle through node '%s' (%s)", kf_node_label(&g->nodes[bad]),
+                       g->nodes[bad].op_type);
     }
-    kf_free(pending);
-    *order = queue;
-    *count = live;
+    *order = out;
+    *count = nout;
     return KF_OK;
 }
 

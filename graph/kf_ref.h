@@ -93,4 +93,18 @@ kf_status kf_graph_real_inputs(const kf_graph *g, kf_id **ids, uint32_t *count);
  * NULL when every node is supported. Static or thread-local storage. */
 const char *kf_eval_unsupported_reason(const kf_model *m);
 
+/* ---- shape inference ------------------------------------------------------ */
+
+/* Largest constant (in elements) that shape inference computes on the way,
+ * so shape subgraphs (Shape -> Gather -> Concat -> Reshape) resolve without
+ * inference ever doing real work. */
+#define KF_INFER_CONST_MAX 4096
+
+/* Infers dtype and shape of every value from the graph inputs, initializers
+ * and each op's shape function, keeping symbolic dims by name. Declared
+ * types in the file are checked against what is inferred: a disagreement
+ * is KF_ERR_SHAPE naming the node and value. Unknown ops leave their outputs
+ * as declared. Values' types are updated in place. */
+kf_status kf_infer_shapes(kf_model *m);
+
 #endif

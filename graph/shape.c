@@ -1,0 +1,113 @@
+/*
+ * shape.c: whole-graph shape and dtype inference. Walks nodes in
+ * topological order, feeds each op's shape function the input types (and
+ * small constant values, computed on the way with the reference kernels so
+ * shape subgraphs resolve), and merges the result with what the file
+ * declared. Passes and the fusion planner read the types this leaves.
+ */
+#include <string.h>
+
+#include "kf_ref.h"
+
+/* Merges inferred type `inf` into declared `dec` of value `v`; errors when
+ * they disagree on a known dtype, rank or dim. */
+static kf_status merge(const kf_graph *g, const kf_node *n, kf_id v, kf_type *dec, const kf_type *inf) {
+    const char *vname = g->values[v].name;
+    if (inf->dtype) {
+        if (dec->dtype && dec->dtype != inf->dtype)
+            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' is %s, the model declares %s", kf_node_label(n),
+                           n->op_type, vname, kf_dtype_name(inf->dtype), kf_dtype_name(dec->dtype));
+        dec->dtype = inf->dtype;
+    }
+    if (inf->rank < 0) return KF_OK;
+    if (dec->rank < 0) {
+        kf_type keep = *dec;
+        *dec = *inf;
+        dec->dtype = keep.dtype;
+        return KF_OK;
+    }
+    if (dec->rank != inf->rank)
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' has rank %d, the model declares %d", kf_node_label(n),
+                       n->op_type, vname, inf->rank, dec->rank);
+    for (int d = 0; d < dec->rank; d++) {
+        if (inf->dims[d] >= 0) {
+            if (dec->dims[d] >= 0 && dec->dims[d] != inf->dims[d])
+                return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' dim %d is %lld, the model declares %lld",
+                               kf_node_label(n), n->op_type, vname, d, (long long)inf->dims[d], (long long)dec->dims[d]);
+            dec->dims[d] = inf->dims[d];
+        } else if (dec->dims[d] < 0 && !dec->syms[d]) {
+            dec->syms[d] = inf->syms[d];
+        }
+    }
+    return KF_OK;
+}
+
+kf_status kf_infer_shapes(kf_model *m) {
+    kf_graph *g = m->graph;
+    kf_id *order;
+    uint32_t norder;
+    KF_TRY(kf_graph_topo(g, &order, &norder));
+    kf_status st = KF_OK;
+    kf_tensor *known = kf_calloc(g->nvalues, sizeof(kf_tensor)); /* computed small constants */
+    const kf_type **tin = NULL;
+    const kf_tensor **vin = NULL;
+    kf_type *tout = NULL;
+    kf_tensor *vout = NULL;
+    uint32_t maxio = 1;
+    for (uint32_t k = 0; k < norder; k++) {
+        const kf_node *n = &g->nodes[order[k]];
+        if ((uint32_t)n->nin > maxio) maxio = (uint32_t)n->nin;
+        if ((uint32_t)n->nout > maxio) maxio = (uint32_t)n->nout;
+    }
+    tin = kf_calloc(maxio, sizeof *tin);
+    vin = kf_calloc(maxio, sizeof *vin);
+    tout = kf_calloc(maxio, sizeof *tout);
+    vout = kf_calloc(maxio, sizeof *vout);
+    if (!known || !tin || !vin || !tout || !vout) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    for (uint32_t k = 0; k < norder && !st; k++) {
+        kf_node *n = &g->nodes[order[k]];
+        const kf_op_info *info = kf_op_get(n->op);
+        if (!info || !info->shape) continue;
+        if (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi)) continue;
+        if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max)) continue;
+        bool all_const = true;
+        for (int i = 0; i < n->nin; i++) {
+            kf_id v = n->in[i];
+            tin[i] = v ? &g->values[v].type : NULL;
+            vin[i] = !v ? NULL : g->values[v].init ? g->values[v].init : known[v].data ? &known[v] : NULL;
+            if (v && !vin[i]) all_const = false;
+        }
+        for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
+        if ((st = info->shape(n, n->nin, tin, vin, n->nout, tout))) break;
+        for (int j = 0; j < n->nout && !st; j++)
+            if (n->out[j]) st = merge(g, n, n->out[j], &g->values[n->out[j]].type, &tout[j]);
+        if (st) break;
+        /* small constant results let later shape functions see values */
+        bool small = all_const && info->eval;
+        for (int j = 0; j < n->nout && small; j++) {
+            int64_t cnt;
+            small = kf_type_is_static(&tout[j]) &&
+                    kf_shape_numel(tout[j].rank, tout[j].dims, 1, &cnt) == KF_OK && cnt <= KF_INFER_CONST_MAX;
+        }
+        if (small && kf_eval_node(n, n->nin, vin, vout) == KF_OK) {
+            for (int j = 0; j < n->nout; j++) {
+                if (n->out[j]) kf_tensor_move(&known[n->out[j]], &vout[j]);
+                else kf_tensor_release(&vout[j]);
+            }
+        }
+        kf_clear_error();
+    }
+done:
+    if (known)
+        for (kf_id v = 0; v < g->nvalues; v++) kf_tensor_release(&known[v]);
+    kf_free(known);
+    kf_free(tin);
+    kf_free(vin);
+    kf_free(tout);
+    kf_free(vout);
+    kf_free(order);
+    return st;
+}
