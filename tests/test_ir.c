@@ -1,0 +1,98 @@
+/* test_ir.c: graph construction, use lists, attribute lookup, topological
+ * order (stable for sorted graphs, cycles reported by node) and the
+ * declared-vs-inferred type merge of shape inference. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "kf_onnx.h"
+#include "test_util.h"
+
+static kf_id val(kf_graph *g, const char *name) {
+    kf_id v;
+    cr_assert_eq(kf_graph_intern_value(g, name, &v), KF_OK);
+    return v;
+}
+
+Test(ir, use_lists_and_producers) {
+    kf_graph *g = kf_graph_new();
+    kf_id x = val(g, "x"), y = val(g, "y"), z = val(g, "z");
+    kf_id in[2] = {x, x}, out[1] = {y};
+    kf_id n1, n2;
+    cr_assert_eq(kf_graph_add_node(g, "Add", "", "add", in, 2, out, 1, &n1), KF_OK);
+    kf_id in2[1] = {y}, out2[1] = {z};
+    cr_assert_eq(kf_graph_add_node(g, "Relu", "", "relu", in2, 1, out2, 1, &n2), KF_OK);
+    cr_assert_eq(g->values[x].nusers, 2, "x is used twice by one node, once per slot");
+    cr_assert_eq(g->values[y].producer, n1);
+    cr_assert_eq(g->values[y].users[0], n2);
+    /* a second producer for y is rejected and named */
+    kf_id n3;
+    cr_assert_eq(kf_graph_add_node(g, "Neg", "", "neg", in2, 1, out, 1, &n3), KF_ERR_BAD_MODEL);
+    cr_assert(strstr(kf_last_error(), "'y'"), "%s", kf_last_error());
+    kf_graph_free(g);
+}
+
+Test(ir, topo_keeps_sorted_order_and_finds_cycles) {
+    kf_graph *g = kf_graph_new();
+    kf_id a = val(g, "a"), b = val(g, "b"), c = val(g, "c"), d = val(g, "d");
+    kf_id n[3];
+    kf_id i0[1] = {a}, o0[1] = {b};
+    kf_id i1[1] = {a}, o1[1] = {c}; /* independent of node 0 */
+    kf_id i2[2] = {b, c}, o2[1] = {d};
+    cr_assert_eq(kf_graph_add_node(g, "Neg", "", "n0", i0, 1, o0, 1, &n[0]), KF_OK);
+    cr_assert_eq(kf_graph_add_node(g, "Abs", "", "n1", i1, 1, o1, 1, &n[1]), KF_OK);
+    cr_assert_eq(kf_graph_add_node(g, "Add", "", "n2", i2, 2, o2, 1, &n[2]), KF_OK);
+    kf_id *order;
+    uint32_t cnt;
+    cr_assert_eq(kf_graph_topo(g, &order, &cnt), KF_OK);
+    cr_assert_eq(cnt, 3);
+    for (int i = 0; i < 3; i++) cr_assert_eq(order[i], n[i], "file order kept at %d", i);
+    free(order);
+    /* rewire n0 to read d: n0 -> n2 -> n0 is a cycle */
+    g->nodes[n[0]].in[0] = d;
+    cr_assert_eq(kf_graph_topo(g, &order, &cnt), KF_ERR_BAD_MODEL);
+    cr_assert(strstr(kf_last_error(), "cycle"), "%s", kf_last_error());
+    kf_graph_free(g);
+}
+
+Test(ir, attribute_lookup_defaults_by_kind) {
+    kf_node *n = tu_node("Transpose", 1, 1, 13);
+    int64_t perm[3] = {2, 0, 1};
+    tu_attr_ints(n, "perm", 3, perm);
+    tu_attr_i(n, "axis", -1);
+    tu_attr_f(n, "alpha", 0.25f);
+    tu_attr_s(n, "mode", "linear");
+    int cnt;
+    const int64_t *p = kf_attr_ints(n, "perm", &cnt);
+    cr_assert_eq(cnt, 3);
+    cr_assert_eq(p[0], 2);
+    cr_assert_eq(kf_attr_i(n, "axis", 5), -1);
+    cr_assert_eq(kf_attr_i(n, "alpha", 7), 7, "an attribute of another kind yields the default");
+    cr_assert_float_eq(kf_attr_f(n, "alpha", 0), 0.25f, 0);
+    cr_assert_str_eq(kf_attr_s(n, "mode", "x"), "linear");
+    cr_assert_null(kf_attr_ints(n, "missing", &cnt));
+    cr_assert_eq(cnt, 0);
+    tu_node_free(n);
+}
+
+Test(ir, model_save_load_keeps_symbolic_dims_and_types) {
+    kf_model *m;
+    cr_assert_eq(kf_model_load(KF_SOURCE_DIR "/bench/models/tiny_cnn.onnx", &m), KF_OK, "%s", kf_last_error());
+    const kf_graph *g = m->graph;
+    kf_id x = kf_graph_find(g, "x");
+    cr_assert_neq(x, 0);
+    const kf_type *t = &g->values[x].type;
+    cr_assert_eq(t->rank, 4);
+    cr_assert_eq(t->dims[0], -1);
+    cr_assert_str_eq(g->syms[t->syms[0]], "N");
+    cr_assert_eq(t->dims[1], 3);
+    void *buf;
+    size_t len;
+    cr_assert_eq(kf_model_save_memory(m, &buf, &len), KF_OK);
+    kf_model *m2;
+    cr_assert_eq(kf_model_load_memory(buf, len, NULL, &m2), KF_OK, "%s", kf_last_error());
+    free(buf);
+    char why[256];
+    cr_assert(kf_model_equal(m, m2, why, sizeof why), "%s", why);
+    kf_model_free(m);
+    kf_model_free(m2);
+}
