@@ -123,6 +123,9 @@ static int cmd_info(int argc, char **argv) {
     kf_status st = kf_model_load(argv[0], &m);
     if (st) return fail_status(st);
     const kf_graph *g = m->graph;
+    kf_status inferred = kf_infer_shapes(m);
+    char infer_msg[512];
+    snprintf(infer_msg, sizeof infer_msg, "%s", inferred ? kf_last_error() : "ok");
     printf("model: %s\n", argv[0]);
     printf("ir_version: %lld\n", (long long)m->ir_version);
     printf("opsets:");
@@ -178,6 +181,7 @@ static int cmd_info(int argc, char **argv) {
     for (int a = 0; a < nh; a++) printf("  %-28s %d\n", h[a].op, h[a].count);
     free(h);
     const char *why = kf_eval_unsupported_reason(m);
+    printf("shape inference: %s\n", infer_msg);
     printf("reference evaluator: %s\n", why ? why : "supports every node");
     kf_model_free(m);
     return EXIT_OK;
