@@ -539,6 +539,20 @@ void kf_model_free(kf_model *m) {
     kf_free(m);
 }
 
+/* The IR now owns nodes and initializers; export rebuilds them from the IR.
+ * Freeing them from the kept ModelProto stops a model costing twice its
+ * weights in memory. (protobuf-c allocates with malloc unless told otherwise.) */
+static void drop_imported_bulk(Onnx__ModelProto *mp) {
+    Onnx__GraphProto *gp = mp->graph;
+    for (size_t i = 0; i < gp->n_initializer; i++) onnx__tensor_proto__free_unpacked(gp->initializer[i], NULL);
+    for (size_t i = 0; i < gp->n_node; i++) onnx__node_proto__free_unpacked(gp->node[i], NULL);
+    free(gp->initializer);
+    free(gp->node);
+    gp->initializer = NULL;
+    gp->node = NULL;
+    gp->n_initializer = gp->n_node = 0;
+}
+
 kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const char *what, kf_model **out) {
     *out = NULL;
     if (!what) what = "model";
@@ -597,6 +611,7 @@ kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const cha
         }
         kf_free(order);
     }
+    drop_imported_bulk(mp);
     *out = m;
     return KF_OK;
 fail:
