@@ -150,6 +150,30 @@ kf_status kf_attr_copy(kf_attr *dst, const kf_attr *src);
  * KF_ERR_BAD_MODEL naming one node on it. */
 kf_status kf_graph_topo(const kf_graph *g, kf_id **order, uint32_t *count);
 
+/* ---- editing (ir_edit.c) ------------------------------------------------ */
+
+/* Every use of value `from` now reads `to` (use lists updated). When `from`
+ * is a graph output, the output keeps its name: `to` takes over the name
+ * and `from` is renamed, unless `to` is itself a graph input, output or
+ * initializer, in which case KF_ERR_UNSUPPORTED is returned and nothing
+ * changes (the caller keeps the node that writes the output). */
+kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to);
+/* Marks node id dead: drops it from its inputs' use lists and clears the
+ * producer of its outputs. Values stay (ids are stable). */
+void kf_graph_remove_node(kf_graph *g, kf_id node);
+/* Sets input slot i of node id to value v, keeping use lists right. */
+kf_status kf_graph_set_input(kf_graph *g, kf_id node, int i, kf_id v);
+/* Adds a value with a fresh name derived from base ("base__1", ...). */
+kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id);
+/* Adds an initializer value holding t (ownership of t moves to the graph). */
+kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_id *id);
+/* Removes nodes none of whose outputs is used or a graph output, repeatedly;
+ * *removed (may be NULL) gets how many. Initializers nobody uses are not
+ * written on export. */
+kf_status kf_graph_dce(kf_graph *g, uint32_t *removed);
+/* Live node count. */
+uint32_t kf_graph_live_nodes(const kf_graph *g);
+
 /* ---- attribute lookup (for shape functions and kernels) ---------------- */
 
 const kf_attr *kf_attr_find(const kf_node *n, const char *name);

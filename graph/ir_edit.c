@@ -1,0 +1,159 @@
+/*
+ * ir_edit.c: the few edits every rewrite is made of: redirect uses, remove
+ * a node, set an input, add fresh values and constants, dead-code
+ * elimination. Passes never touch use lists directly; going through here
+ * keeps them consistent.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kf_ir.h"
+
+static void drop_user(kf_value *v, kf_id node) {
+    for (uint32_t u = 0; u < v->nusers; u++)
+        if (v->users[u] == node) {
+            v->users[u] = v->users[--v->nusers];
+            return;
+        }
+}
+
+static kf_status add_user(kf_value *v, kf_id node) {
+    KF_TRY(kf_grow((void **)&v->users, &v->capusers, v->nusers + 1, sizeof(kf_id)));
+    v->users[v->nusers++] = node;
+    return KF_OK;
+}
+
+kf_status kf_graph_set_input(kf_graph *g, kf_id node, int i, kf_id v) {
+    kf_node *n = &g->nodes[node];
+    if (i < 0 || i >= n->nin) return kf_fail(KF_ERR_INVALID_ARG, "node '%s' has no input %d", kf_node_label(n), i);
+    if (n->in[i] == v) return KF_OK;
+    if (v) KF_TRY(add_user(&g->values[v], node));
+    if (n->in[i]) drop_user(&g->values[n->in[i]], node);
+    n->in[i] = v;
+    return KF_OK;
+}
+
+/* Gives the name of value a to value b and a fresh name to a. */
+static kf_status swap_names(kf_graph *g, kf_id a, kf_id b) {
+    char *na = g->values[a].name, *nb = g->values[b].name;
+    g->values[a].name = nb;
+    g->values[b].name = na;
+    /* each hash slot keyed by a name now belongs to the other id */
+    for (uint32_t i = 0; i < g->hashcap; i++) {
+        if (g->hash[i] == a) g->hash[i] = b;
+        else if (g->hash[i] == b) g->hash[i] = a;
+    }
+    return KF_OK;
+}
+
+kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to) {
+    if (from == to) return KF_OK;
+    kf_value *vf = &g->values[from], *vt = &g->values[to];
+    if (vf->is_output) {
+        if (vt->is_input || vt->is_output || vt->init)
+            return kf_fail(KF_ERR_UNSUPPORTED, "cannot redirect graph output '%s' to '%s'", vf->name, vt->name);
+        KF_TRY(swap_names(g, from, to));
+        vt->is_output = true;
+        vf->is_output = false;
+        for (uint32_t i = 0; i < g->noutputs; i++)
+            if (g->outputs[i] == from) g->outputs[i] = to;
+        /* the declared type of the output stays with its name */
+        if (vf->has_type && vt->type.rank < 0) vt->type = vf->type;
+        vt->has_type |= vf->has_type;
+    }
+    while (vf->nusers) {
+        kf_id node = vf->users[0];
+        kf_node *n = &g->nodes[node];
+        bool moved = false;
+        for (int i = 0; i < n->nin; i++)
+            if (n->in[i] == from) {
+                KF_TRY(kf_graph_set_input(g, node, i, to));
+                vf = &g->values[from];
+                moved = true;
+                break;
+            }
+        if (!moved) drop_user(vf, node); /* stale entry: cannot happen, but stay safe */
+    }
+    return KF_OK;
+}
+
+void kf_graph_remove_node(kf_graph *g, kf_id node) {
+    kf_node *n = &g->nodes[node];
+    if (n->dead) return;
+    for (int i = 0; i < n->nin; i++)
+        if (n->in[i]) drop_user(&g->values[n->in[i]], node);
+    for (int j = 0; j < n->nout; j++)
+        if (n->out[j] && g->values[n->out[j]].producer == node) g->values[n->out[j]].producer = 0;
+    n->dead = true;
+}
+
+kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id) {
+    char name[512];
+    if (!kf_graph_find(g, base)) return kf_graph_add_value(g, base, id);
+    for (uint32_t k = 1;; k++) {
+        int w = snprintf(name, sizeof name, "%.480s__%u", base, k);
+        if (w < 0) return kf_fail(KF_ERR_INTERNAL, "name formatting failed");
+        if (!kf_graph_find(g, name)) return kf_graph_add_value(g, name, id);
+    }
+}
+
+kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_id *id) {
+    kf_status st = kf_graph_fresh_value(g, base, id);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    kf_value *v = &g->values[*id];
+    v->init = t;
+    kf_type_of_tensor(&v->type, t);
+    v->has_type = true;
+    return KF_OK;
+}
+
+uint32_t kf_graph_live_nodes(const kf_graph *g) {
+    uint32_t n = 0;
+    for (kf_id i = 1; i < g->nnodes; i++) n += !g->nodes[i].dead;
+    return n;
+}
+
+kf_status kf_graph_dce(kf_graph *g, uint32_t *removed) {
+    uint32_t count = 0;
+    /* a worklist of candidates; removing a node can make its producers dead */
+    kf_id *work = kf_calloc(g->nnodes + 1, sizeof(kf_id));
+    if (!work) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    uint32_t top = 0;
+    for (kf_id i = g->nnodes - 1; i >= 1; i--)
+        if (!g->nodes[i].dead) work[top++] = i;
+    bool *queued = kf_calloc(g->nnodes + 1, 1);
+    if (!queued) {
+        kf_free(work);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    for (uint32_t k = 0; k < top; k++) queued[work[k]] = true;
+    while (top) {
+        kf_id i = work[--top];
+        queued[i] = false;
+        kf_node *n = &g->nodes[i];
+        if (n->dead) continue;
+        bool used = false;
+        for (int j = 0; j < n->nout && !used; j++) {
+            kf_id v = n->out[j];
+            used = v && (g->values[v].nusers || g->values[v].is_output);
+        }
+        if (used) continue;
+        kf_graph_remove_node(g, i);
+        count++;
+        for (int k = 0; k < n->nin; k++) {
+            kf_id v = n->in[k];
+            kf_id p = v ? g->values[v].producer : 0;
+            if (p && !g->nodes[p].dead && !queued[p]) {
+                queued[p] = true;
+                work[top++] = p;
+            }
+        }
+    }
+    kf_free(work);
+    kf_free(queued);
+    if (removed) *removed = count;
+    return KF_OK;
+}
