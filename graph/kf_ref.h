@@ -107,4 +107,8 @@ const char *kf_eval_unsupported_reason(const kf_model *m);
  * as declared. Values' types are updated in place. */
 kf_status kf_infer_shapes(kf_model *m);
 
+/* Infers the output types of one node (e.g. one a rewrite just created)
+ * from its inputs' current types and constant values. */
+kf_status kf_infer_node(kf_model *m, kf_id node);
+
 #endif

@@ -111,3 +111,24 @@ done:
     kf_free(order);
     return st;
 }
+
+kf_status kf_infer_node(kf_model *m, kf_id node) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[node];
+    const kf_op_info *info = kf_op_get(n->op);
+    if (!info || !info->shape || n->nin > 64 || n->nout > 64) return KF_OK;
+    if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max)) return KF_OK;
+    const kf_type *tin[64];
+    const kf_tensor *vin[64];
+    kf_type tout[64];
+    for (int i = 0; i < n->nin; i++) {
+        kf_id v = n->in[i];
+        tin[i] = v ? &g->values[v].type : NULL;
+        vin[i] = v ? g->values[v].init : NULL;
+    }
+    for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
+    KF_TRY(info->shape(n, n->nin, tin, vin, n->nout, tout));
+    for (int j = 0; j < n->nout; j++)
+        if (n->out[j]) KF_TRY(merge(g, n, n->out[j], &g->values[n->out[j]].type, &tout[j]));
+    return KF_OK;
+}

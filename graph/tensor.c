@@ -312,6 +312,7 @@ void kf_strides(int rank, const int64_t *dims, int64_t *strides) {
 void kf_type_unknown(kf_type *ty) {
     memset(ty, 0, sizeof *ty);
     ty->rank = -1;
+    for (int i = 0; i < KF_MAX_RANK; i++) ty->dims[i] = -1; /* a rank set later leaves dims unknown */
 }
 
 void kf_type_of_tensor(kf_type *ty, const kf_tensor *t) {

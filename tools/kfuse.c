@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kf_onnx.h"
+#include "kf_opt.h"
 #include "kf_ref.h"
 
 enum { EXIT_OK = 0, EXIT_CHECK = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
@@ -30,6 +31,10 @@ static void usage(FILE *f) {
             "  run M.onnx [--backend ref] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "                                  run the model; random inputs unless --inputs\n"
             "  conform DIR... [--verbose]      run ONNX backend-test folders, per-op table and summary\n"
+            "  opt M.onnx -o OUT.onnx [--patterns F]... [--no-builtin] [--report] [--json]\n"
+            "                                  rewrite to a smaller standard ONNX\n"
+            "  patterns check F.kfp... [--builtin] [--seed N]\n"
+            "                                  verify rewrite rules numerically\n"
             "exit codes: 0 ok, 1 check failed, 2 usage, 3 bad input\n");
 }
 
@@ -597,6 +602,150 @@ static int cmd_conform(int argc, char **argv) {
     return cs.fail ? EXIT_CHECK : EXIT_OK;
 }
 
+/* ---- opt -------------------------------------------------------------------------- */
+
+static void json_str(FILE *f, const char *s) {
+    fputc('"', f);
+    for (; *s; s++) {
+        unsigned char c = (unsigned char)*s;
+        if (c == '"' || c == '\\') fprintf(f, "\\%c", c);
+        else if (c < 0x20) fprintf(f, "\\u%04x", c);
+        else fputc(c, f);
+    }
+    fputc('"', f);
+}
+
+static int cmd_opt(int argc, char **argv) {
+    const char *model = NULL, *out = NULL;
+    const char *files[64];
+    int nfiles = 0;
+    bool report = false, json = false;
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--patterns") && i + 1 < argc && nfiles < 64) files[nfiles++] = argv[++i];
+        else if (!strcmp(argv[i], "--no-builtin")) o.no_builtin = true;
+        else if (!strcmp(argv[i], "--report")) report = true;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else if (argv[i][0] != '-' && !model) model = argv[i];
+        else {
+            usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (!model || !out) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    o.pattern_files = files;
+    o.npattern_files = nfiles;
+    kf_model *m;
+    kf_status st = kf_model_load(model, &m);
+    if (st) return fail_status(st);
+    kf_opt_result res;
+    st = kf_optimize(m, &o, &res);
+    if (!st) st = kf_model_save(m, out);
+    if (st) {
+        kf_rules_free(&res.rules);
+        kf_model_free(m);
+        return fail_status(st);
+    }
+    if (json) {
+        printf("{\"nodes_before\": %u, \"nodes_after\": %u, \"rewrites\": %llu, \"rules\": {", res.nodes_before,
+               res.nodes_after, (unsigned long long)res.rewrites);
+        bool first = true;
+        for (uint32_t i = 0; i < res.rules.n; i++) {
+            const kf_rule *r = res.rules.rules[i];
+            if (!r->hits) continue;
+            printf("%s", first ? "" : ", ");
+            json_str(stdout, r->name);
+            printf(": %llu", (unsigned long long)r->hits);
+            first = false;
+        }
+        printf("}, \"near_misses\": [");
+        first = true;
+        for (uint32_t i = 0; i < res.rules.n; i++) {
+            const kf_rule *r = res.rules.rules[i];
+            for (int k = 0; k < r->nnear; k++) {
+                printf("%s{\"rule\": ", first ? "" : ", ");
+                json_str(stdout, r->name);
+                printf(", \"node\": ");
+                json_str(stdout, r->near[k].node);
+                printf(", \"reason\": ");
+                json_str(stdout, r->near[k].reason);
+                printf("}");
+                first = false;
+            }
+        }
+        printf("]}\n");
+    } else {
+        printf("%s: %u nodes -> %u nodes (%llu rewrites), written to %s\n", model, res.nodes_before, res.nodes_after,
+               (unsigned long long)res.rewrites, out);
+    }
+    if (report) {
+        FILE *f = json ? stderr : stdout;
+        fprintf(f, "\n%-32s %8s %8s %8s\n", "rule", "attempts", "hits", "misses");
+        for (uint32_t i = 0; i < res.rules.n; i++) {
+            const kf_rule *r = res.rules.rules[i];
+            if (!r->attempts) continue;
+            fprintf(f, "%-32s %8llu %8llu %8llu\n", r->name, (unsigned long long)r->attempts,
+                    (unsigned long long)r->hits, (unsigned long long)r->misses);
+        }
+        bool any = false;
+        for (uint32_t i = 0; i < res.rules.n; i++) {
+            const kf_rule *r = res.rules.rules[i];
+            for (int k = 0; k < r->nnear; k++) {
+                if (!any) fprintf(f, "\nnear misses (the root matched, something else did not):\n");
+                any = true;
+                fprintf(f, "  %s at '%s': %s\n", r->name, r->near[k].node, r->near[k].reason);
+            }
+        }
+    }
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+    return EXIT_OK;
+}
+
+/* ---- patterns ---------------------------------------------------------------------- */
+
+static int cmd_patterns(int argc, char **argv) {
+    if (argc < 1 || strcmp(argv[0], "check")) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    kf_ruleset rs = {0};
+    uint64_t seed = 0;
+    kf_status st = KF_OK;
+    int nfiles = 0;
+    for (int i = 1; i < argc && !st; i++) {
+        if (!strcmp(argv[i], "--builtin")) st = kf_rules_add_builtin(&rs), nfiles++;
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else if (argv[i][0] == '-') {
+            kf_rules_free(&rs);
+            usage(stderr);
+            return EXIT_USAGE;
+        } else {
+            st = kf_rules_load_file(&rs, argv[i]);
+            nfiles++;
+        }
+    }
+    if (st) {
+        kf_rules_free(&rs);
+        return fail_status(st);
+    }
+    if (!nfiles) {
+        usage(stderr);
+        return EXIT_USAGE;
+    }
+    kf_check_result res;
+    st = kf_rules_check(&rs, seed, stdout, &res);
+    kf_rules_free(&rs);
+    if (st) return fail_status(st);
+    printf("\n%d passed, %d failed\n", res.passed, res.failed);
+    return res.failed ? EXIT_CHECK : EXIT_OK;
+}
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -606,6 +755,8 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "info")) return cmd_info(argc - 2, argv + 2);
     if (!strcmp(verb, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(verb, "conform")) return cmd_conform(argc - 2, argv + 2);
+    if (!strcmp(verb, "opt")) return cmd_opt(argc - 2, argv + 2);
+    if (!strcmp(verb, "patterns")) return cmd_patterns(argc - 2, argv + 2);
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);
         return EXIT_OK;

@@ -1,0 +1,15 @@
+# Writes OUT: a C file holding every FILES entry as a byte array, so the
+# built-in rules travel inside the library.
+set(body "/* generated from the .kfp files of fusion/patterns; do not edit */\n#include <stddef.h>\n")
+set(table "")
+set(i 0)
+foreach(f ${FILES})
+  file(READ ${f} hex HEX)
+  string(REGEX REPLACE "([0-9a-f][0-9a-f])" "0x\\1," bytes "${hex}")
+  get_filename_component(name ${f} NAME)
+  string(APPEND body "static const unsigned char pat${i}[] = {${bytes}0x00};\n")
+  string(APPEND table "    {\"${name}\", (const char *)pat${i}, sizeof pat${i} - 1},\n")
+  math(EXPR i "${i} + 1")
+endforeach()
+string(APPEND body "const struct kf_builtin_pattern { const char *name; const char *text; size_t len; } kf_builtin_patterns[] = {\n${table}    {NULL, NULL, 0}};\n")
+file(WRITE ${OUT} "${body}")

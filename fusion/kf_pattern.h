@@ -1,0 +1,164 @@
+/*
+ * kf_pattern.h: rewrite rules as data. A rule is a small source DAG over op
+ * types with captures, guards, and a replacement graph; built-in rules are
+ * .kfp text files embedded at build time, users load more at run time, and
+ * a C callback is the escape hatch for rewrites text cannot express. The
+ * driver runs rules to a fixed point and keeps per-rule statistics and near
+ * misses. Grammar and examples: fusion/patterns/README.md.
+ */
+#ifndef KF_PATTERN_H
+#define KF_PATTERN_H
+
+#include "kf_ref.h"
+
+/* A rule's source DAG: exporters' decompositions need about a dozen nodes;
+ * past these sizes a rewrite belongs in a C callback. */
+#define KF_PAT_MAX_NODES 32
+#define KF_PAT_MAX_VARS 96
+#define KF_PAT_MAX_ARGS 8
+#define KF_PAT_MAX_OUTS 4
+#define KF_PAT_MAX_GUARDS 48
+/* Sweeps over the graph before the driver gives up on a fixed point. Each
+ * sweep can apply many rules; real models settle in under ten. */
+#define KF_REWRITE_MAX_SWEEPS 64
+/* Near misses kept per rule for the report. */
+#define KF_PAT_MAX_NEAR 8
+
+typedef enum kf_pat_arg_kind { KF_PA_VAR = 0, KF_PA_LITERAL = 1, KF_PA_ANY = 2 } kf_pat_arg_kind;
+
+typedef struct kf_pat_arg {
+    kf_pat_arg_kind kind;
+    int var;       /* KF_PA_VAR */
+    double lit;    /* KF_PA_LITERAL: a constant whose every element equals lit */
+} kf_pat_arg;
+
+/* An attribute in a pattern: a literal value, or (replacements only) a
+ * copy of an attribute of the node that produced a matched variable. */
+typedef struct kf_pat_attr {
+    kf_attr value;   /* literal (name set) */
+    int ref_var;     /* >= 0: copy attribute ref_attr of the producer of ref_var */
+    char *ref_attr;
+    bool has_default; /* ref with a literal default in value when absent */
+} kf_pat_attr;
+
+typedef struct kf_pat_node {
+    char *op;
+    char *domain;
+    int nargs;
+    kf_pat_arg args[KF_PAT_MAX_ARGS];
+    int nouts;
+    int outs[KF_PAT_MAX_OUTS]; /* variables defined by this node */
+    int nattrs;
+    kf_pat_attr *attrs;
+    int line;
+} kf_pat_node;
+
+typedef enum kf_guard_kind {
+    KF_G_CONST,       /* var is a constant (initializer) */
+    KF_G_CONST_EQ,    /* every element within tol of value */
+    KF_G_SCALAR,      /* one element */
+    KF_G_SINGLE_USE,  /* one consumer, not a graph output */
+    KF_G_DTYPE,       /* dtype among a list */
+    KF_G_RANK,        /* rank compared with value */
+    KF_G_SAME_SHAPE,  /* shapes of var and var2 known and equal */
+    KF_G_ATTR,        /* attribute of var's producer compared with value */
+    KF_G_LAST_AXIS    /* attribute of var's producer names the last axis of var2 */
+} kf_guard_kind;
+
+typedef enum kf_cmp { KF_CMP_EQ, KF_CMP_NE, KF_CMP_GE, KF_CMP_LE, KF_CMP_GT, KF_CMP_LT } kf_cmp;
+
+typedef struct kf_pat_guard {
+    kf_guard_kind kind;
+    int var, var2;
+    kf_cmp cmp;
+    double value, tol;
+    kf_dtype dtypes[KF_DT_COUNT_];
+    int ndtypes;
+    char *attr;
+    kf_attr attr_value;
+    int line;
+} kf_pat_guard;
+
+typedef struct kf_pat_var {
+    char *name;
+    int src_node; /* source node defining it, -1 for a capture */
+    int dst_node; /* replacement node defining it, -1 otherwise */
+} kf_pat_var;
+
+/* An example shape for `patterns check`: dims >= 0 fixed, < 0 a symbol id
+ * (-1 - k) shared between vars. */
+typedef struct kf_pat_example {
+    int var;
+    kf_dtype dtype;
+    int rank;
+    int64_t dims[KF_MAX_RANK];
+} kf_pat_example;
+
+struct kf_rule;
+/* C escape hatch: try to rewrite at node; *applied says whether the graph
+ * changed. A decline fills *why (static string) when the root op matched. */
+typedef kf_status (*kf_rule_fn)(kf_model *m, kf_id node, void *user, bool *applied, const char **why);
+
+typedef struct kf_near_miss {
+    char *node;   /* node name */
+    char *reason;
+} kf_near_miss;
+
+typedef struct kf_rule {
+    char *name;
+    char *file;
+    int line;
+    kf_pat_var vars[KF_PAT_MAX_VARS];
+    int nvars;
+    kf_pat_node src[KF_PAT_MAX_NODES];
+    int nsrc;
+    kf_pat_guard guards[KF_PAT_MAX_GUARDS];
+    int nguards;
+    kf_pat_node dst[KF_PAT_MAX_NODES];
+    int ndst;
+    int result_var;     /* what replaces the root's first output */
+    int64_t min_opset;  /* of the default domain, for the replacement */
+    kf_pat_example examples[KF_PAT_MAX_VARS];
+    int nexamples;
+    const char *root_op; /* op type at the root (callbacks: the op they start from) */
+    kf_rule_fn fn;
+    void *user;
+    /* statistics of the last kf_rewrite run */
+    uint64_t attempts, hits, misses;
+    kf_near_miss near[KF_PAT_MAX_NEAR];
+    int nnear;
+} kf_rule;
+
+typedef struct kf_ruleset {
+    kf_rule **rules;
+    uint32_t n, cap;
+} kf_ruleset;
+
+/* Parses .kfp text (file names messages) and appends its rules to rs.
+ * Errors: KF_ERR_BAD_MODEL with "file:line: message". */
+kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const char *file);
+kf_status kf_rules_load_file(kf_ruleset *rs, const char *path);
+/* Appends the built-in rules (the .kfp files of fusion/patterns, embedded). */
+kf_status kf_rules_add_builtin(kf_ruleset *rs);
+/* Appends a C callback rule for nodes of op type root_op. */
+kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *root_op, kf_rule_fn fn,
+                                void *user);
+void kf_rules_free(kf_ruleset *rs);
+
+/* Tries rule r at node; on a match applies the replacement and sets
+ * *applied. A decline after the root op matched records a near miss. */
+kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied);
+
+typedef struct kf_rewrite_opts {
+    int64_t fuel;     /* < 0: unlimited; else rewrites left (KFUSE_FUEL) */
+    bool trace;       /* print each hit to stderr (KFUSE_TRACE=rules) */
+} kf_rewrite_opts;
+
+/* Runs rules to a fixed point (KF_REWRITE_MAX_SWEEPS sweeps at most;
+ * hitting the cap is KF_ERR_INTERNAL naming the last rule applied), with
+ * shape inference refreshed between sweeps and dead code removed.
+ * *rewrites (may be NULL) gets the number of rewrites applied; opts->fuel
+ * is decremented. Graph outputs keep their names. */
+kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_t *rewrites);
+
+#endif

@@ -1,0 +1,355 @@
+/*
+ * pattern_check.c: numerical verification of rewrite rules, the engine of
+ * `kfuse patterns check`. Each rule's source pattern is instantiated as a
+ * small model with random shapes that satisfy its guards and examples (size
+ * 1 dims and broadcasting included); the rule is applied to a copy, and both
+ * run through the reference evaluator on random, negative, large and
+ * NaN/Inf inputs. A disagreement rejects the rule with a counterexample.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kf_onnx.h"
+#include "kf_opt.h"
+
+/* Shape draws per rule, and value regimes per draw. */
+#define CHECK_SHAPES 8
+#define CHECK_REGIMES 5
+
+typedef struct rng {
+    uint64_t s;
+} rng;
+
+static double uni(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (double)(r->s >> 11) / 9007199254740992.0;
+}
+
+static int irange(rng *r, int lo, int hi) { return lo + (int)(uni(r) * (hi - lo + 1)); }
+
+static const kf_pat_guard *find_guard(const kf_rule *r, int var, kf_guard_kind kind) {
+    for (int i = 0; i < r->nguards; i++)
+        if (r->guards[i].var == var && r->guards[i].kind == kind) return &r->guards[i];
+    return NULL;
+}
+
+static const kf_pat_example *find_example(const kf_rule *r, int var) {
+    for (int i = 0; i < r->nexamples; i++)
+        if (r->examples[i].var == var) return &r->examples[i];
+    return NULL;
+}
+
+static bool is_capture(const kf_rule *r, int v) {
+    if (r->vars[v].src_node >= 0 || r->vars[v].dst_node >= 0) return false;
+    for (int i = 0; i < r->nsrc; i++)
+        for (int a = 0; a < r->src[i].nargs; a++)
+            if (r->src[i].args[a].kind == KF_PA_VAR && r->src[i].args[a].var == v) return true;
+    return false;
+}
+
+static kf_model *model_new(int64_t opset) {
+    kf_model *m = kf_calloc(1, sizeof *m);
+    if (!m) return NULL;
+    m->graph = kf_graph_new();
+    m->opsets = kf_calloc(1, sizeof(kf_opset));
+    if (!m->graph || !m->opsets || !(m->opsets[0].domain = kf_strdup(""))) {
+        kf_model_free(m);
+        return NULL;
+    }
+    m->nopsets = 1;
+    m->opsets[0].version = opset;
+    m->ir_version = 8;
+    return m;
+}
+
+typedef struct instance {
+    kf_model *m;
+    char desc[1024]; /* shapes, for the counterexample */
+} instance;
+
+/* Builds the source pattern as a model; false if a capture's shape cannot
+ * be chosen (the caller reports it). */
+static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *inst) {
+    kf_model *m = model_new(opset);
+    if (!m) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_graph *gr = m->graph;
+    int64_t symsize[16];
+    for (int k = 0; k < 16; k++) symsize[k] = uni(g) < 0.2 ? 1 : irange(g, 2, 5);
+    /* the default shape that plain captures share */
+    int rank = irange(g, 1, 4);
+    int64_t dims[KF_MAX_RANK];
+    for (int d = 0; d < KF_MAX_RANK; d++) dims[d] = uni(g) < 0.15 ? 1 : irange(g, 2, 6);
+    kf_dtype default_dt = KF_DT_FLOAT;
+    inst->desc[0] = 0;
+    size_t dl = 0;
+    kf_status st = KF_OK;
+    kf_id vid[KF_PAT_MAX_VARS] = {0};
+    for (int v = 0; v < r->nvars && !st; v++) {
+        if (!is_capture(r, v)) continue;
+        const kf_pat_example *ex = find_example(r, v);
+        const kf_pat_guard *gd = find_guard(r, v, KF_G_DTYPE);
+        const kf_pat_guard *gr_rank = find_guard(r, v, KF_G_RANK);
+        kf_dtype dt = ex ? ex->dtype : gd ? gd->dtypes[0] : default_dt;
+        kf_type ty;
+        kf_type_unknown(&ty);
+        ty.dtype = dt;
+        if (ex) {
+            ty.rank = ex->rank;
+            for (int d = 0; d < ex->rank; d++) ty.dims[d] = ex->dims[d] >= 0 ? ex->dims[d] : symsize[(-1 - ex->dims[d]) % 16];
+        } else if (find_guard(r, v, KF_G_SCALAR) || find_guard(r, v, KF_G_CONST_EQ)) {
+            ty.rank = 0;
+        } else {
+            ty.rank = gr_rank && gr_rank->cmp == KF_CMP_EQ ? (int)gr_rank->value : rank;
+            if (ty.rank < 0 || ty.rank > KF_MAX_RANK) ty.rank = rank;
+            for (int d = 0; d < ty.rank; d++) ty.dims[d] = dims[d];
+        }
+        if ((st = kf_graph_add_value(gr, r->vars[v].name, &vid[v]))) break;
+        const kf_pat_guard *ceq = find_guard(r, v, KF_G_CONST_EQ);
+        bool is_const = ceq || find_guard(r, v, KF_G_CONST);
+        if (is_const) {
+            kf_tensor *t = kf_tensor_new();
+            if (!t || (st = kf_tensor_alloc(t, dt, ty.rank, ty.dims))) {
+                kf_tensor_free(t);
+                if (!st) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+                break;
+            }
+            for (int64_t i = 0; i < t->numel; i++) kf_set_f64(t, i, ceq ? ceq->value : 4 * uni(g) - 2);
+            gr->values[vid[v]].init = t;
+            kf_type_of_tensor(&gr->values[vid[v]].type, t);
+        } else {
+            gr->values[vid[v]].type = ty;
+            gr->values[vid[v]].has_type = true;
+            st = kf_graph_mark_input(gr, vid[v]);
+        }
+        int w = snprintf(inst->desc + dl, sizeof inst->desc - dl, "%s%s %s[", dl ? ", " : "", r->vars[v].name,
+                         kf_dtype_name(dt));
+        if (w > 0 && (size_t)w < sizeof inst->desc - dl) dl += (size_t)w;
+        for (int d = 0; d < ty.rank; d++) {
+            w = snprintf(inst->desc + dl, sizeof inst->desc - dl, "%s%lld", d ? "," : "", (long long)ty.dims[d]);
+            if (w > 0 && (size_t)w < sizeof inst->desc - dl) dl += (size_t)w;
+        }
+        w = snprintf(inst->desc + dl, sizeof inst->desc - dl, "]%s", is_const ? " const" : "");
+        if (w > 0 && (size_t)w < sizeof inst->desc - dl) dl += (size_t)w;
+        if (dt != KF_DT_FLOAT && default_dt == KF_DT_FLOAT) default_dt = dt;
+    }
+    for (int i = 0; i < r->nsrc && !st; i++) {
+        const kf_pat_node *pn = &r->src[i];
+        kf_id ins[KF_PAT_MAX_ARGS] = {0}, outs[KF_PAT_MAX_OUTS] = {0};
+        for (int a = 0; a < pn->nargs && !st; a++) {
+            const kf_pat_arg *pa = &pn->args[a];
+            if (pa->kind == KF_PA_VAR) {
+                ins[a] = vid[pa->var];
+            } else if (pa->kind == KF_PA_LITERAL) {
+                kf_tensor *t = kf_tensor_new();
+                if (!t || (st = kf_tensor_alloc(t, default_dt, 0, NULL))) {
+                    kf_tensor_free(t);
+                    if (!st) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+                    break;
+                }
+                kf_set_f64(t, 0, pa->lit);
+                st = kf_graph_add_constant(gr, "literal", t, &ins[a]);
+            } else {
+                st = kf_fail(KF_ERR_UNSUPPORTED, "rule '%s': '_' inputs cannot be instantiated for checking; give the input a name",
+                             r->name);
+            }
+        }
+        for (int o = 0; o < pn->nouts && !st; o++) st = kf_graph_add_value(gr, r->vars[pn->outs[o]].name, &outs[o]);
+        kf_id nid;
+        if (!st) st = kf_graph_add_node(gr, pn->op, pn->domain, pn->op, ins, pn->nargs, outs, pn->nouts, &nid);
+        if (st) break;
+        kf_node *n = &gr->nodes[nid];
+        n->op = kf_op_lookup(pn->domain, pn->op);
+        n->opset = opset;
+        for (int k = 0; k < pn->nattrs && !st; k++) st = kf_node_add_attr(n, &pn->attrs[k].value);
+        for (int o = 0; o < pn->nouts; o++) vid[pn->outs[o]] = outs[o];
+    }
+    if (!st) st = kf_graph_mark_output(gr, vid[r->src[r->nsrc - 1].outs[0]]);
+    if (st) {
+        kf_model_free(m);
+        return st;
+    }
+    inst->m = m;
+    return KF_OK;
+}
+
+static kf_model *copy_model(const kf_model *m) {
+    void *buf;
+    size_t len;
+    kf_model *c = NULL;
+    if (kf_model_save_memory(m, &buf, &len)) return NULL;
+    if (kf_model_load_memory(buf, len, NULL, &c)) c = NULL;
+    free(buf);
+    return c;
+}
+
+/* Fills an input for value regime k: 0 uniform [-2, 2], 1 negative,
+ * 2 large magnitude, 3 tiny magnitude, 4 with NaN and +-Inf sprinkled. */
+static void fill(kf_tensor *t, int k, rng *g) {
+    for (int64_t i = 0; i < t->numel; i++) {
+        double u = uni(g), x;
+        switch (k) {
+        case 0: x = 4 * u - 2; break;
+        case 1: x = -0.1 - 5 * u; break;
+        case 2: x = 2000 * u - 1000; break;
+        case 3: x = (2 * u - 1) * 1e-3; break;
+        default: x = u < 0.1 ? NAN : u < 0.15 ? INFINITY : u < 0.2 ? -INFINITY : 4 * uni(g) - 2; break;
+        }
+        if (!kf_dtype_is_float(t->dtype)) x = floor(x);
+        kf_set_f64(t, i, x);
+    }
+}
+
+static void tolerance(kf_dtype dt, double *atol, double *rtol) {
+    switch (dt) {
+    case KF_DT_FLOAT16: *atol = 2.5e-3; *rtol = 1e-3; break;
+    case KF_DT_BFLOAT16: *atol = 2e-2; *rtol = 1e-2; break;
+    default: *atol = 1e-5; *rtol = 1e-4; break;
+    }
+}
+
+/* First differing element of a vs b under tolerance, or -1. */
+static int64_t differ(const kf_tensor *a, const kf_tensor *b, double scale) {
+    if (a->dtype != b->dtype || a->rank != b->rank || a->numel != b->numel) return 0;
+    for (int d = 0; d < a->rank; d++)
+        if (a->dims[d] != b->dims[d]) return 0;
+    double atol, rtol;
+    tolerance(a->dtype, &atol, &rtol);
+    atol *= scale;
+    for (int64_t i = 0; i < a->numel; i++) {
+        double x = kf_get_f64(a, i), y = kf_get_f64(b, i);
+        if (isnan(y) || isnan(x)) {
+            if (isnan(x) != isnan(y)) return i;
+            continue;
+        }
+        if (isinf(y) || isinf(x)) {
+            if (x != y) return i;
+            continue;
+        }
+        if (fabs(x - y) > atol + rtol * fabs(y)) return i;
+    }
+    return -1;
+}
+
+static const char *regime_name(int k) {
+    static const char *const names[] = {"uniform [-2,2]", "negative", "large magnitude", "tiny magnitude", "NaN/Inf sprinkled"};
+    return names[k];
+}
+
+/* Checks one rule; true when it held on every instance it applied to. */
+static bool check_rule(kf_rule *r, rng *g, FILE *out) {
+    if (r->fn) {
+        fprintf(out, "SKIP %s: C callback rules are checked by their own tests\n", r->name);
+        return true;
+    }
+    int64_t opset = r->min_opset ? r->min_opset : 17;
+    int applied = 0, instantiated = 0;
+    char last_decline[512] = "";
+    for (int s = 0; s < CHECK_SHAPES; s++) {
+        instance inst = {0};
+        if (instantiate(r, g, opset, &inst)) {
+            fprintf(out, "FAIL %s: cannot build an instance: %s\n", r->name, kf_last_error());
+            return false;
+        }
+        kf_model *src = inst.m;
+        if (kf_infer_shapes(src) != KF_OK) { /* this shape draw is not a valid instance */
+            kf_model_free(src);
+            continue;
+        }
+        instantiated++;
+        kf_model *dst = copy_model(src);
+        if (!dst) {
+            kf_model_free(src);
+            fprintf(out, "FAIL %s: cannot copy the instance: %s\n", r->name, kf_last_error());
+            return false;
+        }
+        kf_rule *one[1] = {r};
+        kf_ruleset rs = {one, 1, 1};
+        kf_rewrite_opts ro = {-1, false};
+        uint64_t hits = 0;
+        kf_status st = kf_rewrite(dst, &rs, &ro, &hits);
+        if (st) {
+            fprintf(out, "FAIL %s: rewriting its own instance failed: %s\n", r->name, kf_last_error());
+            kf_model_free(src);
+            kf_model_free(dst);
+            return false;
+        }
+        if (!hits) {
+            snprintf(last_decline, sizeof last_decline, "%s", r->nnear ? r->near[0].reason : "no match");
+            kf_model_free(src);
+            kf_model_free(dst);
+            continue;
+        }
+        applied++;
+        kf_id *real;
+        uint32_t nreal;
+        bool ok = true;
+        if (kf_graph_real_inputs(src->graph, &real, &nreal)) {
+            kf_model_free(src);
+            kf_model_free(dst);
+            return false;
+        }
+        for (int k = 0; k < CHECK_REGIMES && ok; k++) {
+            kf_tensor *ins = kf_calloc(nreal + 1, sizeof(kf_tensor));
+            kf_tensor want = {0}, got = {0};
+            for (uint32_t i = 0; i < nreal && ins; i++) {
+                const kf_type *ty = &src->graph->values[real[i]].type;
+                if (kf_tensor_alloc(&ins[i], ty->dtype, ty->rank, ty->dims) == KF_OK) fill(&ins[i], k, g);
+            }
+            kf_status s1 = kf_eval_model(src, ins, (int)nreal, &want, NULL);
+            char e1[256];
+            snprintf(e1, sizeof e1, "%s", s1 ? kf_last_error() : "");
+            kf_status s2 = kf_eval_model(dst, ins, (int)nreal, &got, NULL);
+            int64_t bad = -1;
+            if (!s1 && !s2) bad = differ(&got, &want, k == 2 ? 1e3 : 1.0);
+            if ((s1 != KF_OK) != (s2 != KF_OK) || bad >= 0) {
+                ok = false;
+                fprintf(out, "FAIL %s (%s:%d): source and replacement disagree\n", r->name, r->file, r->line);
+                fprintf(out, "  instance: %s; values: %s\n", inst.desc, regime_name(k));
+                if (s1 || s2)
+                    fprintf(out, "  source: %s; replacement: %s\n", s1 ? e1 : "ok", s2 ? kf_last_error() : "ok");
+                else
+                    fprintf(out, "  element %lld: source %.9g, replacement %.9g\n", (long long)bad,
+                            bad < want.numel ? kf_get_f64(&want, bad) : 0.0, bad < got.numel ? kf_get_f64(&got, bad) : 0.0);
+                for (uint32_t i = 0; i < nreal; i++) {
+                    fprintf(out, "  input %s:", src->graph->values[real[i]].name);
+                    for (int64_t e = 0; e < ins[i].numel && e < 8; e++) fprintf(out, " %.6g", kf_get_f64(&ins[i], e));
+                    fprintf(out, "%s\n", ins[i].numel > 8 ? " ..." : "");
+                }
+            }
+            for (uint32_t i = 0; i < nreal && ins; i++) kf_tensor_release(&ins[i]);
+            kf_free(ins);
+            kf_tensor_release(&want);
+            kf_tensor_release(&got);
+        }
+        kf_free(real);
+        kf_model_free(src);
+        kf_model_free(dst);
+        if (!ok) return false;
+    }
+    if (!applied) {
+        fprintf(out, "FAIL %s: never applied to its own instances (%d valid of %d drawn)%s%s\n", r->name, instantiated,
+                CHECK_SHAPES, last_decline[0] ? "; last decline: " : "", last_decline);
+        return false;
+    }
+    fprintf(out, "ok   %s: held on %d instances x %d value sets\n", r->name, applied, CHECK_REGIMES);
+    return true;
+}
+
+kf_status kf_rules_check(kf_ruleset *rs, uint64_t seed, FILE *out, kf_check_result *res) {
+    memset(res, 0, sizeof *res);
+    if (!seed) seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)clock();
+    if (!seed) seed = 1;
+    fprintf(out, "checking %u rules, seed %llu\n", rs->n, (unsigned long long)seed);
+    rng g = {seed};
+    for (uint32_t i = 0; i < rs->n; i++) {
+        res->rules++;
+        if (check_rule(rs->rules[i], &g, out)) res->passed++;
+        else res->failed++;
+    }
+    return KF_OK;
+}

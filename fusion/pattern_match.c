@@ -1,0 +1,442 @@
+/*
+ * pattern_match.c: matching a rule's source DAG at a node, checking its
+ * guards, and applying its replacement. Matching backtracks over operand
+ * orders of commutative ops (a flag in the op table, never an op name).
+ * A rule either applies completely or declines with a reason (a near miss
+ * for the report); it never half-rewrites: every check runs before the
+ * first edit.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "kf_pattern.h"
+
+/* Goals pending in one match attempt; a pattern of KF_PAT_MAX_NODES nodes
+ * with KF_PAT_MAX_ARGS inputs each never needs more. */
+#define MAX_GOALS (KF_PAT_MAX_NODES * KF_PAT_MAX_ARGS)
+
+typedef struct goal {
+    const kf_pat_arg *arg;
+    kf_id value;
+} goal;
+
+typedef struct mstate {
+    kf_id bind[KF_PAT_MAX_VARS];      /* value bound to each variable */
+    kf_id node_of[KF_PAT_MAX_NODES];  /* graph node matched by each source node */
+    int matched;                      /* source nodes matched so far */
+    goal goals[MAX_GOALS];
+    int ngoals;
+} mstate;
+
+typedef struct mctx {
+    const kf_rule *r;
+    const kf_graph *g;
+    char why[256];   /* reason of the failure that got furthest */
+    int why_depth;
+} mctx;
+
+static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, const char *b) {
+    if (s->matched < c->why_depth) return;
+    c->why_depth = s->matched;
+    snprintf(c->why, sizeof c->why, fmt, a ? a : "", b ? b : "");
+}
+
+/* Every element of constant v equals x (relative tolerance tol, at least
+ * exact for integers). NULL constant means "not a constant". */
+static bool const_all(const kf_tensor *t, double x, double tol) {
+    if (!t || t->dtype == KF_DT_STRING || t->numel == 0) return false;
+    for (int64_t i = 0; i < t->numel; i++) {
+        double e = kf_get_f64(t, i);
+        if (!(fabs(e - x) <= tol * fmax(1.0, fabs(x)))) return false;
+    }
+    return true;
+}
+
+/* Tolerance of a literal operand in a match: float constants written by
+ * exporters (sqrt(2), 0.5) survive a float32 round trip to about 1e-7. */
+#define LITERAL_TOL 1e-6
+
+static bool attr_equal(const kf_attr *a, const kf_attr *b) {
+    if (a->type == KF_ATTR_INT && b->type == KF_ATTR_FLOAT) return (double)a->i == b->f;
+    if (a->type == KF_ATTR_FLOAT && b->type == KF_ATTR_INT) return a->f == (double)b->i;
+    if (a->type != b->type) return false;
+    switch (a->type) {
+    case KF_ATTR_INT: return a->i == b->i;
+    case KF_ATTR_FLOAT: return a->f == b->f;
+    case KF_ATTR_STRING: return a->s.len == b->s.len && memcmp(a->s.ptr, b->s.ptr, a->s.len) == 0;
+    case KF_ATTR_INTS: return a->n == b->n && (!a->n || !memcmp(a->ints, b->ints, sizeof(int64_t) * (size_t)a->n));
+    case KF_ATTR_FLOATS:
+        return a->n == b->n && (!a->n || !memcmp(a->floats, b->floats, sizeof(float) * (size_t)a->n));
+    default: return false;
+    }
+}
+
+static bool same_domain(const char *a, const char *b) {
+    if (!a || !strcmp(a, "ai.onnx")) a = "";
+    if (!b || !strcmp(b, "ai.onnx")) b = "";
+    return !strcmp(a, b);
+}
+
+static bool solve(mctx *c, mstate *s);
+
+/* Expands source node sn matched at graph node gn into goals. */
+static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
+    const kf_pat_node *pn = &c->r->src[sn];
+    const kf_node *n = &c->g->nodes[gn];
+    if (strcmp(pn->op, n->op_type) || !same_domain(pn->domain, n->domain)) {
+        fail_at(c, s, "%s is produced by %s", pn->op, n->op_type);
+        return false;
+    }
+    if (n->nin != pn->nargs) {
+        fail_at(c, s, "%s has a different number of inputs%s", pn->op, "");
+        return false;
+    }
+    for (int k = 0; k < pn->nattrs; k++) {
+        const kf_attr *want = &pn->attrs[k].value;
+        const kf_attr *have = kf_attr_find(n, want->name);
+        if (!have || !attr_equal(have, want)) {
+            fail_at(c, s, "%s: attribute '%s' differs", pn->op, want->name);
+            return false;
+        }
+    }
+    for (int o = 0; o < pn->nouts; o++) {
+        kf_id v = o < n->nout ? n->out[o] : 0;
+        int var = pn->outs[o];
+        if (!v || (s->bind[var] && s->bind[var] != v)) {
+            fail_at(c, s, "%s: outputs differ%s", pn->op, "");
+            return false;
+        }
+        s->bind[var] = v;
+    }
+    s->node_of[sn] = gn;
+    s->matched++;
+    const kf_op_info *info = kf_op_get(n->op);
+    bool comm = info && (info->flags & KF_F_COMMUTATIVE) && pn->nargs == 2;
+    if (s->ngoals + pn->nargs > MAX_GOALS) return false;
+    if (comm) {
+        mstate *alt = kf_malloc(sizeof *alt);
+        if (!alt) return false;
+        *alt = *s;
+        s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[0]};
+        s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[1]};
+        if (solve(c, s)) {
+            kf_free(alt);
+            return true;
+        }
+        *s = *alt;
+        kf_free(alt);
+        s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[1]};
+        s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[0]};
+        return solve(c, s);
+    }
+    for (int a = pn->nargs - 1; a >= 0; a--) s->goals[s->ngoals++] = (goal){&pn->args[a], n->in[a]};
+    return solve(c, s);
+}
+
+/* Works through pending goals; true when all are met (s holds the match). */
+static bool solve(mctx *c, mstate *s) {
+    while (s->ngoals) {
+        goal gl = s->goals[--s->ngoals];
+        const kf_pat_arg *a = gl.arg;
+        kf_id v = gl.value;
+        if (a->kind == KF_PA_ANY) continue;
+        if (!v) {
+            fail_at(c, s, "an input is absent%s%s", "", "");
+            return false;
+        }
+        const kf_value *val = &c->g->values[v];
+        if (a->kind == KF_PA_LITERAL) {
+            if (!const_all(val->init, a->lit, LITERAL_TOL)) {
+                char lit[32];
+                snprintf(lit, sizeof lit, "%g", a->lit);
+                fail_at(c, s, "'%s' is not a constant equal to %s", val->name, lit);
+                return false;
+            }
+            continue;
+        }
+        int var = a->var;
+        if (s->bind[var]) {
+            if (s->bind[var] != v) {
+                fail_at(c, s, "'%s' must be the same value in both places, got '%s'", c->r->vars[var].name, val->name);
+                return false;
+            }
+            continue;
+        }
+        int sn = c->r->vars[var].src_node;
+        if (sn < 0) {
+            s->bind[var] = v;
+            continue;
+        }
+        kf_id p = val->producer;
+        if (!p || c->g->nodes[p].dead) {
+            fail_at(c, s, "'%s' is not computed by a node (pattern wants %s)", val->name, c->r->src[sn].op);
+            return false;
+        }
+        if (s->node_of[sn]) { /* node matched already through another output */
+            if (s->node_of[sn] != p) return false;
+            continue;
+        }
+        return expand(c, s, sn, p);
+    }
+    return true;
+}
+
+/* ---- guards -------------------------------------------------------------------- */
+
+static bool cmp_ok(kf_cmp c, double a, double b) {
+    switch (c) {
+    case KF_CMP_EQ: return a == b;
+    case KF_CMP_NE: return a != b;
+    case KF_CMP_GE: return a >= b;
+    case KF_CMP_LE: return a <= b;
+    case KF_CMP_GT: return a > b;
+    case KF_CMP_LT: return a < b;
+    }
+    return false;
+}
+
+static bool same_shape(const kf_type *a, const kf_type *b) {
+    if (a->rank < 0 || a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++) {
+        if (a->dims[d] >= 0 || b->dims[d] >= 0) {
+            if (a->dims[d] != b->dims[d]) return false;
+        } else if (!a->syms[d] || a->syms[d] != b->syms[d]) {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Producer of the value bound to var (any node, matched or not). */
+static const kf_node *producer_of(const kf_graph *g, kf_id v) {
+    kf_id p = v ? g->values[v].producer : 0;
+    return p ? &g->nodes[p] : NULL;
+}
+
+static const char *check_guard(const kf_graph *g, const kf_pat_guard *gd, const mstate *s, char *buf, size_t n) {
+    kf_id v = s->bind[gd->var];
+    const kf_value *val = &g->values[v];
+    switch (gd->kind) {
+    case KF_G_CONST:
+        if (!val->init) return "not a constant";
+        return NULL;
+    case KF_G_CONST_EQ:
+        if (!const_all(val->init, gd->value, gd->tol)) {
+            snprintf(buf, n, "not a constant equal to %g (tol %g)", gd->value, gd->tol);
+            return buf;
+        }
+        return NULL;
+    case KF_G_SCALAR: {
+        const kf_type *t = &val->type;
+        int64_t cnt = 1;
+        if (t->rank < 0) return "shape unknown";
+        for (int d = 0; d < t->rank; d++) {
+            if (t->dims[d] < 0) return "shape unknown";
+            cnt *= t->dims[d];
+        }
+        return cnt == 1 ? NULL : "not a single element";
+    }
+    case KF_G_SINGLE_USE:
+        if (val->is_output) return "is a graph output";
+        return val->nusers == 1 ? NULL : "has other consumers";
+    case KF_G_DTYPE:
+        for (int i = 0; i < gd->ndtypes; i++)
+            if (val->type.dtype == gd->dtypes[i]) return NULL;
+        return "dtype not allowed";
+    case KF_G_RANK:
+        if (val->type.rank < 0) return "rank unknown";
+        return cmp_ok(gd->cmp, val->type.rank, gd->value) ? NULL : "rank does not satisfy the guard";
+    case KF_G_SAME_SHAPE:
+        return same_shape(&val->type, &g->values[s->bind[gd->var2]].type) ? NULL : "shapes are not known to be equal";
+    case KF_G_ATTR: {
+        const kf_node *p = producer_of(g, v);
+        const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL;
+        if (!a) return "attribute absent";
+        if (gd->cmp == KF_CMP_EQ) return attr_equal(a, &gd->attr_value) ? NULL : "attribute differs";
+        if (gd->cmp == KF_CMP_NE) return attr_equal(a, &gd->attr_value) ? "attribute equal" : NULL;
+        double have = a->type == KF_ATTR_INT ? (double)a->i : a->type == KF_ATTR_FLOAT ? a->f : NAN;
+        double want = gd->attr_value.type == KF_ATTR_INT ? (double)gd->attr_value.i : gd->attr_value.f;
+        return cmp_ok(gd->cmp, have, want) ? NULL : "attribute does not satisfy the guard";
+    }
+    case KF_G_LAST_AXIS: {
+        const kf_node *p = producer_of(g, v);
+        const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL;
+        int rank = g->values[s->bind[gd->var2]].type.rank;
+        if (!a) return "attribute absent";
+        if (rank < 0) return "rank unknown";
+        int64_t ax;
+        if (a->type == KF_ATTR_INT) ax = a->i;
+        else if (a->type == KF_ATTR_INTS && a->n == 1) ax = a->ints[0];
+        else return "not a single axis";
+        if (ax < 0) ax += rank;
+        return ax == rank - 1 ? NULL : "not the last axis";
+    }
+    }
+    return "unknown guard";
+}
+
+/* ---- replacement --------------------------------------------------------------- */
+
+static void near_miss(kf_rule *r, const kf_node *n, const char *why) {
+    r->misses++;
+    if (r->nnear >= KF_PAT_MAX_NEAR) return;
+    kf_near_miss *nm = &r->near[r->nnear];
+    nm->node = kf_strdup(kf_node_label(n));
+    nm->reason = kf_strdup(why);
+    if (nm->node && nm->reason) r->nnear++;
+    else {
+        kf_free(nm->node);
+        kf_free(nm->reason);
+    }
+}
+
+/* Resolves the attributes of replacement node dn; false when a referenced
+ * attribute is absent without default (the rule declines). */
+static bool resolve_attrs(const kf_graph *g, const kf_pat_node *dn, const mstate *s, const kf_attr **out, const char **why) {
+    for (int k = 0; k < dn->nattrs; k++) {
+        const kf_pat_attr *pa = &dn->attrs[k];
+        if (pa->ref_var < 0) {
+            out[k] = &pa->value;
+            continue;
+        }
+        const kf_node *p = producer_of(g, s->bind[pa->ref_var]);
+        const kf_attr *a = p ? kf_attr_find(p, pa->ref_attr) : NULL;
+        if (!a && !pa->has_default) {
+            *why = "an attribute the replacement copies is absent";
+            return false;
+        }
+        out[k] = a ? a : &pa->value;
+    }
+    return true;
+}
+
+static kf_status apply(kf_rule *r, kf_model *m, kf_id root_node, mstate *s) {
+    kf_graph *g = m->graph;
+    const kf_node *rn = &g->nodes[root_node];
+    kf_id root_val = s->bind[r->src[r->nsrc - 1].outs[0]];
+    kf_dtype lit_dtype = g->values[root_val].type.dtype;
+    char base[512];
+    snprintf(base, sizeof base, "%s/%s", g->values[root_val].name, r->name);
+    kf_id created[KF_PAT_MAX_VARS] = {0};
+    for (int i = 0; i < r->ndst; i++) {
+        const kf_pat_node *dn = &r->dst[i];
+        kf_id ins[KF_PAT_MAX_ARGS], outs[KF_PAT_MAX_OUTS];
+        for (int a = 0; a < dn->nargs; a++) {
+            const kf_pat_arg *pa = &dn->args[a];
+            if (pa->kind == KF_PA_LITERAL) {
+                kf_tensor *t = kf_tensor_new();
+                if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+                kf_status st = kf_tensor_alloc(t, lit_dtype, 0, NULL);
+                if (st) {
+                    kf_tensor_free(t);
+                    return st;
+                }
+                kf_set_f64(t, 0, pa->lit);
+                KF_TRY(kf_graph_add_constant(g, base, t, &ins[a]));
+            } else {
+                int var = pa->var;
+                ins[a] = r->vars[var].dst_node >= 0 ? created[var] : s->bind[var];
+            }
+        }
+        for (int o = 0; o < dn->nouts; o++) KF_TRY(kf_graph_fresh_value(g, base, &outs[o]));
+        for (int o = 0; o < dn->nouts; o++) created[dn->outs[o]] = outs[o];
+        const kf_attr *attrs[64];
+        const char *why = NULL;
+        if (dn->nattrs > 64 || !resolve_attrs(g, dn, s, attrs, &why))
+            return kf_fail(KF_ERR_INTERNAL, "rule '%s': attributes changed during the rewrite", r->name);
+        kf_id nid;
+        char nname[600];
+        snprintf(nname, sizeof nname, "%s/%d", base, i);
+        KF_TRY(kf_graph_add_node(g, dn->op, dn->domain, nname, ins, dn->nargs, outs, dn->nouts, &nid));
+        kf_node *n = &g->nodes[nid];
+        n->op = kf_op_lookup(dn->domain, dn->op);
+        n->opset = kf_model_opset(m, dn->domain);
+        for (int k = 0; k < dn->nattrs; k++) {
+            kf_attr copy = *attrs[k];
+            copy.name = dn->attrs[k].value.name; /* the replacement's name for it */
+            KF_TRY(kf_node_add_attr(n, &copy));
+        }
+        KF_TRY(kf_infer_node(m, nid));
+    }
+    kf_id result = r->vars[r->result_var].dst_node >= 0 ? created[r->result_var] : s->bind[r->result_var];
+    (void)rn;
+    return kf_graph_replace_uses(g, root_val, result);
+}
+
+kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
+    *applied = false;
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[node];
+    r->attempts++;
+    if (r->fn) {
+        const char *why = NULL;
+        KF_TRY(r->fn(m, node, r->user, applied, &why));
+        if (*applied) r->hits++;
+        else if (why) near_miss(r, &g->nodes[node], why);
+        return KF_OK;
+    }
+    const kf_pat_node *root = &r->src[r->nsrc - 1];
+    if (strcmp(root->op, n->op_type) || !same_domain(root->domain, n->domain)) return KF_OK;
+    mctx c = {r, g, "", -1};
+    mstate *s = kf_calloc(1, sizeof *s);
+    if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
+    s->goals[s->ngoals++] = (goal){&root_arg, n->out[0]};
+    kf_status st = KF_OK;
+    if (!n->out[0] || !solve(&c, s)) {
+        near_miss(r, n, c.why[0] ? c.why : "structure differs");
+        goto done;
+    }
+    char buf[128], why[384];
+    for (int i = 0; i < r->nguards; i++) {
+        const char *bad = check_guard(g, &r->guards[i], s, buf, sizeof buf);
+        if (bad) {
+            snprintf(why, sizeof why, "guard at %s:%d on '%s': %s", r->file, r->guards[i].line,
+                     r->vars[r->guards[i].var].name, bad);
+            near_miss(r, n, why);
+            goto done;
+        }
+    }
+    if (r->min_opset && kf_model_opset(m, "") < r->min_opset) {
+        snprintf(why, sizeof why, "needs opset %lld, the model imports %lld", (long long)r->min_opset,
+                 (long long)kf_model_opset(m, ""));
+        near_miss(r, n, why);
+        goto done;
+    }
+    kf_id root_val = s->bind[root->outs[0]];
+    if (r->vars[r->result_var].dst_node < 0) {
+        const kf_value *rv = &g->values[s->bind[r->result_var]];
+        if (g->values[root_val].is_output && (rv->is_input || rv->is_output || rv->init)) {
+            near_miss(r, n, "would replace a graph output by a graph input, output or constant");
+            goto done;
+        }
+        if (!same_shape(&g->values[root_val].type, &rv->type) ||
+            g->values[root_val].type.dtype != rv->type.dtype) {
+            near_miss(r, n, "the value that would replace the root may differ in shape or dtype");
+            goto done;
+        }
+    }
+    for (int i = 0; i < r->ndst; i++) {
+        const kf_attr *attrs[64];
+        const char *bad = NULL;
+        if (r->dst[i].nattrs > 64 || !resolve_attrs(g, &r->dst[i], s, attrs, &bad)) {
+            near_miss(r, n, bad ? bad : "too many attributes");
+            goto done;
+        }
+        for (int a = 0; a < r->dst[i].nargs; a++)
+            if (r->dst[i].args[a].kind == KF_PA_LITERAL && !kf_dtype_is_float(g->values[root_val].type.dtype) &&
+                !kf_dtype_is_int(g->values[root_val].type.dtype)) {
+                near_miss(r, n, "the root's dtype is unknown, so a literal cannot be typed");
+                goto done;
+            }
+    }
+    st = apply(r, m, node, s);
+    if (!st) {
+        *applied = true;
+        r->hits++;
+    }
+done:
+    kf_free(s);
+    return st;
+}
