@@ -69,7 +69,7 @@ static void softmax_apply(const kf_tensor *x, kf_tensor *y, int64_t outer, int64
 static kf_status softmax_eval(const kf_node *n, const kf_tensor *const *in, kf_tensor *out, smkind kind) {
     const kf_tensor *x = in[0];
     KF_TRY(red_check_float(n, x, 0));
-    int64_t outer, len, inner;
+    int64_t outer = 0, len = 0, inner = 0;
     KF_TRY(softmax_rows(n, x, &outer, &len, &inner));
     KF_TRY(red_prepare(n, &out[0], x->dtype, x->rank, x->dims));
     if (x->numel) softmax_apply(x, &out[0], outer, len, inner, kind);
@@ -197,7 +197,7 @@ kf_status kf_red_eval_sce_loss(const kf_node *n, int nin, const kf_tensor *const
     kf_tensor lp = {0}; /* log-probabilities, kept in double */
     kf_status st = kf_tensor_alloc(&lp, KF_DT_DOUBLE, x->rank, x->dims);
     if (st) return kf_fail_context(st, "node '%s' (%s)", kf_node_label(n), n->op_type);
-    int64_t outer, len, inner;
+    int64_t outer = 0, len = 0, inner = 0;
     red_split(x->rank, x->dims, 1, &outer, &len, &inner);
     if (x->numel) softmax_apply(x, &lp, outer, len, inner, SM_LOG);
     st = nll(n, &lp, in[1], nin > 2 ? in[2] : NULL, x->dtype, &out[0]);
