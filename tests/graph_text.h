@@ -1,0 +1,28 @@
+/*
+ * graph_text.h: graphs as text for tests.
+ *
+ *   opset 13                          # default-domain opset (default 17)
+ *   input x float[N, 4]               # graph input; dims are numbers or symbols
+ *   const w float[4, 2] = random      # initializer: "random", or values (a short
+ *   const one float[] = 1             #   list repeats its last value)
+ *   y = MatMul(x, w)                  # node; {attr=1, perm=[1,0], mode="x"} after it
+ *   z, m = Dropout(y)                 # several outputs; "f(a, , c)" leaves a slot empty
+ *   output z                          # graph outputs
+ */
+#ifndef KF_GRAPH_TEXT_H
+#define KF_GRAPH_TEXT_H
+
+#include "test_util.h"
+
+/* Parses the text into a model (Criterion assertion on malformed text). */
+kf_model *gt_parse(const char *text);
+/* Live nodes with this op type. */
+uint32_t gt_count(const kf_model *m, const char *op_type);
+/* Random inputs for the model's real inputs (symbolic dims become 3). */
+void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins);
+/* Runs both models on the same random inputs; asserts outputs agree. */
+void gt_expect_same_outputs(const kf_model *a, const kf_model *b, double atol, double rtol);
+/* Deep copy through ONNX serialisation. */
+kf_model *gt_copy(const kf_model *m);
+
+#endif
