@@ -133,7 +133,7 @@ kf_status kf_index_eval_gather(const kf_node *n, int nin, const kf_tensor *const
     memcpy(dims + axis, ix->dims, sizeof(int64_t) * (size_t)ix->rank);
     memcpy(dims + axis + ix->rank, x->dims + axis + 1, sizeof(int64_t) * (size_t)(x->rank - axis - 1));
     int64_t outer = prod(x->dims, 0, axis), adim = x->dims[axis];
-    int64_t inner = prod(x->dims, axis + 1, x->rank), nidx = ix->numel, w;
+    int64_t inner = prod(x->dims, axis + 1, x->rank), nidx = ix->numel, w = 0;
     for (int64_t j = 0; j < nidx; j++) KF_TRY(read_index(n, ix, j, adim, &w));
     KF_TRY(out_alloc(n, &out[0], x->dtype, r, dims));
     for (int64_t o = 0; o < outer; o++)
@@ -246,7 +246,7 @@ kf_status kf_index_eval_gather_nd(const kf_node *n, int nin, const kf_tensor *co
         for (int64_t t = 0; t < nt; t++) {
             int64_t base = (bi * nt + t) * m, off = bi * bstride;
             for (int64_t k = 0; k < m; k++) {
-                int64_t w;
+                int64_t w = 0;
                 KF_TRY(read_index(n, ix, base + k, x->dims[b + k], &w));
                 off += w * prod(x->dims, b + (int)k + 1, x->rank);
             }
@@ -363,7 +363,7 @@ kf_status kf_index_eval_scatter_nd(const kf_node *n, int nin, const kf_tensor *c
     for (int64_t t = 0; t < nt; t++) {
         int64_t off = 0;
         for (int64_t j = 0; j < k; j++) {
-            int64_t w;
+            int64_t w = 0;
             KF_TRY(read_index(n, ix, t * k + j, x->dims[j], &w));
             off += w * prod(x->dims, (int)j + 1, x->rank);
         }
