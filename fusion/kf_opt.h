@@ -10,12 +10,29 @@
 
 #include "kf_pattern.h"
 
+/* What a whole-graph pass gets: fuel to respect (< 0 unlimited; decrement
+ * per rewrite, stop at 0), tracing, and a counter of changes it made. */
+typedef struct kf_pass_ctx {
+    int64_t fuel;
+    bool trace;
+    uint64_t changes;
+} kf_pass_ctx;
+
+typedef kf_status (*kf_graph_pass_fn)(kf_model *m, kf_pass_ctx *ctx);
+
+#define KF_RULE_PASS(name) kf_status kf_pass_##name##_rules(kf_ruleset *rs);
+#define KF_GRAPH_PASS(name) kf_status kf_pass_##name(kf_model *m, kf_pass_ctx *ctx);
+#include "passes.def"
+#undef KF_RULE_PASS
+#undef KF_GRAPH_PASS
+
 typedef struct kf_opt_options {
     const char *const *pattern_files; /* extra .kfp files */
     int npattern_files;
     bool no_builtin;                  /* skip the built-in rules */
     int64_t fuel;                     /* < 0 unlimited; default from KFUSE_FUEL */
     bool trace;                       /* default from KFUSE_TRACE containing "rules" */
+    const char *disable;              /* comma-separated pass or rule names to skip */
 } kf_opt_options;
 
 /* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE). */

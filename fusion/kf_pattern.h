@@ -154,11 +154,15 @@ typedef struct kf_rewrite_opts {
     bool trace;       /* print each hit to stderr (KFUSE_TRACE=rules) */
 } kf_rewrite_opts;
 
+/* Clears every rule's statistics and near misses. */
+void kf_rules_reset_stats(kf_ruleset *rs);
+
 /* Runs rules to a fixed point (KF_REWRITE_MAX_SWEEPS sweeps at most;
  * hitting the cap is KF_ERR_INTERNAL naming the last rule applied), with
  * shape inference refreshed between sweeps and dead code removed.
  * *rewrites (may be NULL) gets the number of rewrites applied; opts->fuel
- * is decremented. Graph outputs keep their names. */
+ * is decremented. Graph outputs keep their names. Rule statistics add up
+ * across calls (see kf_rules_reset_stats). */
 kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_t *rewrites);
 
 #endif

@@ -1,12 +1,31 @@
 /*
- * opt.c: the optimizer pipeline: gather rules (built-in text rules, user
- * files, C-callback passes), run them to a fixed point with the rewrite
- * driver, and report node counts and per-rule statistics.
+ * opt.c: the optimizer pipeline. Gathers rules (built-in text rules, user
+ * files, C-callback rules of the passes listed in passes.def) and runs, until
+ * nothing changes: the rewrite driver, then each whole-graph pass, then
+ * dead-code elimination. Reports node counts and per-rule statistics (graph
+ * passes appear as rules with their change counts).
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "kf_opt.h"
+
+/* Rounds of (rules, graph passes) before giving up on a fixed point; each
+ * round already runs the rules to their own fixed point. */
+#define KF_OPT_MAX_ROUNDS 16
+
+typedef struct graph_pass {
+    const char *name;
+    kf_graph_pass_fn fn;
+} graph_pass;
+
+static const graph_pass graph_passes[] = {
+#define KF_RULE_PASS(name)
+#define KF_GRAPH_PASS(name) {#name, kf_pass_##name},
+#include "passes.def"
+#undef KF_RULE_PASS
+#undef KF_GRAPH_PASS
+    {NULL, NULL}};
 
 void kf_opt_options_default(kf_opt_options *o) {
     memset(o, 0, sizeof *o);
@@ -15,17 +34,89 @@ void kf_opt_options_default(kf_opt_options *o) {
     if (fuel && *fuel) o->fuel = strtoll(fuel, NULL, 10);
     const char *trace = getenv("KFUSE_TRACE");
     o->trace = trace && strstr(trace, "rules");
+    o->disable = getenv("KFUSE_DISABLE_PASSES");
+}
+
+/* True when name appears in the comma-separated list. */
+static bool listed(const char *list, const char *name) {
+    if (!list) return false;
+    size_t n = strlen(name);
+    for (const char *p = list; (p = strstr(p, name)); p += n)
+        if ((p == list || p[-1] == ',') && (p[n] == 0 || p[n] == ',')) return true;
+    return false;
+}
+
+static kf_status add_rule_passes(kf_ruleset *rs) {
+    (void)rs;
+#define KF_RULE_PASS(name) KF_TRY(kf_pass_##name##_rules(rs));
+#define KF_GRAPH_PASS(name)
+#include "passes.def"
+#undef KF_RULE_PASS
+#undef KF_GRAPH_PASS
+    return KF_OK;
 }
 
 kf_status kf_optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) {
     memset(res, 0, sizeof *res);
     res->nodes_before = kf_graph_live_nodes(m->graph);
     kf_status st = KF_OK;
-    if (!o->no_builtin) st = kf_rules_add_builtin(&res->rules);
+    if (!o->no_builtin) {
+        st = kf_rules_add_builtin(&res->rules);
+        if (!st) st = add_rule_passes(&res->rules);
+    }
     for (int i = 0; !st && i < o->npattern_files; i++) st = kf_rules_load_file(&res->rules, o->pattern_files[i]);
     if (st) return st;
+    /* rules the caller disabled are taken out of the set, not skipped one by one */
+    uint32_t keep = 0;
+    kf_ruleset off = {0};
+    for (uint32_t i = 0; i < res->rules.n; i++) {
+        kf_rule *r = res->rules.rules[i];
+        if (listed(o->disable, r->name)) {
+            if ((st = kf_grow((void **)&off.rules, &off.cap, off.n + 1, sizeof(kf_rule *)))) return st;
+            off.rules[off.n++] = r;
+        } else {
+            res->rules.rules[keep++] = r;
+        }
+    }
+    res->rules.n = keep;
+    /* graph passes are reported as rules with their change counts */
+    kf_rule *gp_stats[sizeof graph_passes / sizeof *graph_passes] = {0};
+    for (int p = 0; graph_passes[p].name; p++) {
+        if (listed(o->disable, graph_passes[p].name)) continue;
+        if ((st = kf_rules_add_callback(&res->rules, graph_passes[p].name, NULL, NULL, NULL))) break;
+        gp_stats[p] = res->rules.rules[res->rules.n - 1];
+    }
+    kf_rules_reset_stats(&res->rules);
     kf_rewrite_opts ro = {o->fuel, o->trace};
-    st = kf_rewrite(m, &res->rules, &ro, &res->rewrites);
+    uint64_t graph_changes[sizeof graph_passes / sizeof *graph_passes] = {0};
+    for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
+        uint64_t n = 0;
+        st = kf_rewrite(m, &res->rules, &ro, &n);
+        res->rewrites += n;
+        uint64_t changed = n;
+        for (int p = 0; !st && graph_passes[p].name; p++) {
+            if (!gp_stats[p] || ro.fuel == 0) continue;
+            kf_pass_ctx ctx = {ro.fuel, ro.trace, 0};
+            st = graph_passes[p].fn(m, &ctx);
+            ro.fuel = ctx.fuel;
+            graph_changes[p] += ctx.changes;
+            changed += ctx.changes;
+            res->rewrites += ctx.changes;
+            if (!st) st = kf_graph_dce(m->graph, NULL);
+        }
+        if (!changed || ro.fuel == 0) break;
+    }
+    for (int p = 0; graph_passes[p].name; p++)
+        if (gp_stats[p]) gp_stats[p]->hits = gp_stats[p]->attempts = graph_changes[p];
+    for (uint32_t i = 0; i < off.n; i++) {
+        kf_status st2 = kf_grow((void **)&res->rules.rules, &res->rules.cap, res->rules.n + 1, sizeof(kf_rule *));
+        if (st2) {
+            kf_rules_free(&off);
+            return st2;
+        }
+        res->rules.rules[res->rules.n++] = off.rules[i];
+    }
+    kf_free(off.rules);
     res->nodes_after = kf_graph_live_nodes(m->graph);
     return st;
 }

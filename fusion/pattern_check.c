@@ -271,6 +271,7 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
         kf_ruleset rs = {one, 1, 1};
         kf_rewrite_opts ro = {-1, false};
         uint64_t hits = 0;
+        kf_rules_reset_stats(&rs);
         kf_status st = kf_rewrite(dst, &rs, &ro, &hits);
         if (st) {
             fprintf(out, "FAIL %s: rewriting its own instance failed: %s\n", r->name, kf_last_error());

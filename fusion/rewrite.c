@@ -21,12 +21,7 @@ static bool node_live(const kf_graph *g, const kf_node *n) {
     return false;
 }
 
-kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_t *rewrites) {
-    kf_graph *g = m->graph;
-    uint64_t total = 0;
-    const char *last_rule = NULL;
-    kf_op *root_ops = kf_calloc(rs->n + 1, sizeof(kf_op));
-    if (!root_ops) return kf_fail(KF_ERR_NOMEM, "out of memory");
+void kf_rules_reset_stats(kf_ruleset *rs) {
     for (uint32_t i = 0; i < rs->n; i++) {
         kf_rule *r = rs->rules[i];
         r->attempts = r->hits = r->misses = 0;
@@ -35,6 +30,17 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
             kf_free(r->near[k].reason);
         }
         r->nnear = 0;
+    }
+}
+
+kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_t *rewrites) {
+    kf_graph *g = m->graph;
+    uint64_t total = 0;
+    const char *last_rule = NULL;
+    kf_op *root_ops = kf_calloc(rs->n + 1, sizeof(kf_op));
+    if (!root_ops) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < rs->n; i++) {
+        kf_rule *r = rs->rules[i];
         root_ops[i] = r->root_op ? kf_op_lookup(r->nsrc ? r->src[r->nsrc - 1].domain : "", r->root_op) : 0;
     }
     kf_status st = kf_infer_shapes(m);
