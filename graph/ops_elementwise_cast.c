@@ -1,0 +1,275 @@
+/*
+ * ops_elementwise_cast.c: Cast and CastLike for every pair of kfuse dtypes.
+ * Numbers convert as numpy's astype does (float->int truncates, saturating
+ * instead of undefined; int->int wraps; every float result is rounded once);
+ * strings are parsed and printed the way numpy prints them ("0.1", "1e-05",
+ * "nan", "-inf", "True"), so a string round trip keeps every value.
+ */
+#include <ctype.h>
+#include <errno.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+
+#include "ops_elementwise.h"
+
+/* ---- the target dtype ------------------------------------------------------ */
+
+/* Cast-1 spells `to` as a TensorProto name ("FLOAT"); later versions as an int. */
+static int dtype_from_name(const char *s) {
+    for (int dt = 1; dt < KF_DT_COUNT_; dt++)
+        if (strcasecmp(s, kf_dtype_name((kf_dtype)dt)) == 0) return dt;
+    return -1;
+}
+
+/* Target dtype of a Cast (`to`) or CastLike (input 1's dtype, 0 = unknown).
+ * Also validates `saturate`, which only concerns float8 types: kfuse has no
+ * float8, so accepting it changes no result. */
+static kf_status cast_target(const kf_node *n, kf_dtype like, kf_dtype *out) {
+    const kf_attr *sat = kf_attr_find(n, "saturate");
+    if (sat && (sat->type != KF_ATTR_INT || (sat->i != 0 && sat->i != 1)))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute 'saturate' must be 0 or 1",
+                       kf_node_label(n), n->op_type);
+    int64_t to;
+    if (n->op == KF_OP_CAST_LIKE) {
+        to = like;
+        if (!to) {
+            *out = KF_DT_UNDEFINED;
+            return KF_OK;
+        }
+    } else {
+        const kf_attr *a = kf_attr_find(n, "to");
+        if (!a)
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute 'to' is required",
+                           kf_node_label(n), n->op_type);
+        if (a->type == KF_ATTR_INT) to = a->i;
+        else if (a->type == KF_ATTR_STRING) to = dtype_from_name(a->s.ptr ? a->s.ptr : "");
+        else
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute 'to' must be an int",
+                           kf_node_label(n), n->op_type);
+    }
+    if (to >= KF_DT_COUNT_ && to <= 22)
+        return kf_fail(KF_ERR_UNSUPPORTED, "node '%s' (%s): target dtype %lld (float8/int4) is not supported",
+                       kf_node_label(n), n->op_type, (long long)to);
+    if (!kf_dtype_valid((int)to) || to == KF_DT_COMPLEX64 || to == KF_DT_COMPLEX128)
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): cannot cast to dtype %lld",
+                       kf_node_label(n), n->op_type, (long long)to);
+    *out = (kf_dtype)to;
+    return KF_OK;
+}
+
+static kf_status check_source(const kf_node *n, kf_dtype dt) {
+    if (dt == KF_DT_COMPLEX64 || dt == KF_DT_COMPLEX128)
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): cannot cast from %s", kf_node_label(n),
+                       n->op_type, kf_dtype_name(dt));
+    return KF_OK;
+}
+
+kf_status kf_ew_shape_cast(const kf_node *n, int nin, const kf_type *const *in,
+                           const kf_tensor *const *val, int nout, kf_type *out) {
+    (void)val;
+    if (nout < 1) return KF_OK;
+    kf_dtype to;
+    KF_TRY(cast_target(n, nin > 1 && in[1] ? in[1]->dtype : KF_DT_UNDEFINED, &to));
+    if (nin > 0 && in[0]) {
+        if (in[0]->dtype) KF_TRY(check_source(n, in[0]->dtype));
+        out[0] = *in[0];
+    }
+    out[0].dtype = to;
+    return KF_OK;
+}
+
+/* ---- numbers to strings ------------------------------------------------------ */
+
+/* Does decimal text s read back as v in dtype dt? */
+static bool round_trips(const char *s, double v, kf_dtype dt) {
+    switch (dt) {
+    case KF_DT_FLOAT: return strtof(s, NULL) == (float)v;
+    case KF_DT_FLOAT16:
+    case KF_DT_BFLOAT16: return kf_ew_narrow16(strtod(s, NULL), dt) == kf_ew_narrow16(v, dt);
+    default: return strtod(s, NULL) == v;
+    }
+}
+
+/* numpy's text for a float of dtype dt: the shortest digits that read back
+ * as the same value, positional for 1e-4 <= |v| < a per-dtype bound (1e16
+ * for double, 1e6 float/bfloat16, 1e3 float16), else d.ddde+XX. */
+static void format_float(double v, kf_dtype dt, char *out, size_t cap) {
+    if (isnan(v)) {
+        snprintf(out, cap, "nan");
+        return;
+    }
+    if (isinf(v)) {
+        snprintf(out, cap, v > 0 ? "inf" : "-inf");
+        return;
+    }
+    char tmp[64];
+    for (int p = 1; p <= 17; p++) {
+        snprintf(tmp, sizeof tmp, "%.*e", p - 1, v);
+        if (round_trips(tmp, v, dt)) break;
+    }
+    /* tmp is [-]d[.ddd]e(+|-)XX */
+    char digits[32];
+    int nd = 0;
+    const char *c = tmp;
+    if (*c == '-') c++;
+    for (; *c && *c != 'e'; c++)
+        if (isdigit((unsigned char)*c) && nd < (int)sizeof digits - 1) digits[nd++] = *c;
+    int e = *c == 'e' ? atoi(c + 1) : 0;
+    while (nd > 1 && digits[nd - 1] == '0') nd--;
+    digits[nd] = 0;
+
+    double a = fabs(v);
+    double upper = dt == KF_DT_DOUBLE ? 1e16 : dt == KF_DT_FLOAT16 ? 1e3 : 1e6;
+    size_t len = 0;
+#define PUT(ch) (len + 1 < cap ? (void)(out[len++] = (ch)) : (void)0)
+    if (signbit(v)) PUT('-');
+    if (a == 0 || (a >= 1e-4 && a < upper)) {
+        if (e >= 0) {
+            for (int k = 0; k <= e; k++) PUT(k < nd ? digits[k] : '0');
+            PUT('.');
+            if (e + 1 >= nd) PUT('0');
+            for (int k = e + 1; k < nd; k++) PUT(digits[k]);
+        } else {
+            PUT('0');
+            PUT('.');
+            for (int k = 0; k < -e - 1; k++) PUT('0');
+            for (int k = 0; k < nd; k++) PUT(digits[k]);
+        }
+        out[len] = 0;
+    } else {
+        PUT(digits[0]);
+        if (nd > 1) {
+            PUT('.');
+            for (int k = 1; k < nd; k++) PUT(digits[k]);
+        }
+        out[len] = 0;
+        snprintf(out + len, cap - len, "e%c%02d", e < 0 ? '-' : '+', e < 0 ? -e : e);
+    }
+#undef PUT
+}
+
+static kf_status to_string(const kf_node *n, const kf_tensor *src, int64_t i, kf_tensor *dst, int64_t j) {
+    char buf[64];
+    kf_dtype dt = src->dtype;
+    if (dt == KF_DT_BOOL) snprintf(buf, sizeof buf, "%s", kf_get_i64(src, i) ? "True" : "False");
+    else if (dt == KF_DT_UINT64) snprintf(buf, sizeof buf, "%llu", (unsigned long long)kf_get_u64(src, i));
+    else if (kf_dtype_is_int(dt)) snprintf(buf, sizeof buf, "%lld", (long long)kf_get_i64(src, i));
+    else format_float(kf_get_f64(src, i), dt, buf, sizeof buf);
+    kf_bytes *b = &((kf_bytes *)dst->data)[j];
+    b->len = strlen(buf);
+    b->ptr = kf_strndup(buf, b->len);
+    if (!b->ptr) return kf_fail(KF_ERR_NOMEM, "node '%s' (%s): out of memory", kf_node_label(n), n->op_type);
+    return KF_OK;
+}
+
+/* ---- strings to numbers ------------------------------------------------------ */
+
+/* Whole-string numeric parses (surrounding whitespace allowed). */
+static bool at_end(const char *e) {
+    while (isspace((unsigned char)*e)) e++;
+    return *e == 0;
+}
+
+static bool parse_f64(const char *s, double *v) {
+    char *e;
+    *v = strtod(s, &e);
+    return e != s && at_end(e);
+}
+
+static kf_status from_string(const kf_node *n, const kf_bytes *b, kf_tensor *dst, int64_t j) {
+    kf_status st = KF_OK;
+    char *s = kf_strndup(b->ptr ? b->ptr : "", b->len);
+    if (!s) return kf_fail(KF_ERR_NOMEM, "node '%s' (%s): out of memory", kf_node_label(n), n->op_type);
+    bool ok = strlen(s) == b->len; /* an embedded NUL never parses */
+    kf_dtype dt = dst->dtype;
+    double d;
+    char *e;
+    if (!ok) {
+    } else if (dt == KF_DT_FLOAT) {
+        float f = strtof(s, &e);
+        ok = e != s && at_end(e);
+        if (ok) ((float *)dst->data)[j] = f;
+    } else if (kf_dtype_is_float(dt)) {
+        ok = parse_f64(s, &d);
+        if (ok) kf_ew_store_f64(dst, j, d);
+    } else if (dt == KF_DT_BOOL) {
+        const char *t = s;
+        while (isspace((unsigned char)*t)) t++;
+        if (strncasecmp(t, "true", 4) == 0 && at_end(t + 4)) kf_set_i64(dst, j, 1);
+        else if (strncasecmp(t, "false", 5) == 0 && at_end(t + 5)) kf_set_i64(dst, j, 0);
+        else if ((ok = parse_f64(s, &d))) kf_set_f64(dst, j, d);
+    } else {
+        errno = 0;
+        if (dt == KF_DT_UINT64 && !strchr(s, '-')) {
+            unsigned long long u = strtoull(s, &e, 10);
+            ok = e != s && at_end(e) && errno == 0;
+            if (ok) kf_set_u64(dst, j, u);
+        } else {
+            long long v = strtoll(s, &e, 10);
+            ok = e != s && at_end(e) && errno == 0;
+            if (ok) kf_set_i64(dst, j, v);
+        }
+        if (!ok && (ok = parse_f64(s, &d))) kf_set_f64(dst, j, d); /* "2.5", "1e3" */
+    }
+    if (!ok)
+        st = kf_fail(KF_ERR_RUNTIME, "node '%s' (%s): cannot parse \"%.40s\" as %s", kf_node_label(n),
+                     n->op_type, s, kf_dtype_name(dt));
+    kf_free(s);
+    return st;
+}
+
+/* ---- one element -------------------------------------------------------------- */
+
+static kf_status convert(const kf_node *n, const kf_tensor *src, int64_t i, kf_tensor *dst, int64_t j) {
+    kf_dtype sd = src->dtype, dd = dst->dtype;
+    if (sd == KF_DT_STRING && dd == KF_DT_STRING) {
+        const kf_bytes *b = &((const kf_bytes *)src->data)[i];
+        kf_bytes *r = &((kf_bytes *)dst->data)[j];
+        r->ptr = kf_strndup(b->ptr ? b->ptr : "", b->len);
+        if (!r->ptr) return kf_fail(KF_ERR_NOMEM, "node '%s' (%s): out of memory", kf_node_label(n), n->op_type);
+        r->len = b->len;
+        return KF_OK;
+    }
+    if (sd == KF_DT_STRING) return from_string(n, &((const kf_bytes *)src->data)[i], dst, j);
+    if (dd == KF_DT_STRING) return to_string(n, src, i, dst, j);
+    if (sd == dd) {
+        size_t esz = kf_dtype_size(sd);
+        memcpy((char *)dst->data + (size_t)j * esz, (const char *)src->data + (size_t)i * esz, esz);
+    } else if (kf_dtype_is_float(dd) && !kf_dtype_is_float(sd)) {
+        /* integers convert with one rounding; C's int->float casts are exact-rounded */
+        if (sd == KF_DT_UINT64) {
+            uint64_t u = kf_get_u64(src, i);
+            if (dd == KF_DT_FLOAT) ((float *)dst->data)[j] = (float)u;
+            else kf_ew_store_f64(dst, j, (double)u);
+        } else {
+            int64_t v = kf_get_i64(src, i);
+            if (dd == KF_DT_FLOAT) ((float *)dst->data)[j] = (float)v;
+            else kf_ew_store_f64(dst, j, (double)v);
+        }
+    } else if (kf_dtype_is_float(sd)) {
+        kf_ew_store_f64(dst, j, kf_get_f64(src, i)); /* ints truncate and saturate */
+    } else {
+        kf_set_i64(dst, j, kf_get_i64(src, i)); /* keeps the low bits, as numpy */
+    }
+    return KF_OK;
+}
+
+kf_status kf_ew_eval_cast(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
+    if (nout < 1) return KF_OK;
+    if (nin < 1 || !in[0] || (n->op == KF_OP_CAST_LIKE && (nin < 2 || !in[1])))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): missing input", kf_node_label(n), n->op_type);
+    const kf_tensor *x = in[0];
+    kf_dtype to;
+    KF_TRY(cast_target(n, n->op == KF_OP_CAST_LIKE ? in[1]->dtype : KF_DT_UNDEFINED, &to));
+    KF_TRY(check_source(n, x->dtype));
+    if (!kf_dtype_valid(x->dtype))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): input has no dtype", kf_node_label(n), n->op_type);
+    bool fits = out[0].data && out[0].dtype == to && out[0].rank == x->rank;
+    for (int k = 0; fits && k < x->rank; k++) fits = out[0].dims[k] == x->dims[k];
+    if (!fits) KF_TRY(kf_tensor_alloc(&out[0], to, x->rank, x->dims));
+    for (int64_t i = 0; i < x->numel; i++) KF_TRY(convert(n, x, i, &out[0], i));
+    return KF_OK;
+}
