@@ -275,6 +275,8 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
             st = kf_fail(KF_ERR_INVALID_ARG, "'%s' does not match any model input", path);
             break;
         }
+        /* ONNX 1.12's test data stores bfloat16 tensors as uint16 bits */
+        if (t.dtype == KF_DT_UINT16 && g->values[real[slot]].type.dtype == KF_DT_BFLOAT16) t.dtype = KF_DT_BFLOAT16;
         kf_tensor_move(&ins[slot], &t);
         filled[slot] = true;
     }
@@ -492,6 +494,7 @@ static result conform_one(const char *dir, char *why, size_t whylen, kf_model **
                     r = R_SKIP;
                     break;
                 }
+                if (want.dtype == KF_DT_UINT16 && outs[o].dtype == KF_DT_BFLOAT16) want.dtype = KF_DT_BFLOAT16;
                 char d[512];
                 if (!compare(&outs[o], &want, d, sizeof d)) {
                     snprintf(why, whylen, "%s: output '%s': %s", sets[s], g->values[g->outputs[o]].name, d);
@@ -510,11 +513,31 @@ static result conform_one(const char *dir, char *why, size_t whylen, kf_model **
     return r;
 }
 
+/* Test folders of Debian's ONNX 1.12 data whose data is wrong, each with
+ * why. They still run; a failure there is reported as a skip with this
+ * reason, and a pass still counts as a pass. */
+static const struct {
+    const char *name, *reason;
+} known_bad[] = {
+    {"test_cast_FLOAT_to_BFLOAT16", "known bad data: expected values are truncated, the spec rounds to nearest even"},
+    {"test_castlike_FLOAT_to_BFLOAT16", "known bad data: 'like' has rank 1 where the model declares 2; values truncated"},
+    {"test_castlike_FLOAT_to_BFLOAT16_expanded", "known bad data: 'like' has rank 1 where the model declares 2; values truncated"},
+    {"test_castlike_BFLOAT16_to_FLOAT", "known bad data: 'like' has rank 1 where the model declares 2"},
+    {"test_castlike_BFLOAT16_to_FLOAT_expanded", "known bad data: 'like' has rank 1 where the model declares 2"},
+};
+
 static void conform_record(conform_state *cs, const char *dir) {
     char why[1024] = "";
     kf_model *m = NULL;
     result r = conform_one(dir, why, sizeof why, &m);
     const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
+    for (size_t k = 0; r == R_FAIL && k < sizeof known_bad / sizeof *known_bad; k++)
+        if (!strcmp(name, known_bad[k].name)) {
+            char got[1024];
+            memcpy(got, why, sizeof got);
+            snprintf(why, sizeof why, "%s (got: %.500s)", known_bad[k].reason, got);
+            r = R_SKIP;
+        }
     if (r == R_PASS) cs->pass++;
     else if (r == R_FAIL) cs->fail++;
     else cs->skip++;
