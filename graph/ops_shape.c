@@ -621,12 +621,49 @@ static kf_status concat_axis(const kf_node *n, int64_t *axis) {
                    kf_node_label(n), n->op_type);
 }
 
-kf_status kf_layout_concat_shape(const kf_node *n, int nin, const kf_type *const *in,
+static kf_status concat_shape(const kf_node *n, int nin, const kf_type *const *in, int64_t axis, kf_type *out);
+
+/* PyTorch 1.4 exported shape computations as Concat of 1-D pieces with 0-D
+ * constants (the 12-layer BERT in ../shared/models does); the spec wants
+ * equal ranks. kfuse reads a 0-D input of an otherwise 1-D Concat as a
+ * one-element vector, so such exports run; the result is the same vector
+ * those exporters meant. True when input i is such a scalar. */
+static bool lenient_scalar(int nin, const kf_type *const *in, int i) {
+    if (!in[i] || in[i]->rank != 0) return false;
+    for (int k = 0; k < nin; k++)
+        if (in[k] && in[k]->rank == 1) return true;
+    return false;
+}
+
+kf_status kf_layout_concat_shape(const kf_node *n, int nin, const kf_type *const *in_decl,
                                  const kf_tensor *const *val, int nout, kf_type *out) {
     (void)val;
     (void)nout;
     int64_t axis;
     KF_TRY(concat_axis(n, &axis));
+    kf_type *fixed = NULL;
+    const kf_type **inp = kf_calloc((size_t)nin + 1, sizeof *inp);
+    if (!inp) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < nin; i++) {
+        inp[i] = in_decl[i];
+        if (!lenient_scalar(nin, in_decl, i)) continue;
+        if (!fixed && !(fixed = kf_calloc((size_t)nin, sizeof *fixed))) {
+            kf_free(inp);
+            return kf_fail(KF_ERR_NOMEM, "out of memory");
+        }
+        fixed[i] = *in_decl[i];
+        fixed[i].rank = 1;
+        fixed[i].dims[0] = 1;
+        fixed[i].syms[0] = 0;
+        inp[i] = &fixed[i];
+    }
+    kf_status st = concat_shape(n, nin, inp, axis, out);
+    kf_free(fixed);
+    kf_free(inp);
+    return st;
+}
+
+static kf_status concat_shape(const kf_node *n, int nin, const kf_type *const *in, int64_t axis, kf_type *out) {
     int rank = -1;
     kf_dtype dt = KF_DT_UNDEFINED;
     for (int i = 0; i < nin; i++) {
@@ -692,14 +729,17 @@ kf_status kf_layout_concat_eval(const kf_node *n, int nin, const kf_tensor *cons
     int64_t off = 0;
     for (int i = 0; i < nin; i++) {
         if (!in[i]) continue;
-        kf_layout_view v = {.rank = in[i]->rank, .doff = off * ostr[a]};
+        /* a lenient 0-D input (see lenient_scalar) is a one-element vector */
+        bool scalar = in[i]->rank == 0 && out[0].rank == 1;
+        kf_layout_view v = {.rank = scalar ? 1 : in[i]->rank, .doff = off * ostr[a]};
         kf_strides(in[i]->rank, in[i]->dims, v.sstr);
+        if (scalar) v.sstr[0] = 1;
         for (int d = 0; d < v.rank; d++) {
-            v.dims[d] = in[i]->dims[d];
+            v.dims[d] = scalar ? 1 : in[i]->dims[d];
             v.dstr[d] = ostr[d];
         }
         KF_TRY(kf_layout_copy_view(&out[0], in[i], &v));
-        off += in[i]->dims[a];
+        off += scalar ? 1 : in[i]->dims[a];
     }
     return KF_OK;
 }
