@@ -33,6 +33,7 @@ typedef struct kf_opt_options {
     int64_t fuel;                     /* < 0 unlimited; default from KFUSE_FUEL */
     bool trace;                       /* default from KFUSE_TRACE containing "rules" */
     const char *disable;              /* comma-separated pass or rule names to skip */
+    bool no_raise;                    /* never raise the model's opset */
 } kf_opt_options;
 
 /* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE). */
@@ -41,6 +42,8 @@ void kf_opt_options_default(kf_opt_options *o);
 typedef struct kf_opt_result {
     uint32_t nodes_before, nodes_after;
     uint64_t rewrites;
+    int64_t opset_before, opset_after; /* default domain; raised when a rule needed it */
+    char raise_declined[512];          /* why the opset was not raised, when a rule wanted it */
     kf_ruleset rules; /* with per-rule statistics; caller frees (kf_rules_free) */
 } kf_opt_result;
 

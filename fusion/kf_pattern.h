@@ -39,6 +39,7 @@ typedef struct kf_pat_attr {
     int ref_var;     /* >= 0: copy attribute ref_attr of the producer of ref_var */
     char *ref_attr;
     bool has_default; /* ref with a literal default in value when absent */
+    bool ref_value;   /* $VAR: the scalar value of the constant bound to ref_var */
 } kf_pat_attr;
 
 typedef struct kf_pat_node {
@@ -56,13 +57,15 @@ typedef struct kf_pat_node {
 typedef enum kf_guard_kind {
     KF_G_CONST,       /* var is a constant (initializer) */
     KF_G_CONST_EQ,    /* every element within tol of value */
+    KF_G_CONST_CMP,   /* every element compares with value (cmp) */
     KF_G_SCALAR,      /* one element */
     KF_G_SINGLE_USE,  /* one consumer, not a graph output */
     KF_G_DTYPE,       /* dtype among a list */
     KF_G_RANK,        /* rank compared with value */
     KF_G_SAME_SHAPE,  /* shapes of var and var2 known and equal */
     KF_G_ATTR,        /* attribute of var's producer compared with value */
-    KF_G_LAST_AXIS    /* attribute of var's producer names the last axis of var2 */
+    KF_G_LAST_AXIS    /* attribute of var's producer (attr set) or the constant var
+                       * itself (attr NULL) names the last axis of var2 */
 } kf_guard_kind;
 
 typedef enum kf_cmp { KF_CMP_EQ, KF_CMP_NE, KF_CMP_GE, KF_CMP_LE, KF_CMP_GT, KF_CMP_LT } kf_cmp;
@@ -76,6 +79,8 @@ typedef struct kf_pat_guard {
     int ndtypes;
     char *attr;
     kf_attr attr_value;
+    bool has_default;  /* KF_G_ATTR: attr_default stands in for an absent attribute */
+    kf_attr attr_default;
     int line;
 } kf_pat_guard;
 
@@ -125,6 +130,7 @@ typedef struct kf_rule {
     void *user;
     /* statistics of the last kf_rewrite run */
     uint64_t attempts, hits, misses;
+    uint64_t opset_misses; /* declines only because the model's opset is older than min_opset */
     kf_near_miss near[KF_PAT_MAX_NEAR];
     int nnear;
 } kf_rule;

@@ -5,9 +5,11 @@
  * dead-code elimination. Reports node counts and per-rule statistics (graph
  * passes appear as rules with their change counts).
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kf_opset_raise.h"
 #include "kf_opt.h"
 
 /* Rounds of (rules, graph passes) before giving up on a fixed point; each
@@ -89,6 +91,8 @@ kf_status kf_optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) 
     kf_rules_reset_stats(&res->rules);
     kf_rewrite_opts ro = {o->fuel, o->trace};
     uint64_t graph_changes[sizeof graph_passes / sizeof *graph_passes] = {0};
+    res->opset_before = res->opset_after = kf_model_opset(m, "");
+    bool raise_tried = false;
     for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
         uint64_t n = 0;
         st = kf_rewrite(m, &res->rules, &ro, &n);
@@ -104,7 +108,35 @@ kf_status kf_optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) 
             res->rewrites += ctx.changes;
             if (!st) st = kf_graph_dce(m->graph, NULL);
         }
-        if (!changed || ro.fuel == 0) break;
+        if (o->trace) fprintf(stderr, "kfuse: optimizer round %d: %llu changes\n", round, (unsigned long long)changed);
+        if (st || ro.fuel == 0) break;
+        /* If a rule declined only because the model's opset is too old,
+         * raise it once (all or nothing) and go on. */
+        int64_t want = 0;
+        for (uint32_t i = 0; i < res->rules.n; i++) {
+            const kf_rule *r = res->rules.rules[i];
+            if (r->opset_misses && r->min_opset > want) want = r->min_opset;
+        }
+        if (!raise_tried && !o->no_raise && want > kf_model_opset(m, "")) {
+            raise_tried = true;
+            const char *why = NULL;
+            kf_status rs = kf_model_raise_opset(m, want, &why);
+            if (rs == KF_ERR_UNSUPPORTED) {
+                snprintf(res->raise_declined, sizeof res->raise_declined, "opset %lld not reached: %s", (long long)want,
+                         why ? why : "unsupported");
+                kf_clear_error();
+            } else if ((st = rs)) {
+                break;
+            } else {
+                res->opset_after = kf_model_opset(m, "");
+                if (o->trace)
+                    fprintf(stderr, "kfuse: raised the model's opset %lld -> %lld for rules that need it\n",
+                            (long long)res->opset_before, (long long)res->opset_after);
+                if ((st = kf_infer_shapes(m))) break;
+                continue;
+            }
+        }
+        if (!changed) break;
     }
     for (int p = 0; graph_passes[p].name; p++)
         if (gp_stats[p]) gp_stats[p]->hits = gp_stats[p]->attempts = graph_changes[p];

@@ -43,12 +43,13 @@ static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, co
 }
 
 /* Every element of constant v equals x (relative tolerance tol, at least
- * exact for integers). NULL constant means "not a constant". */
+ * exact for integers; a zero must be exactly zero, or an epsilon such as
+ * 1e-12 would count as 0). NULL constant means "not a constant". */
 static bool const_all(const kf_tensor *t, double x, double tol) {
     if (!t || t->dtype == KF_DT_STRING || t->numel == 0) return false;
     for (int64_t i = 0; i < t->numel; i++) {
         double e = kf_get_f64(t, i);
-        if (!(fabs(e - x) <= tol * fmax(1.0, fabs(x)))) return false;
+        if (!(fabs(e - x) <= tol * fabs(x))) return false;
     }
     return true;
 }
@@ -221,6 +222,11 @@ static const char *check_guard(const kf_graph *g, const kf_pat_guard *gd, const 
     case KF_G_CONST:
         if (!val->init) return "not a constant";
         return NULL;
+    case KF_G_CONST_CMP:
+        if (!val->init || val->init->dtype == KF_DT_STRING) return "not a constant";
+        for (int64_t i = 0; i < val->init->numel; i++)
+            if (!cmp_ok(gd->cmp, kf_get_f64(val->init, i), gd->value)) return "a constant element does not satisfy the guard";
+        return NULL;
     case KF_G_CONST_EQ:
         if (!const_all(val->init, gd->value, gd->tol)) {
             snprintf(buf, n, "not a constant equal to %g (tol %g)", gd->value, gd->tol);
@@ -252,6 +258,7 @@ static const char *check_guard(const kf_graph *g, const kf_pat_guard *gd, const 
     case KF_G_ATTR: {
         const kf_node *p = producer_of(g, v);
         const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL;
+        if (!a && p && gd->has_default) a = &gd->attr_default;
         if (!a) return "attribute absent";
         if (gd->cmp == KF_CMP_EQ) return attr_equal(a, &gd->attr_value) ? NULL : "attribute differs";
         if (gd->cmp == KF_CMP_NE) return attr_equal(a, &gd->attr_value) ? "attribute equal" : NULL;
@@ -260,12 +267,21 @@ static const char *check_guard(const kf_graph *g, const kf_pat_guard *gd, const 
         return cmp_ok(gd->cmp, have, want) ? NULL : "attribute does not satisfy the guard";
     }
     case KF_G_LAST_AXIS: {
+        int rank = g->values[s->bind[gd->var2]].type.rank;
+        int64_t ax;
+        if (!gd->attr) { /* the axes are the constant v itself */
+            const kf_tensor *t = val->init;
+            if (!t) return "axes are not a constant";
+            if (t->numel != 1 || t->rank > 1 || !kf_dtype_is_int(t->dtype)) return "not a single axis";
+            if (rank < 0) return "rank unknown";
+            ax = kf_get_i64(t, 0);
+            if (ax < 0) ax += rank;
+            return ax == rank - 1 ? NULL : "not the last axis";
+        }
         const kf_node *p = producer_of(g, v);
         const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL;
-        int rank = g->values[s->bind[gd->var2]].type.rank;
         if (!a) return "attribute absent";
         if (rank < 0) return "rank unknown";
-        int64_t ax;
         if (a->type == KF_ATTR_INT) ax = a->i;
         else if (a->type == KF_ATTR_INTS && a->n == 1) ax = a->ints[0];
         else return "not a single axis";
@@ -292,12 +308,33 @@ static void near_miss(kf_rule *r, const kf_node *n, const char *why) {
 }
 
 /* Resolves the attributes of replacement node dn; false when a referenced
- * attribute is absent without default (the rule declines). */
-static bool resolve_attrs(const kf_graph *g, const kf_pat_node *dn, const mstate *s, const kf_attr **out, const char **why) {
+ * attribute is absent without default, or a $constant is not a one-element
+ * numeric constant (the rule declines). Values of $constants are built in
+ * scratch[k] (plain numbers; nothing to release). */
+static bool resolve_attrs(const kf_graph *g, const kf_pat_node *dn, const mstate *s, const kf_attr **out,
+                          kf_attr *scratch, const char **why) {
     for (int k = 0; k < dn->nattrs; k++) {
         const kf_pat_attr *pa = &dn->attrs[k];
         if (pa->ref_var < 0) {
             out[k] = &pa->value;
+            continue;
+        }
+        if (pa->ref_value) {
+            const kf_tensor *t = g->values[s->bind[pa->ref_var]].init;
+            if (!t || t->numel != 1 || !(kf_dtype_is_float(t->dtype) || kf_dtype_is_int(t->dtype))) {
+                *why = "a value the replacement reads into an attribute is not a one-element constant";
+                return false;
+            }
+            memset(&scratch[k], 0, sizeof scratch[k]);
+            scratch[k].name = pa->value.name;
+            if (kf_dtype_is_float(t->dtype)) {
+                scratch[k].type = KF_ATTR_FLOAT;
+                scratch[k].f = (float)kf_get_f64(t, 0);
+            } else {
+                scratch[k].type = KF_ATTR_INT;
+                scratch[k].i = kf_get_i64(t, 0);
+            }
+            out[k] = &scratch[k];
             continue;
         }
         const kf_node *p = producer_of(g, s->bind[pa->ref_var]);
@@ -342,8 +379,9 @@ static kf_status apply(kf_rule *r, kf_model *m, kf_id root_node, mstate *s) {
         for (int o = 0; o < dn->nouts; o++) KF_TRY(kf_graph_fresh_value(g, base, &outs[o]));
         for (int o = 0; o < dn->nouts; o++) created[dn->outs[o]] = outs[o];
         const kf_attr *attrs[64];
+        kf_attr scratch[64];
         const char *why = NULL;
-        if (dn->nattrs > 64 || !resolve_attrs(g, dn, s, attrs, &why))
+        if (dn->nattrs > 64 || !resolve_attrs(g, dn, s, attrs, scratch, &why))
             return kf_fail(KF_ERR_INTERNAL, "rule '%s': attributes changed during the rewrite", r->name);
         kf_id nid;
         char nname[600];
@@ -402,6 +440,7 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
         snprintf(why, sizeof why, "needs opset %lld, the model imports %lld", (long long)r->min_opset,
                  (long long)kf_model_opset(m, ""));
         near_miss(r, n, why);
+        r->opset_misses++;
         goto done;
     }
     kf_id root_val = s->bind[root->outs[0]];
@@ -419,8 +458,9 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     for (int i = 0; i < r->ndst; i++) {
         const kf_attr *attrs[64];
+        kf_attr scratch[64];
         const char *bad = NULL;
-        if (r->dst[i].nattrs > 64 || !resolve_attrs(g, &r->dst[i], s, attrs, &bad)) {
+        if (r->dst[i].nattrs > 64 || !resolve_attrs(g, &r->dst[i], s, attrs, scratch, &bad)) {
             near_miss(r, n, bad ? bad : "too many attributes");
             goto done;
         }

@@ -197,7 +197,16 @@ static kf_status parse_attrs(lexer *lx, kf_rule *r, kf_pat_node *pn, bool allow_
         memset(pa, 0, sizeof *pa);
         pa->ref_var = -1;
         pn->nattrs++;
-        if (is(lx, "@")) {
+        if (is(lx, "$")) {
+            /* the scalar value of a matched constant, e.g. {epsilon=$eps} */
+            if (!allow_refs) return perr(lx, "constant values ($) are for replacements, not '%s'", name);
+            next(lx);
+            if (lx->t.kind != T_IDENT || strchr(lx->t.text, '.')) return perr(lx, "expected $variable for '%s'", name);
+            KF_TRY(var_ref(lx, r, lx->t.text, false, &pa->ref_var));
+            pa->ref_value = true;
+            if (!(pa->value.name = kf_strdup(name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            next(lx);
+        } else if (is(lx, "@")) {
             if (!allow_refs) return perr(lx, "attribute references (@) are for replacements, not '%s'", name);
             next(lx);
             if (lx->t.kind != T_IDENT || !strchr(lx->t.text, '.'))
@@ -356,13 +365,26 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
     char kw[256];
     snprintf(kw, sizeof kw, "%s", lx->t.text);
     next(lx);
-    if (!strcmp(kw, "attr") || !strcmp(kw, "last_axis")) {
+    if (!strcmp(kw, "last_axis") && lx->t.kind == T_IDENT && !strchr(lx->t.text, '.')) {
+        /* last_axis AXES W: AXES is a constant (an axes input) */
+        g->kind = KF_G_LAST_AXIS;
+        KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var));
+        next(lx);
+        if (lx->t.kind != T_IDENT) return perr(lx, "expected the variable whose last axis is meant%s", "");
+        KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var2));
+        next(lx);
+    } else if (!strcmp(kw, "attr") || !strcmp(kw, "last_axis")) {
         if (lx->t.kind != T_IDENT || !strchr(lx->t.text, '.')) return perr(lx, "expected variable.attribute after '%s'", kw);
         char *dot = strrchr(lx->t.text, '.');
         *dot = 0;
         KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var));
         if (!(g->attr = kf_strdup(dot + 1))) return kf_fail(KF_ERR_NOMEM, "out of memory");
         next(lx);
+        if (!strcmp(kw, "attr") && is(lx, "|")) { /* attr V.name|DEFAULT == VALUE */
+            next(lx);
+            KF_TRY(parse_attr_value(lx, g->attr, &g->attr_default));
+            g->has_default = true;
+        }
         if (!strcmp(kw, "last_axis")) {
             g->kind = KF_G_LAST_AXIS;
             if (lx->t.kind != T_IDENT) return perr(lx, "expected the variable whose last axis is meant%s", "");
@@ -380,9 +402,9 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
         if (!strcmp(kw, "const")) {
             g->kind = KF_G_CONST;
             if (lx->t.kind != T_END) {
-                g->kind = KF_G_CONST_EQ;
-                KF_TRY(expect(lx, "=="));
-                if (lx->t.kind != T_NUM) return perr(lx, "expected a number after 'const ... =='%s", "");
+                KF_TRY(parse_cmp(lx, &g->cmp));
+                g->kind = g->cmp == KF_CMP_EQ ? KF_G_CONST_EQ : KF_G_CONST_CMP;
+                if (lx->t.kind != T_NUM) return perr(lx, "expected a number after the comparison in 'const'%s", "");
                 g->value = lx->t.num;
                 next(lx);
                 if (is(lx, "tol")) {
@@ -481,6 +503,7 @@ static void rule_free(kf_rule *r) {
     for (int i = 0; i < r->nguards; i++) {
         kf_free(r->guards[i].attr);
         kf_attr_release(&r->guards[i].attr_value);
+        kf_attr_release(&r->guards[i].attr_default);
     }
     for (int i = 0; i < r->nnear; i++) {
         kf_free(r->near[i].node);

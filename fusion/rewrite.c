@@ -24,7 +24,7 @@ static bool node_live(const kf_graph *g, const kf_node *n) {
 void kf_rules_reset_stats(kf_ruleset *rs) {
     for (uint32_t i = 0; i < rs->n; i++) {
         kf_rule *r = rs->rules[i];
-        r->attempts = r->hits = r->misses = 0;
+        r->attempts = r->hits = r->misses = r->opset_misses = 0;
         for (int k = 0; k < r->nnear; k++) {
             kf_free(r->near[k].node);
             kf_free(r->near[k].reason);

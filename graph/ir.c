@@ -154,11 +154,22 @@ kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain
             return kf_fail(KF_ERR_BAD_MODEL,
                            "node '%s' writes '%s', which is a graph input or initializer",
                            name ? name : "", g->values[out[j]].name);
-        for (int k = 0; k < j; k++)
-            if (out[j] && out[k] == out[j])
-                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' lists output '%s' twice",
-                               name ? name : "", g->values[out[j]].name);
     }
+    /* An output listed twice: the producer slots (all 0 here) mark the ones
+     * seen, so a node with many outputs is not a quadratic check. */
+    const kf_id seen = (kf_id)-1;
+    for (int j = 0; j < nout; j++) {
+        if (!out[j]) continue;
+        if (g->values[out[j]].producer == seen) {
+            for (int k = 0; k < j; k++)
+                if (out[k]) g->values[out[k]].producer = 0;
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' lists output '%s' twice",
+                           name ? name : "", g->values[out[j]].name);
+        }
+        g->values[out[j]].producer = seen;
+    }
+    for (int j = 0; j < nout; j++)
+        if (out[j]) g->values[out[j]].producer = 0;
     KF_TRY(kf_grow((void **)&g->nodes, &g->capnodes, g->nnodes + 1, sizeof(kf_node)));
     kf_id nid = g->nnodes;
     kf_node *n = &g->nodes[nid];

@@ -157,3 +157,9 @@ kf_status kf_graph_dce(kf_graph *g, uint32_t *removed) {
     if (removed) *removed = count;
     return KF_OK;
 }
+
+bool kf_value_is_constant(const kf_model *m, kf_id v) {
+    const kf_value *val = &m->graph->values[v];
+    if (!val->init) return false;
+    return !(val->is_input && m->ir_version >= 4);
+}

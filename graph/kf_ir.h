@@ -112,6 +112,10 @@ struct kf_model {
     char *dir;    /* folder external data is resolved in; may be NULL */
     void *proto;  /* the unpacked Onnx__ModelProto the model came from:
                    * fields kfuse does not model are written back from it */
+    /* declared shapes that disagreed with what the graph computes (the
+     * computed one wins, as in ONNX Runtime); the first is described */
+    uint32_t shape_warnings;
+    char shape_warning[256];
 };
 
 /* ---- graph construction ---------------------------------------------- */
@@ -173,6 +177,12 @@ kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_
 kf_status kf_graph_dce(kf_graph *g, uint32_t *removed);
 /* Live node count. */
 uint32_t kf_graph_live_nodes(const kf_graph *g);
+
+/* True when value v is a constant the model fixes: an initializer that is
+ * not also a graph input the caller may override (from IR version 4 on, an
+ * initializer listed among the inputs is only a default). Passes that fold
+ * or specialise on values ask this, never `init != NULL` alone. */
+bool kf_value_is_constant(const kf_model *m, kf_id v);
 
 /* ---- attribute lookup (for shape functions and kernels) ---------------- */
 

@@ -101,10 +101,13 @@ const char *kf_eval_unsupported_reason(const kf_model *m);
 #define KF_INFER_CONST_MAX 4096
 
 /* Infers dtype and shape of every value from the graph inputs, initializers
- * and each op's shape function, keeping symbolic dims by name. Declared
- * types in the file are checked against what is inferred: a disagreement
- * is KF_ERR_SHAPE naming the node and value. Unknown ops leave their outputs
- * as declared. Values' types are updated in place. */
+ * and each op's shape function, keeping symbolic dims by name. Operands
+ * that do not fit an op (Add of [3] and [4]) are KF_ERR_SHAPE naming the
+ * node. Declared types in the file are checked against what is inferred: a
+ * different dtype is KF_ERR_SHAPE; a different shape is counted in
+ * m->shape_warnings and the inferred shape wins (as ONNX Runtime does).
+ * Unknown ops leave their outputs as declared. Values' types are updated
+ * in place. */
 kf_status kf_infer_shapes(kf_model *m);
 
 /* Infers the output types of one node (e.g. one a rewrite just created)

@@ -20,12 +20,21 @@
 /* Largest model file read into memory; bigger weights belong in external
  * data, which is read tensor by tensor. */
 #define KF_MAX_FILE_BYTES ((int64_t)8 << 30)
+/* Distinct symbolic dim names per graph: real models use a handful
+ * ("batch", "seq"); interning is a linear search, so a cap keeps a hostile
+ * file from making it quadratic. */
+#define MAX_DIM_PARAMS 4096
+/* Attributes per node: no ONNX op has more than a few dozen, and the
+ * duplicate-name check is quadratic in the count. */
+#define MAX_NODE_ATTRS 1024
 
 /* ---- files -------------------------------------------------------------- */
 
 kf_status kf_read_file(const char *path, uint8_t **data, size_t *len) {
     *data = NULL;
     *len = 0;
+    struct stat pre; /* fopen would block on a FIFO */
+    if (stat(path, &pre) == 0 && !S_ISREG(pre.st_mode)) return kf_fail(KF_ERR_IO, "'%s' is not a regular file", path);
     FILE *f = fopen(path, "rb");
     if (!f) return kf_fail(KF_ERR_IO, "cannot open '%s': %s", path, strerror(errno));
     struct stat sb;
@@ -150,6 +159,11 @@ static kf_status open_external(const char *dir, const char *location, const char
         free(real);
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data '%s' resolves outside the model folder", tname, location);
     }
+    struct stat sb; /* fopen would block on a FIFO */
+    if (stat(real, &sb) != 0 || !S_ISREG(sb.st_mode)) {
+        free(real);
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data '%s' is not a regular file", tname, location);
+    }
     FILE *f = fopen(real, "rb");
     free(real);
     if (!f) return kf_fail(KF_ERR_IO, "tensor '%s': cannot open external data '%s'", tname, location);
@@ -157,8 +171,10 @@ static kf_status open_external(const char *dir, const char *location, const char
     return KF_OK;
 }
 
-static kf_status read_external(const Onnx__TensorProto *tp, const char *dir, const char *tname, void *dst,
-                               size_t nbytes) {
+/* Opens the external data of tp and positions it at its offset, after
+ * checking that offset + nbytes lies inside the file. *out: caller closes. */
+static kf_status open_external_data(const Onnx__TensorProto *tp, const char *dir, const char *tname, size_t nbytes,
+                                    FILE **out) {
     const char *location = NULL;
     int64_t offset = 0, length = -1;
     for (size_t i = 0; i < tp->n_external_data; i++) {
@@ -187,11 +203,19 @@ static kf_status read_external(const Onnx__TensorProto *tp, const char *dir, con
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data offset %lld + %zu bytes is past the end of '%s'",
                        tname, (long long)offset, nbytes, location);
     }
-    if (fseeko(f, (off_t)offset, SEEK_SET) != 0 || (nbytes && fread(dst, 1, nbytes, f) != nbytes)) {
+    if (fseeko(f, (off_t)offset, SEEK_SET) != 0) {
         fclose(f);
-        return kf_fail(KF_ERR_IO, "tensor '%s': cannot read external data '%s'", tname, location);
+        return kf_fail(KF_ERR_IO, "tensor '%s': cannot seek in external data '%s'", tname, location);
     }
+    *out = f;
+    return KF_OK;
+}
+
+/* Reads nbytes from f into dst and closes f. */
+static kf_status read_external(FILE *f, const char *tname, void *dst, size_t nbytes) {
+    bool ok = !nbytes || fread(dst, 1, nbytes, f) == nbytes;
     fclose(f);
+    if (!ok) return kf_fail(KF_ERR_IO, "tensor '%s': cannot read external data", tname);
     return KF_OK;
 }
 
@@ -209,41 +233,51 @@ static kf_status tensor_from_proto(const Onnx__TensorProto *tp, const char *dir,
         dims[i] = tp->dims[i];
         if (dims[i] < 0) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': negative dimension %lld", tname, (long long)dims[i]);
     }
-    kf_status st = kf_tensor_alloc(t, (kf_dtype)dt, (int)tp->n_dims, dims);
-    if (st) return kf_fail_context(st, "tensor '%s'", tname);
+    /* Every length is checked against the shape before anything is
+     * allocated: a few bytes of file must not buy a 16 GiB buffer. */
     size_t esz = kf_dtype_size((kf_dtype)dt);
-    size_t nbytes = (size_t)t->numel * esz;
-    int64_t n = t->numel;
-    if (tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL) {
-        if (dt == KF_DT_STRING) st = kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': string tensors cannot use external data", tname);
-        else st = read_external(tp, dir, tname, t->data, nbytes);
+    int64_t n;
+    kf_status st = kf_shape_numel((int)tp->n_dims, dims, esz, &n);
+    if (st) return kf_fail_context(st, "tensor '%s'", tname);
+    size_t nbytes = (size_t)n * esz;
+    bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+    bool raw = !external && tp->has_raw_data && dt != KF_DT_STRING;
+    size_t have = 0;
+    const char *field = NULL;
+    if (external && dt == KF_DT_STRING)
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': string tensors cannot use external data", tname);
+    if (raw && tp->raw_data.len != nbytes)
+        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape and dtype need %zu", tname,
+                       tp->raw_data.len, nbytes);
+    if (!external && !raw) {
+        switch (dt) {
+        case KF_DT_FLOAT: have = tp->n_float_data; field = "float_data"; break;
+        case KF_DT_DOUBLE: have = tp->n_double_data; field = "double_data"; break;
+        case KF_DT_INT64: have = tp->n_int64_data; field = "int64_data"; break;
+        case KF_DT_UINT32:
+        case KF_DT_UINT64: have = tp->n_uint64_data; field = "uint64_data"; break;
+        case KF_DT_STRING: have = tp->n_string_data; field = "string_data"; break;
+        default: have = tp->n_int32_data; field = "int32_data"; break;
+        }
+        if (have != (size_t)n)
+            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %lld", tname, field, have,
+                           (long long)n);
+    }
+    FILE *f = NULL;
+    if (external) KF_TRY(open_external_data(tp, dir, tname, nbytes, &f));
+    st = kf_tensor_alloc(t, (kf_dtype)dt, (int)tp->n_dims, dims);
+    if (st) {
+        if (f) fclose(f);
+        return kf_fail_context(st, "tensor '%s'", tname);
+    }
+    if (external) {
+        st = read_external(f, tname, t->data, nbytes);
         if (st) kf_tensor_release(t);
         return st;
     }
-    if (tp->has_raw_data && dt != KF_DT_STRING) {
-        if (tp->raw_data.len != nbytes) {
-            kf_tensor_release(t);
-            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape and dtype need %zu", tname,
-                           tp->raw_data.len, nbytes);
-        }
+    if (raw) {
         if (nbytes) memcpy(t->data, tp->raw_data.data, nbytes); /* little-endian host assumed, as ONNX stores */
         return KF_OK;
-    }
-    size_t have;
-    const char *field;
-    switch (dt) {
-    case KF_DT_FLOAT: have = tp->n_float_data; field = "float_data"; break;
-    case KF_DT_DOUBLE: have = tp->n_double_data; field = "double_data"; break;
-    case KF_DT_INT64: have = tp->n_int64_data; field = "int64_data"; break;
-    case KF_DT_UINT32:
-    case KF_DT_UINT64: have = tp->n_uint64_data; field = "uint64_data"; break;
-    case KF_DT_STRING: have = tp->n_string_data; field = "string_data"; break;
-    default: have = tp->n_int32_data; field = "int32_data"; break;
-    }
-    if (have != (size_t)n) {
-        kf_tensor_release(t);
-        return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %lld", tname, field, have,
-                       (long long)n);
     }
     for (int64_t i = 0; i < n; i++) {
         switch (dt) {
@@ -256,7 +290,8 @@ static kf_status tensor_from_proto(const Onnx__TensorProto *tp, const char *dir,
         case KF_DT_BFLOAT16: ((uint16_t *)t->data)[i] = (uint16_t)tp->int32_data[i]; break;
         case KF_DT_STRING: {
             kf_bytes *s = &((kf_bytes *)t->data)[i];
-            s->ptr = kf_strndup((const char *)tp->string_data[i].data, tp->string_data[i].len);
+            const ProtobufCBinaryData *b = &tp->string_data[i]; /* data is NULL when empty */
+            s->ptr = kf_strndup(b->data ? (const char *)b->data : "", b->len);
             if (!s->ptr) {
                 kf_tensor_release(t);
                 return kf_fail(KF_ERR_NOMEM, "out of memory");
@@ -298,15 +333,38 @@ static kf_status type_from_proto(kf_graph *g, const Onnx__TypeProto *tp, const c
             ty->dims[i] = d->dim_value;
         } else if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && d->dim_param &&
                    d->dim_param[0]) {
+            if (g->nsyms > MAX_DIM_PARAMS)
+                return kf_fail(KF_ERR_BAD_MODEL, "value '%s': more than %d distinct symbolic dimension names", vname,
+                               MAX_DIM_PARAMS);
             ty->syms[i] = kf_graph_sym(g, d->dim_param);
             if (!ty->syms[i]) return kf_fail(KF_ERR_NOMEM, "out of memory");
         }
     }
+    int64_t known = 1; /* no tensor has a shape whose known dims overflow */
+    for (int i = 0; i < ty->rank; i++)
+        if (ty->dims[i] >= 0 && !kf_mul_ok(known, ty->dims[i], &known))
+            return kf_fail(KF_ERR_BAD_MODEL, "value '%s': dimension product overflows", vname);
     return KF_OK;
 }
 
-static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, kf_id *id, bool create) {
-    if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "value_info without a name");
+/* Two declarations of one value agree when every fact both state is equal. */
+static bool types_agree(const kf_type *a, const kf_type *b) {
+    if (a->dtype && b->dtype && a->dtype != b->dtype) return false;
+    if (a->rank < 0 || b->rank < 0) return true;
+    if (a->rank != b->rank) return false;
+    for (int i = 0; i < a->rank; i++)
+        if (a->dims[i] >= 0 && b->dims[i] >= 0 && a->dims[i] != b->dims[i]) return false;
+    return true;
+}
+
+/* Reads the declared type of vi into its value, which is created when
+ * `create` and otherwise skipped (*id = 0) when absent. The initializer, or
+ * else the first declaration (graph input, then output, then value_info:
+ * the order export looks them up in), fixes the type; a later declaration
+ * that contradicts it is an error naming `what` ("graph input", ...). */
+static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, const char *what, kf_id *id,
+                               bool create) {
+    if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "%s without a name", what);
     kf_id v = kf_graph_find(g, vi->name);
     if (!v) {
         if (!create) {
@@ -315,11 +373,31 @@ static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, kf_i
         }
         KF_TRY(kf_graph_add_value(g, vi->name, &v));
     }
-    kf_value *val = kf_value_at(g, v);
+    kf_type ty;
     bool is_tensor;
-    KF_TRY(type_from_proto(g, vi->type, vi->name, &val->type, &is_tensor));
-    val = kf_value_at(g, v);
-    val->has_type = vi->type != NULL;
+    KF_TRY(type_from_proto(g, vi->type, vi->name, &ty, &is_tensor));
+    kf_value *val = kf_value_at(g, v);
+    if (val->init) {
+        if (!types_agree(&ty, &val->type))
+            return kf_fail(KF_ERR_BAD_MODEL, "%s '%s' declares a type its initializer does not have", what, vi->name);
+    } else if (val->has_type) {
+        /* Two declarations that disagree (ORT's own test models list an
+         * output twice with different shapes) are hints that cancel out:
+         * the shape is left to inference, which checks what the graph
+         * computes. Different dtypes stay an error. */
+        if (!types_agree(&ty, &val->type)) {
+            if (ty.dtype && val->type.dtype && ty.dtype != val->type.dtype)
+                return kf_fail(KF_ERR_BAD_MODEL, "%s '%s' declares dtype %s after an earlier declaration of %s", what,
+                               vi->name, kf_dtype_name(ty.dtype), kf_dtype_name(val->type.dtype));
+            kf_dtype keep = val->type.dtype ? val->type.dtype : ty.dtype;
+            kf_type_unknown(&val->type);
+            val->type.dtype = keep;
+        }
+    } else {
+        val->type = ty;
+        val->has_type = vi->type != NULL;
+    }
+    if (vi->type) val->has_type = true;
     if (vi->doc_string && !val->doc && !(val->doc = kf_strdup(vi->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
     *id = v;
     return KF_OK;
@@ -327,10 +405,12 @@ static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, kf_i
 
 /* ---- import: attributes --------------------------------------------------------- */
 
-static kf_status attr_from_proto(const Onnx__AttributeProto *ap, const char *dir, const char *nname, kf_attr *a) {
+static kf_status attr_from_proto(const Onnx__AttributeProto *ap, size_t index, const char *dir, const char *nname,
+                                 kf_attr *a) {
     memset(a, 0, sizeof *a);
     kf_status st = KF_OK;
     const char *aname = ap->name ? ap->name : "";
+    if (!aname[0]) return kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute %zu has no name", nname, index);
     if (!(a->name = kf_strdup(aname))) goto nomem;
     if (ap->ref_attr_name && !(a->ref_attr_name = kf_strdup(ap->ref_attr_name))) goto nomem;
     if (ap->doc_string && !(a->doc = kf_strdup(ap->doc_string))) goto nomem;
@@ -419,6 +499,25 @@ fail:
 
 /* ---- import: model ------------------------------------------------------------- */
 
+/* A known op at a version kfuse implements must have an input and output
+ * count the op allows (the evaluator checks the same); other versions and
+ * unknown ops are carried without judgement. */
+static kf_status check_arity(const kf_node *n) {
+    const kf_op_info *info = kf_op_get(n->op);
+    if (!info || (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi))) return KF_OK;
+    if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): %d inputs, expected %d..%d", kf_node_label(n), n->op_type,
+                       n->nin, info->in_min, info->in_max);
+    if (n->nout < info->out_min || (info->out_max >= 0 && n->nout > info->out_max))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): %d outputs, expected %d..%d", kf_node_label(n), n->op_type,
+                       n->nout, info->out_min, info->out_max);
+    for (int i = 0; i < info->in_min; i++)
+        if (!n->in[i])
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): required input %d is missing", kf_node_label(n),
+                           n->op_type, i);
+    return KF_OK;
+}
+
 static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const char *dir) {
     kf_graph *g = m->graph;
     if ((gp->name && !(g->name = kf_strdup(gp->name))) || (gp->doc_string && !(g->doc = kf_strdup(gp->doc_string))))
@@ -446,21 +545,25 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         kf_id v = kf_graph_find(g, vi->name);
         if (v && kf_value_at(g, v)->is_input)
             return kf_fail(KF_ERR_BAD_MODEL, "graph input '%s' is listed twice", vi->name);
-        kf_type keep;
-        bool had_init = v && kf_value_at(g, v)->init;
-        if (had_init) keep = kf_value_at(g, v)->type;
-        KF_TRY(value_info_in(g, vi, &v, true));
-        if (had_init) {
-            kf_value *val = kf_value_at(g, v);
-            const kf_type *d = &val->type;
-            bool agree = d->rank < 0 || d->rank == keep.rank;
-            if (agree && d->dtype && d->dtype != keep.dtype) agree = false;
-            for (int k = 0; agree && d->rank > 0 && k < d->rank; k++)
-                if (d->dims[k] >= 0 && d->dims[k] != keep.dims[k]) agree = false;
-            if (!agree) return kf_fail(KF_ERR_BAD_MODEL, "graph input '%s' declares a type its initializer does not have", vi->name);
-            val->type = keep; /* the initializer is the default value and fixes the type */
-        }
+        KF_TRY(value_info_in(g, vi, "graph input", &v, true));
         KF_TRY(kf_graph_mark_input(g, v));
+    }
+    /* Pass 1 names every node output, so nodes may come in any order (the
+     * spec asks for topological order; real files, ORT's own test models
+     * among them, do not always keep it). A cycle is found by the
+     * topological sort after import. */
+    for (size_t i = 0; i < gp->n_node; i++) {
+        const Onnx__NodeProto *np = gp->node[i];
+        const char *nname = np->name && np->name[0] ? np->name : (np->op_type ? np->op_type : "?");
+        for (size_t k = 0; k < np->n_output; k++) {
+            const char *o = np->output[k];
+            if (!o || !o[0]) continue;
+            if (kf_graph_find(g, o))
+                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): output '%s' is already defined", nname,
+                               np->op_type ? np->op_type : "?", o);
+            kf_id v;
+            KF_TRY(kf_graph_add_value(g, o, &v));
+        }
     }
     for (size_t i = 0; i < gp->n_node; i++) {
         const Onnx__NodeProto *np = gp->node[i];
@@ -475,19 +578,14 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
             const char *in = np->input[k];
             if (!in || !in[0]) continue;
             ids[k] = kf_graph_find(g, in);
-            if (!ids[k] || (!kf_value_at(g, ids[k])->producer && !kf_value_at(g, ids[k])->is_input &&
-                            !kf_value_at(g, ids[k])->init))
-                st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): input '%s' is not defined before use", nname,
-                             np->op_type, in);
+            if (!ids[k])
+                st = kf_fail(KF_ERR_BAD_MODEL,
+                             "node '%s' (%s): input '%s' is not defined (no graph input, initializer or node output has that name)",
+                             nname, np->op_type, in);
         }
         for (size_t k = 0; k < np->n_output && !st; k++) {
             const char *o = np->output[k];
-            if (!o || !o[0]) continue;
-            if (kf_graph_find(g, o)) {
-                st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): output '%s' is already defined", nname, np->op_type, o);
-                break;
-            }
-            st = kf_graph_add_value(g, o, &ids[np->n_input + k]);
+            if (o && o[0]) ids[np->n_input + k] = kf_graph_find(g, o); /* named in pass 1 */
         }
         kf_id nid = 0;
         if (!st)
@@ -499,12 +597,15 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         n->op = kf_op_lookup(n->domain, n->op_type);
         n->opset = kf_model_opset(m, n->domain);
         if (np->doc_string && !(n->doc = kf_strdup(np->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        KF_TRY(check_arity(n));
         if (np->n_attribute) {
-            if (np->n_attribute > INT_MAX / 2) return kf_fail(KF_ERR_BAD_MODEL, "node '%s': too many attributes", nname);
+            if (np->n_attribute > MAX_NODE_ATTRS)
+                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has %zu attributes, more than %d", nname, np->n_attribute,
+                               MAX_NODE_ATTRS);
             n->attrs = kf_calloc(np->n_attribute, sizeof(kf_attr));
             if (!n->attrs) return kf_fail(KF_ERR_NOMEM, "out of memory");
             for (size_t k = 0; k < np->n_attribute; k++) {
-                KF_TRY(attr_from_proto(np->attribute[k], dir, nname, &n->attrs[k]));
+                KF_TRY(attr_from_proto(np->attribute[k], k, dir, nname, &n->attrs[k]));
                 n->nattrs++;
                 for (int j = 0; j < n->nattrs - 1; j++)
                     if (strcmp(n->attrs[j].name, n->attrs[k].name) == 0)
@@ -517,13 +618,13 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "graph output %zu has no name", i);
         kf_id v = kf_graph_find(g, vi->name);
         if (!v) return kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is not produced by any node", vi->name);
-        if (kf_value_at(g, v)->is_output) return kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is listed twice", vi->name);
-        KF_TRY(value_info_in(g, vi, &v, false));
+        /* an output listed twice stays listed twice (ORT accepts such files) */
+        KF_TRY(value_info_in(g, vi, "graph output", &v, false));
         KF_TRY(kf_graph_mark_output(g, v));
     }
     for (size_t i = 0; i < gp->n_value_info; i++) {
         kf_id v;
-        KF_TRY(value_info_in(g, gp->value_info[i], &v, false));
+        KF_TRY(value_info_in(g, gp->value_info[i], "value_info", &v, false));
         if (v) kf_value_at(g, v)->has_info = true;
     }
     return KF_OK;

@@ -1,6 +1,6 @@
 /*
  * ops_reduce_norm.c: shape functions and reference kernels of the
- * normalisations: LayerNormalization, InstanceNormalization,
+ * normalisations: LayerNormalization, RMSNormalization, InstanceNormalization,
  * GroupNormalization, BatchNormalization (inference at every opset, training
  * mode from opset 14) and LRN. Statistics are two-pass (mean, then the mean
  * squared deviation) in double; results are rounded once into the output.
@@ -86,8 +86,9 @@ kf_status kf_red_eval_layer_norm(const kf_node *n, int nin, const kf_tensor *con
     if (bias) KF_TRY(red_check_float(n, bias, 2));
     kf_dtype st;
     KF_TRY(stash_dtype(n, &st));
+    /* the spec sets no bound on epsilon: it is added to the variance exactly
+     * as the decomposed form that rewrites recognise adds it */
     double eps = kf_attr_f(n, "epsilon", 1e-5f);
-    KF_TRY(check_epsilon(n, eps));
     int axis;
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", -1), x->rank, &axis));
     /* Scale and B broadcast one way onto X (the ONNX function multiplies
@@ -120,6 +121,51 @@ kf_status kf_red_eval_layer_norm(const kf_node *n, int nin, const kf_tensor *con
         }
         if (nout > 1) kf_set_f64(&out[1], r, mean);
         if (nout > 2) kf_set_f64(&out[2], r, inv);
+    }
+    return KF_OK;
+}
+
+/* ---- RMSNormalization ------------------------------------------------------ */
+
+/* Y = X / sqrt(mean(X^2 over axes axis..rank-1) + epsilon) * Scale, the
+ * mean in double (at least the stash type's precision), Scale broadcast
+ * one way onto X. */
+kf_status kf_red_eval_rms_norm(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
+    (void)nin;
+    (void)nout;
+    const kf_tensor *x = in[0], *scale = in[1];
+    KF_TRY(red_check_float(n, x, 0));
+    KF_TRY(red_check_float(n, scale, 1));
+    kf_dtype st;
+    KF_TRY(stash_dtype(n, &st));
+    double eps = kf_attr_f(n, "epsilon", 1e-5f);
+    if (x->rank < 1)
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): X must have rank >= 1", kf_node_label(n), n->op_type);
+    int axis;
+    KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", -1), x->rank, &axis));
+    kf_bcast bc;
+    const kf_tensor *ops[2] = {x, scale};
+    KF_TRY(kf_bcast_init(&bc, n, 2, ops));
+    bool same = bc.rank == x->rank;
+    for (int d = 0; same && d < x->rank; d++) same = bc.dims[d] == x->dims[d];
+    if (!same)
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): scale must broadcast to the shape of X", kf_node_label(n),
+                       n->op_type);
+    KF_TRY(red_prepare(n, &out[0], x->dtype, x->rank, x->dims));
+    if (x->numel == 0) return KF_OK;
+    int64_t rows = red_prod(x->dims, 0, axis), cols = red_prod(x->dims, axis, x->rank);
+    for (int64_t r = 0; r < rows; r++) {
+        double sq = 0;
+        for (int64_t k = 0; k < cols; k++) {
+            double v = kf_get_f64(x, r * cols + k);
+            sq += v * v;
+        }
+        double inv = 1.0 / sqrt(sq / (double)cols + eps);
+        for (int64_t k = 0; k < cols; k++) {
+            int64_t i = r * cols + k, offs[2];
+            kf_bcast_offsets(&bc, i, offs);
+            kf_set_f64(&out[0], i, kf_get_f64(x, i) * inv * kf_get_f64(scale, offs[1]));
+        }
     }
     return KF_OK;
 }

@@ -5,13 +5,26 @@
  * shape subgraphs resolve), and merges the result with what the file
  * declared. Passes and the fusion planner read the types this leaves.
  */
+#include <stdio.h>
 #include <string.h>
 
 #include "kf_ref.h"
 
-/* Merges inferred type `inf` into declared `dec` of value `v`; errors when
- * they disagree on a known dtype, rank or dim. */
-static kf_status merge(const kf_graph *g, const kf_node *n, kf_id v, kf_type *dec, const kf_type *inf) {
+/* Records a declared shape that the graph contradicts; the computed shape
+ * replaces it. Files exported with one sequence length and traced with
+ * another (the 12-layer BERT of ../shared/models) declare such shapes;
+ * ONNX Runtime warns and runs them. */
+static void shape_warning(kf_model *m, const kf_node *n, const char *vname, const char *what) {
+    if (!m->shape_warnings++)
+        snprintf(m->shape_warning, sizeof m->shape_warning, "node '%s' (%s): output '%s' %s", kf_node_label(n),
+                 n->op_type, vname, what);
+}
+
+/* Merges inferred type `inf` into declared `dec` of value `v`. A dtype
+ * disagreement is an error; a rank or dim disagreement is a warning and the
+ * inferred shape wins. */
+static kf_status merge(kf_model *m, const kf_node *n, kf_id v, kf_type *dec, const kf_type *inf) {
+    const kf_graph *g = m->graph;
     const char *vname = g->values[v].name;
     if (inf->dtype) {
         if (dec->dtype && dec->dtype != inf->dtype)
@@ -26,15 +39,25 @@ static kf_status merge(const kf_graph *g, const kf_node *n, kf_id v, kf_type *de
         dec->dtype = keep.dtype;
         return KF_OK;
     }
-    if (dec->rank != inf->rank)
-        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' has rank %d, the model declares %d", kf_node_label(n),
-                       n->op_type, vname, inf->rank, dec->rank);
+    if (dec->rank != inf->rank) {
+        char what[96];
+        snprintf(what, sizeof what, "has rank %d, the model declares %d", inf->rank, dec->rank);
+        shape_warning(m, n, vname, what);
+        kf_dtype keep = dec->dtype;
+        *dec = *inf;
+        dec->dtype = keep;
+        return KF_OK;
+    }
     for (int d = 0; d < dec->rank; d++) {
         if (inf->dims[d] >= 0) {
-            if (dec->dims[d] >= 0 && dec->dims[d] != inf->dims[d])
-                return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' dim %d is %lld, the model declares %lld",
-                               kf_node_label(n), n->op_type, vname, d, (long long)inf->dims[d], (long long)dec->dims[d]);
+            if (dec->dims[d] >= 0 && dec->dims[d] != inf->dims[d]) {
+                char what[128];
+                snprintf(what, sizeof what, "dim %d is %lld, the model declares %lld", d, (long long)inf->dims[d],
+                         (long long)dec->dims[d]);
+                shape_warning(m, n, vname, what);
+            }
             dec->dims[d] = inf->dims[d];
+            dec->syms[d] = 0;
         } else if (dec->dims[d] < 0 && !dec->syms[d]) {
             dec->syms[d] = inf->syms[d];
         }
@@ -83,7 +106,7 @@ kf_status kf_infer_shapes(kf_model *m) {
         for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
         if ((st = info->shape(n, n->nin, tin, vin, n->nout, tout))) break;
         for (int j = 0; j < n->nout && !st; j++)
-            if (n->out[j]) st = merge(g, n, n->out[j], &g->values[n->out[j]].type, &tout[j]);
+            if (n->out[j]) st = merge(m, n, n->out[j], &g->values[n->out[j]].type, &tout[j]);
         if (st) break;
         /* small constant results let later shape functions see values */
         bool small = all_const && info->eval;
@@ -129,6 +152,6 @@ kf_status kf_infer_node(kf_model *m, kf_id node) {
     for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
     KF_TRY(info->shape(n, n->nin, tin, vin, n->nout, tout));
     for (int j = 0; j < n->nout; j++)
-        if (n->out[j]) KF_TRY(merge(g, n, n->out[j], &g->values[n->out[j]].type, &tout[j]));
+        if (n->out[j]) KF_TRY(merge(m, n, n->out[j], &g->values[n->out[j]].type, &tout[j]));
     return KF_OK;
 }

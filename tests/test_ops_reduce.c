@@ -733,6 +733,47 @@ Test(red_norm, layer_normalization_with_mean_and_inv_std_dev) {
     kf_tensor_release(&x);
 }
 
+Test(red_norm, rms_normalization_over_trailing_axes_with_broadcast_scale) {
+    int64_t dims[3] = {2, 3, 5}, sdims[1] = {5};
+    kf_tensor x = tu_rand(KF_DT_FLOAT, 3, dims, -2, 2);
+    kf_tensor s = tu_rand(KF_DT_FLOAT, 1, sdims, 0.5, 1.5);
+    for (int axis = 1; axis <= 2; axis++) {
+        kf_node *n = tu_node("RMSNormalization", 2, 1, 23);
+        tu_attr_i(n, "axis", axis == 2 ? -1 : 1);
+        tu_attr_f(n, "epsilon", 1e-2f);
+        const kf_tensor *in[2] = {&x, &s};
+        kf_tensor out[1] = {{0}};
+        tu_eval(n, 2, in, out);
+        int64_t cols = axis == 2 ? 5 : 15, rows = 30 / cols;
+        kf_tensor y = dbl(3, dims);
+        for (int64_t r = 0; r < rows; r++) {
+            double ms = 0;
+            for (int64_t c = 0; c < cols; c++) ms += pow(kf_get_f64(&x, r * cols + c), 2) / (double)cols;
+            for (int64_t c = 0; c < cols; c++) {
+                int64_t i = r * cols + c;
+                ((double *)y.data)[i] = kf_get_f64(&x, i) / sqrt(ms + (double)1e-2f) * kf_get_f64(&s, i % 5);
+            }
+        }
+        kf_tensor yw = as(&y, KF_DT_FLOAT, 3, dims);
+        expect_close(&out[0], &yw, 1e-5, 1e-4, "Y");
+        release(out, 1);
+        kf_tensor_release(&yw);
+        kf_tensor_release(&y);
+        /* a scale that does not broadcast onto X, and an axis out of range */
+        int64_t bad[1] = {4};
+        kf_tensor sb = tu_rand(KF_DT_FLOAT, 1, bad, 0.5, 1.5);
+        in[1] = &sb;
+        expect_fail(n, 2, in, KF_ERR_SHAPE);
+        kf_tensor_release(&sb);
+        in[1] = &s;
+        ((kf_attr *)kf_attr_find(n, "axis"))->i = 3;
+        expect_fail(n, 2, in, KF_ERR_BAD_MODEL);
+        tu_node_free(n);
+    }
+    kf_tensor_release(&s);
+    kf_tensor_release(&x);
+}
+
 Test(red_norm, instance_and_group_normalization) {
     int64_t dims[4] = {2, 4, 3, 2}, c[1] = {4}, g[1] = {2};
     kf_tensor x = tu_rand(KF_DT_FLOAT, 4, dims, -2, 2);

@@ -27,7 +27,8 @@ static int fail_status(kf_status st) {
 static void usage(FILE *f) {
     fprintf(f,
             "usage: kfuse VERB [options]\n"
-            "  info M.onnx                     opsets, op histogram, inputs/outputs, parameter bytes\n"
+            "  info M.onnx [--values]          opsets, op histogram, inputs/outputs, parameter bytes\n"
+            "                                  (--values: every computed value's inferred type)\n"
             "  run M.onnx [--backend ref] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "                                  run the model; random inputs unless --inputs\n"
             "  conform DIR... [--verbose]      run ONNX backend-test folders, per-op table and summary\n"
@@ -124,13 +125,18 @@ static int cmd_info(int argc, char **argv) {
         usage(stderr);
         return EXIT_USAGE;
     }
+    bool values = argc > 1 && !strcmp(argv[1], "--values");
     kf_model *m;
     kf_status st = kf_model_load(argv[0], &m);
     if (st) return fail_status(st);
     const kf_graph *g = m->graph;
     kf_status inferred = kf_infer_shapes(m);
     char infer_msg[512];
-    snprintf(infer_msg, sizeof infer_msg, "%s", inferred ? kf_last_error() : "ok");
+    if (inferred) snprintf(infer_msg, sizeof infer_msg, "%s", kf_last_error());
+    else if (m->shape_warnings)
+        snprintf(infer_msg, sizeof infer_msg, "ok; %u declared shapes disagree with the graph (the graph wins), first: %s",
+                 m->shape_warnings, m->shape_warning);
+    else snprintf(infer_msg, sizeof infer_msg, "ok");
     printf("model: %s\n", argv[0]);
     printf("ir_version: %lld\n", (long long)m->ir_version);
     printf("opsets:");
@@ -186,6 +192,15 @@ static int cmd_info(int argc, char **argv) {
     for (int a = 0; a < nh; a++) printf("  %-28s %d\n", h[a].op, h[a].count);
     free(h);
     const char *why = kf_eval_unsupported_reason(m);
+    if (values) {
+        printf("values (after shape inference):\n");
+        for (kf_id v = 1; v < g->nvalues; v++) {
+            if (!g->values[v].producer || g->nodes[g->values[v].producer].dead) continue;
+            printf("  %s: ", g->values[v].name);
+            print_type(g, &g->values[v].type);
+            printf("  <- %s\n", g->nodes[g->values[v].producer].op_type);
+        }
+    }
     printf("shape inference: %s\n", infer_msg);
     printf("reference evaluator: %s\n", why ? why : "supports every node");
     kf_model_free(m);
@@ -675,8 +690,13 @@ static int cmd_opt(int argc, char **argv) {
         return fail_status(st);
     }
     if (json) {
-        printf("{\"nodes_before\": %u, \"nodes_after\": %u, \"rewrites\": %llu, \"rules\": {", res.nodes_before,
-               res.nodes_after, (unsigned long long)res.rewrites);
+        printf("{\"nodes_before\": %u, \"nodes_after\": %u, \"rewrites\": %llu, \"opset_before\": %lld, "
+               "\"opset_after\": %lld, \"opset_raise_declined\": ",
+               res.nodes_before, res.nodes_after, (unsigned long long)res.rewrites, (long long)res.opset_before,
+               (long long)res.opset_after);
+        if (res.raise_declined[0]) json_str(stdout, res.raise_declined);
+        else printf("null");
+        printf(", \"rules\": {");
         bool first = true;
         for (uint32_t i = 0; i < res.rules.n; i++) {
             const kf_rule *r = res.rules.rules[i];
@@ -705,6 +725,10 @@ static int cmd_opt(int argc, char **argv) {
     } else {
         printf("%s: %u nodes -> %u nodes (%llu rewrites), written to %s\n", model, res.nodes_before, res.nodes_after,
                (unsigned long long)res.rewrites, out);
+        if (res.opset_after != res.opset_before)
+            printf("opset raised %lld -> %lld for rules that need it\n", (long long)res.opset_before,
+                   (long long)res.opset_after);
+        if (res.raise_declined[0]) printf("%s\n", res.raise_declined);
     }
     if (report) {
         FILE *f = json ? stderr : stdout;

@@ -1,0 +1,216 @@
+/*
+ * test_patterns.c: the rule language and the rewrite driver: parse errors
+ * name file and line, commutative operands match either way, a capture used
+ * twice means one value, guards decline with reasons (near misses), fuel
+ * stops rewriting, a non-terminating rule hits the sweep cap by name, and
+ * the checker rejects a wrong rule with a counterexample while every
+ * built-in rule passes it.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "graph_text.h"
+#include "kf_opt.h"
+
+static kf_ruleset rules_from(const char *text) {
+    kf_ruleset rs = {0};
+    kf_status st = kf_rules_parse(&rs, text, strlen(text), "test.kfp");
+    cr_assert_eq(st, KF_OK, "parse: %s", kf_last_error());
+    return rs;
+}
+
+static uint64_t rewrite(kf_model *m, kf_ruleset *rs, int64_t fuel) {
+    kf_rewrite_opts o = {fuel, false};
+    uint64_t n = 0;
+    kf_rules_reset_stats(rs);
+    cr_assert_eq(kf_rewrite(m, rs, &o, &n), KF_OK, "rewrite: %s", kf_last_error());
+    return n;
+}
+
+static const char *mul_one =
+    "rule mul_by_one\n"
+    "  match\n"
+    "    y = Mul(x, 1)\n"
+    "  where\n"
+    "    same_shape y x\n"
+    "  replace\n"
+    "    y = x\n"
+    "end\n";
+
+Test(patterns, parse_errors_name_file_and_line) {
+    kf_ruleset rs = {0};
+    const char *bad = "rule r\n  match\n    y = Mul(x 1)\n  replace\n    y = x\nend\n";
+    cr_assert_eq(kf_rules_parse(&rs, bad, strlen(bad), "bad.kfp"), KF_ERR_BAD_MODEL);
+    cr_assert(strstr(kf_last_error(), "bad.kfp:3"), "%s", kf_last_error());
+    const char *unknown = "rule r\n  match\n    y = Frobnicate(x)\n  replace\n    y = x\nend\n";
+    cr_assert_eq(kf_rules_parse(&rs, unknown, strlen(unknown), "u.kfp"), KF_ERR_BAD_MODEL);
+    cr_assert(strstr(kf_last_error(), "u.kfp:3") && strstr(kf_last_error(), "Frobnicate"), "%s", kf_last_error());
+    const char *noend = "rule r\n  match\n    y = Neg(x)\n  replace\n    y = x\n";
+    cr_assert_eq(kf_rules_parse(&rs, noend, strlen(noend), "e.kfp"), KF_ERR_BAD_MODEL);
+    cr_assert(strstr(kf_last_error(), "missing 'end'"), "%s", kf_last_error());
+    cr_assert_eq(rs.n, 0, "failed parses add no rules");
+    kf_rules_free(&rs);
+}
+
+Test(patterns, commutative_operands_match_either_order) {
+    kf_model *m = gt_parse("input x float[2, 3]\n"
+                           "const one float[] = 1\n"
+                           "a = Mul(one, x)\n" /* constant first */
+                           "b = Relu(a)\n"
+                           "output b\n");
+    kf_model *orig = gt_copy(m);
+    kf_ruleset rs = rules_from(mul_one);
+    cr_assert_eq(rewrite(m, &rs, -1), 1);
+    cr_assert_eq(gt_count(m, "Mul"), 0);
+    gt_expect_same_outputs(orig, m, 0, 0);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+Test(patterns, does_not_remove_a_broadcasting_one) {
+    kf_model *m = gt_parse("input x float[3]\n"
+                           "const one float[2, 3] = 1\n"
+                           "y = Mul(x, one)\n"
+                           "output y\n");
+    kf_ruleset rs = rules_from(mul_one);
+    cr_assert_eq(rewrite(m, &rs, -1), 0);
+    cr_assert_eq(gt_count(m, "Mul"), 1);
+    cr_assert_eq(rs.rules[0]->nnear, 1);
+    cr_assert(strstr(rs.rules[0]->near[0].reason, "shapes are not known to be equal"), "%s", rs.rules[0]->near[0].reason);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
+Test(patterns, does_not_match_a_constant_of_another_value) {
+    kf_model *m = gt_parse("input x float[3]\n"
+                           "const two float[] = 2\n"
+                           "y = Mul(x, two)\n"
+                           "output y\n");
+    kf_ruleset rs = rules_from(mul_one);
+    cr_assert_eq(rewrite(m, &rs, -1), 0);
+    cr_assert(strstr(rs.rules[0]->near[0].reason, "not a constant equal to 1"), "%s", rs.rules[0]->near[0].reason);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
+static const char *add_self =
+    "# add(x, x) -> mul(x, 2)\n"
+    "rule add_self\n"
+    "  match\n"
+    "    y = Add(x, x)\n"
+    "  replace\n"
+    "    y = Mul(x, 2)\n"
+    "end\n";
+
+Test(patterns, a_capture_used_twice_means_one_value) {
+    kf_model *m = gt_parse("input a float[4]\n"
+                           "input b float[4]\n"
+                           "s = Add(a, a)\n"
+                           "t = Add(a, b)\n"
+                           "u = Sub(s, t)\n"
+                           "output u\n");
+    kf_model *orig = gt_copy(m);
+    kf_ruleset rs = rules_from(add_self);
+    cr_assert_eq(rewrite(m, &rs, -1), 1, "only Add(a, a) matches");
+    cr_assert_eq(gt_count(m, "Add"), 1);
+    cr_assert_eq(gt_count(m, "Mul"), 1);
+    gt_expect_same_outputs(orig, m, 1e-6, 1e-6);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+Test(patterns, graph_outputs_keep_their_names) {
+    kf_model *m = gt_parse("input x float[2]\n"
+                           "h = Relu(x)\n"
+                           "const one float[] = 1\n"
+                           "y = Mul(h, one)\n"
+                           "output y\n");
+    kf_ruleset rs = rules_from(mul_one);
+    cr_assert_eq(rewrite(m, &rs, -1), 1);
+    const kf_graph *g = m->graph;
+    cr_assert_str_eq(g->values[g->outputs[0]].name, "y");
+    cr_assert_eq(g->nodes[g->values[g->outputs[0]].producer].op, kf_op_lookup("", "Relu"));
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
+Test(patterns, fuel_stops_after_n_rewrites) {
+    kf_model *m = gt_parse("input x float[2]\n"
+                           "const one float[] = 1\n"
+                           "a = Mul(x, one)\n"
+                           "b = Mul(a, one)\n"
+                           "c = Mul(b, one)\n"
+                           "output c\n");
+    kf_ruleset rs = rules_from(mul_one);
+    cr_assert_eq(rewrite(m, &rs, 2), 2);
+    cr_assert_eq(gt_count(m, "Mul"), 1);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
+Test(patterns, a_rule_that_never_settles_hits_the_cap_by_name) {
+    kf_model *m = gt_parse("input x float[2]\n"
+                           "y = Abs(x)\n"
+                           "output y\n");
+    kf_ruleset rs = rules_from("rule abs_forever\n  match\n    y = Abs(x)\n  replace\n    y = Abs(x)\nend\n");
+    kf_rewrite_opts o = {-1, false};
+    uint64_t n;
+    cr_assert_eq(kf_rewrite(m, &rs, &o, &n), KF_ERR_INTERNAL);
+    cr_assert(strstr(kf_last_error(), "abs_forever") && strstr(kf_last_error(), "fixed point"), "%s", kf_last_error());
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
+Test(patterns, attributes_match_and_copy) {
+    /* leaky_relu(x, alpha) with alpha == 0 is relu */
+    kf_ruleset rs = rules_from("rule leaky_zero\n  match\n    y = LeakyRelu(x) {alpha=0.0}\n"
+                               "  replace\n    y = Relu(x)\nend\n"
+                               "rule swap_perm\n  match\n    y = Transpose(x)\n  where\n    attr y.perm == [1, 0]\n"
+                               "  replace\n    y = Transpose(x) {perm=@y.perm}\nend\n");
+    kf_model *m = gt_parse("input x float[2, 3]\n"
+                           "a = LeakyRelu(x) {alpha=0.0}\n"
+                           "b = LeakyRelu(a) {alpha=0.1}\n"
+                           "output b\n");
+    kf_model *orig = gt_copy(m);
+    cr_assert_eq(rewrite(m, &rs, -1), 1);
+    cr_assert_eq(gt_count(m, "Relu"), 1);
+    cr_assert_eq(gt_count(m, "LeakyRelu"), 1, "alpha 0.1 stays");
+    gt_expect_same_outputs(orig, m, 0, 0);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+Test(patterns, checker_rejects_a_wrong_rule_with_a_counterexample) {
+    kf_ruleset rs = rules_from("# deliberately wrong: sub is not commutative\n"
+                               "rule sub_swapped\n  match\n    y = Sub(a, b)\n  replace\n    y = Sub(b, a)\nend\n");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    kf_check_result res;
+    cr_assert_eq(kf_rules_check(&rs, 12345, out, &res), KF_OK);
+    fclose(out);
+    cr_assert_eq(res.failed, 1, "%s", text);
+    cr_assert(strstr(text, "FAIL sub_swapped") && strstr(text, "element"), "%s", text);
+    free(text);
+    kf_rules_free(&rs);
+}
+
+Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
+    kf_ruleset rs = {0};
+    cr_assert_eq(kf_rules_add_builtin(&rs), KF_OK, "%s", kf_last_error());
+    cr_assert_gt(rs.n, 0);
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    kf_check_result res;
+    cr_assert_eq(kf_rules_check(&rs, tu_seed(), out, &res), KF_OK);
+    fclose(out);
+    cr_assert_eq(res.failed, 0, "%s", text);
+    cr_assert_eq(res.passed, (int)rs.n);
+    free(text);
+    kf_rules_free(&rs);
+}
