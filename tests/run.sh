@@ -37,16 +37,21 @@ conform() { # kfuse binary
 "$root/tools/setup-deps.sh" || { echo "dependency setup failed"; exit 1; }
 
 stage "build" build "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+exported_symbols() { # the shared library exports the public API and nothing else
+  local extra; extra=$(nm -D --defined-only "$root/build/libkfuse.so" | awk '{print $3}' | grep -v '^kf_' | grep -v '^_')
+  [ -z "$extra" ] || { echo "libkfuse.so exports non-API symbols:"; echo "$extra" | head; return 1; }
+  echo "libkfuse.so exports $(nm -D --defined-only "$root/build/libkfuse.so" | grep -c ' kf_') kf_ symbols only"
+}
+stage "exported symbols" exported_symbols
 stage "unit tests" "$root/build/tests/kfuse_tests" --jobs "$jobs"
 stage "conformance (ref)" conform "$root/build/tools/kfuse"
 stage "build (asan+ubsan)" build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKF_SANITIZE=ON
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
+export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
 stage "unit tests (asan+ubsan)" "$root/build-asan/tests/kfuse_tests" --jobs "$jobs"
 stage "conformance (asan+ubsan)" conform "$root/build-asan/tools/kfuse"
-unset ASAN_OPTIONS UBSAN_OPTIONS
-if [ -x "$root/tests/fuzz/run.sh" ]; then
-  stage "fuzz loader 60s" "$root/tests/fuzz/run.sh" 60
-fi
+unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
+stage "fuzz loader 60s" "$root/tests/fuzz/run.sh" 60
 
 echo
 [ "$failed" -eq 0 ] || echo "failed stages: ${failed_names[*]}"

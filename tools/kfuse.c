@@ -78,7 +78,7 @@ static char **list_dir(const char *dir, const char *prefix, int *count) {
         names[n++] = strdup(e->d_name);
     }
     closedir(d);
-    qsort(names, (size_t)n, sizeof(char *), cmp_str);
+    if (n) qsort(names, (size_t)n, sizeof(char *), cmp_str);
     *count = n;
     return names;
 }
@@ -235,7 +235,8 @@ static kf_status random_input(const kf_graph *g, const kf_value *v, const dimbin
         for (int b = 0; b < nbinds; b++)
             if (ty->syms[i] && strcmp(binds[b].name, g->syms[ty->syms[i]]) == 0) dims[i] = binds[b].value;
     }
-    KF_TRY(kf_tensor_alloc(t, ty->dtype, ty->rank, dims));
+    kf_status st = kf_tensor_alloc(t, ty->dtype, ty->rank, dims);
+    if (st) return kf_fail_context(st, "random data for input '%s'", v->name);
     for (int64_t i = 0; i < t->numel; i++) {
         double u = uniform();
         if (kf_dtype_is_float(t->dtype)) kf_set_f64(t, i, 2 * u - 1);
@@ -271,7 +272,7 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
     int nf;
     char **files = list_dir(dir, "input_", &nf);
     if (!files && nf == 0 && !is_dir(dir)) return kf_fail(KF_ERR_IO, "cannot read folder '%s'", dir);
-    qsort(files, (size_t)nf, sizeof(char *), cmp_pb);
+    if (nf) qsort(files, (size_t)nf, sizeof(char *), cmp_pb);
     kf_status st = KF_OK;
     bool *filled = calloc(nreal + 1, 1);
     for (int f = 0; f < nf && !st; f++) {
