@@ -261,8 +261,10 @@ static kf_status merge(kf_model *m, const group *gr) {
     const kf_node *first = &g->nodes[gr->s[0].node];
     bool gemm = first->op == KF_OP_GEMM;
     bool trans = gemm && kf_attr_i(first, "transB", 0) != 0;
-    char name[256];
+    char name[256], bias_name[280], split_name[280];
     snprintf(name, sizeof name, "%s_merged", kf_node_label(first));
+    snprintf(bias_name, sizeof bias_name, "%s_bias", name);
+    snprintf(split_name, sizeof split_name, "%s_split", name);
     kf_id w, b = 0;
     kf_tensor *wt = kf_tensor_new(), *bt = NULL;
     if (!wt) return kf_fail(KF_ERR_NOMEM, "out of memory");
@@ -286,7 +288,7 @@ static kf_status merge(kf_model *m, const group *gr) {
     if (!gemm && b) {
         kf_id add_in[2] = {prod, b};
         const char *aname[1] = {"merged_biased"};
-        KF_TRY(add_node(m, "Add", KF_OP_ADD, name, add_in, 2, aname, &prod, 1, &node));
+        KF_TRY(add_node(m, "Add", KF_OP_ADD, bias_name, add_in, 2, aname, &prod, 1, &node));
         KF_TRY(kf_infer_node(m, node));
     }
     /* the Split */
@@ -309,7 +311,7 @@ static kf_status merge(kf_model *m, const group *gr) {
         if (!fs) memcpy(st->data, sizes, sizeof(int64_t) * (size_t)n);
         KF_TRY(add_const(g, "merged_split", st, fs, &split_in[1]));
     }
-    KF_TRY(add_node(m, "Split", KF_OP_SPLIT, name, split_in, opset >= 13 ? 2 : 1, names, outs, gr->count, &node));
+    KF_TRY(add_node(m, "Split", KF_OP_SPLIT, split_name, split_in, opset >= 13 ? 2 : 1, names, outs, gr->count, &node));
     KF_TRY(add_int_attr(g, node, "axis", gr->out_rank < 0 ? -1 : gr->out_rank - 1));
     if (opset < 13) {
         kf_attr a = {.name = "split", .type = KF_ATTR_INTS, .ints = sizes, .n = gr->count};

@@ -32,6 +32,7 @@ typedef struct mstate {
 typedef struct mctx {
     const kf_rule *r;
     const kf_graph *g;
+    const kf_model *m;
     char why[256];   /* reason of the failure that got furthest */
     int why_depth;
 } mctx;
@@ -148,7 +149,7 @@ static bool solve(mctx *c, mstate *s) {
         }
         const kf_value *val = &c->g->values[v];
         if (a->kind == KF_PA_LITERAL) {
-            if (!const_all(val->init, a->lit, LITERAL_TOL)) {
+            if (!kf_value_is_constant(c->m, v) || !const_all(val->init, a->lit, LITERAL_TOL)) {
                 char lit[32];
                 snprintf(lit, sizeof lit, "%g", a->lit);
                 fail_at(c, s, "'%s' is not a constant equal to %s", val->name, lit);
@@ -215,20 +216,23 @@ static const kf_node *producer_of(const kf_graph *g, kf_id v) {
     return p ? &g->nodes[p] : NULL;
 }
 
-static const char *check_guard(const kf_graph *g, const kf_pat_guard *gd, const mstate *s, char *buf, size_t n) {
+static const char *check_guard(const kf_model *m, const kf_pat_guard *gd, const mstate *s, char *buf, size_t n) {
+    const kf_graph *g = m->graph;
     kf_id v = s->bind[gd->var];
     const kf_value *val = &g->values[v];
+    bool fixed = kf_value_is_constant(m, v); /* an initializer the caller cannot override */
     switch (gd->kind) {
     case KF_G_CONST:
         if (!val->init) return "not a constant";
+        if (!fixed) return "an initializer the caller may override (a graph input)";
         return NULL;
     case KF_G_CONST_CMP:
-        if (!val->init || val->init->dtype == KF_DT_STRING) return "not a constant";
+        if (!fixed || val->init->dtype == KF_DT_STRING) return "not a constant the model fixes";
         for (int64_t i = 0; i < val->init->numel; i++)
             if (!cmp_ok(gd->cmp, kf_get_f64(val->init, i), gd->value)) return "a constant element does not satisfy the guard";
         return NULL;
     case KF_G_CONST_EQ:
-        if (!const_all(val->init, gd->value, gd->tol)) {
+        if (!fixed || !const_all(val->init, gd->value, gd->tol)) {
             snprintf(buf, n, "not a constant equal to %g (tol %g)", gd->value, gd->tol);
             return buf;
         }
@@ -416,7 +420,7 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     const kf_pat_node *root = &r->src[r->nsrc - 1];
     if (strcmp(root->op, n->op_type) || !same_domain(root->domain, n->domain)) return KF_OK;
-    mctx c = {r, g, "", -1};
+    mctx c = {r, g, m, "", -1};
     mstate *s = kf_calloc(1, sizeof *s);
     if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
@@ -428,7 +432,7 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     char buf[128], why[384];
     for (int i = 0; i < r->nguards; i++) {
-        const char *bad = check_guard(g, &r->guards[i], s, buf, sizeof buf);
+        const char *bad = check_guard(m, &r->guards[i], s, buf, sizeof buf);
         if (bad) {
             snprintf(why, sizeof why, "guard at %s:%d on '%s': %s", r->file, r->guards[i].line,
                      r->vars[r->guards[i].var].name, bad);

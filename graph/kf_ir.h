@@ -104,6 +104,27 @@ typedef struct kf_opset {
     int64_t version;
 } kf_opset;
 
+/* A model-local ONNX function (FunctionProto). Its body is a graph of its
+ * own: body->inputs and body->outputs are the formal parameters in order
+ * (names are local to the body), body nodes may refer to the caller's
+ * attributes through kf_attr.ref_attr_name, and the body has no
+ * initializers (ONNX functions cannot hold any; constants are Constant nodes
+ * or inputs). A node whose (domain, op_type) equals (domain, name) calls it. */
+typedef struct kf_function {
+    char *name;
+    char *domain;
+    char **attrs;      /* attribute parameter names */
+    int nattrs;
+    kf_opset *opsets;  /* the function's own opset imports */
+    int nopsets;
+    kf_graph *body;
+    char *doc;
+    /* the FunctionProto it was read from (inside kf_model.proto), NULL for
+     * functions kfuse created: fields the IR does not model (newer fields
+     * kept by protobuf-c as unknown fields) are written back from it */
+    const void *proto;
+} kf_function;
+
 struct kf_model {
     kf_graph *graph;
     kf_opset *opsets;
@@ -116,6 +137,8 @@ struct kf_model {
      * computed one wins, as in ONNX Runtime); the first is described */
     uint32_t shape_warnings;
     char shape_warning[256];
+    kf_function **funcs; /* model-local functions, file order; owned */
+    int nfuncs;
 };
 
 /* ---- graph construction ---------------------------------------------- */
@@ -206,5 +229,21 @@ const char *kf_node_label(const kf_node *n);
 /* Opset version the model imports for domain ("" / "ai.onnx" alike), 0 if
  * none. */
 int64_t kf_model_opset(const kf_model *m, const char *domain);
+
+/* ---- model-local functions (graph/onnx.c) ----------------------------------- */
+
+/* A new function with an empty body; NULL on out of memory. */
+kf_function *kf_function_new(const char *domain, const char *name);
+void kf_function_free(kf_function *f);
+/* The function a node with (domain, op_type) calls, or NULL. Domains compare
+ * exactly, except that "" and "ai.onnx" are one domain. */
+const kf_function *kf_model_function(const kf_model *m, const char *domain, const char *name);
+/* Adds f to m (ownership moves to m, also on failure). A second function
+ * with the same (domain, name) is KF_ERR_BAD_MODEL naming it. */
+kf_status kf_model_add_function(kf_model *m, kf_function *f);
+/* Version of `domain` that function f imports, 0 if none. */
+int64_t kf_function_opset(const kf_function *f, const char *domain);
+/* Sets the model's import of `domain` to version (adding it if absent). */
+kf_status kf_model_set_opset(kf_model *m, const char *domain, int64_t version);
 
 #endif

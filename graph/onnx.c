@@ -518,6 +518,90 @@ static kf_status check_arity(const kf_node *n) {
     return KF_OK;
 }
 
+/* Version of domain in an opset import list ("" and "ai.onnx" alike), 0 if
+ * absent. */
+static int64_t opset_in(const kf_opset *ops, int nops, const char *domain) {
+    int def = !domain || !domain[0] || strcmp(domain, "ai.onnx") == 0;
+    for (int i = 0; i < nops; i++) {
+        const char *d = ops[i].domain ? ops[i].domain : "";
+        int ddef = !d[0] || strcmp(d, "ai.onnx") == 0;
+        if (def ? ddef : strcmp(d, domain) == 0) return ops[i].version;
+    }
+    return 0;
+}
+
+/* Adds the nodes of a graph or function body to g, whose inputs and
+ * initializers already exist. opsets: the imports node versions come from. */
+static kf_status nodes_from_proto(kf_graph *g, Onnx__NodeProto *const *nodes, size_t nnode, const kf_opset *opsets,
+                                  int nopsets, const char *dir) {
+    /* Pass 1 names every node output, so nodes may come in any order (the
+     * spec asks for topological order; real files, ORT's own test models
+     * among them, do not always keep it). A cycle is found by the
+     * topological sort after import. */
+    for (size_t i = 0; i < nnode; i++) {
+        const Onnx__NodeProto *np = nodes[i];
+        const char *nname = np->name && np->name[0] ? np->name : (np->op_type ? np->op_type : "?");
+        for (size_t k = 0; k < np->n_output; k++) {
+            const char *o = np->output[k];
+            if (!o || !o[0]) continue;
+            if (kf_graph_find(g, o))
+                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): output '%s' is already defined", nname,
+                               np->op_type ? np->op_type : "?", o);
+            kf_id v;
+            KF_TRY(kf_graph_add_value(g, o, &v));
+        }
+    }
+    for (size_t i = 0; i < nnode; i++) {
+        const Onnx__NodeProto *np = nodes[i];
+        const char *nname = np->name && np->name[0] ? np->name : (np->op_type ? np->op_type : "?");
+        if (!np->op_type || !np->op_type[0]) return kf_fail(KF_ERR_BAD_MODEL, "node %zu ('%s') has no op_type", i, nname);
+        if (np->n_input > INT_MAX / 2 || np->n_output > INT_MAX / 2)
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has too many inputs or outputs", nname);
+        kf_id *ids = kf_calloc(np->n_input + np->n_output + 1, sizeof(kf_id));
+        if (!ids) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        kf_status st = KF_OK;
+        for (size_t k = 0; k < np->n_input && !st; k++) {
+            const char *in = np->input[k];
+            if (!in || !in[0]) continue;
+            ids[k] = kf_graph_find(g, in);
+            if (!ids[k])
+                st = kf_fail(KF_ERR_BAD_MODEL,
+                             "node '%s' (%s): input '%s' is not defined (no graph input, initializer or node output has that name)",
+                             nname, np->op_type, in);
+        }
+        for (size_t k = 0; k < np->n_output && !st; k++) {
+            const char *o = np->output[k];
+            if (o && o[0]) ids[np->n_input + k] = kf_graph_find(g, o); /* named in pass 1 */
+        }
+        kf_id nid = 0;
+        if (!st)
+            st = kf_graph_add_node(g, np->op_type, np->domain, np->name, ids, (int)np->n_input, ids + np->n_input,
+                                   (int)np->n_output, &nid);
+        kf_free(ids);
+        if (st) return st;
+        kf_node *n = kf_node_at(g, nid);
+        n->op = kf_op_lookup(n->domain, n->op_type);
+        n->opset = opset_in(opsets, nopsets, n->domain);
+        if (np->doc_string && !(n->doc = kf_strdup(np->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        KF_TRY(check_arity(n));
+        if (np->n_attribute) {
+            if (np->n_attribute > MAX_NODE_ATTRS)
+                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has %zu attributes, more than %d", nname, np->n_attribute,
+                               MAX_NODE_ATTRS);
+            n->attrs = kf_calloc(np->n_attribute, sizeof(kf_attr));
+            if (!n->attrs) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            for (size_t k = 0; k < np->n_attribute; k++) {
+                KF_TRY(attr_from_proto(np->attribute[k], k, dir, nname, &n->attrs[k]));
+                n->nattrs++;
+                for (int j = 0; j < n->nattrs - 1; j++)
+                    if (strcmp(n->attrs[j].name, n->attrs[k].name) == 0)
+                        return kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' appears twice", nname, n->attrs[k].name);
+            }
+        }
+    }
+    return KF_OK;
+}
+
 static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const char *dir) {
     kf_graph *g = m->graph;
     if ((gp->name && !(g->name = kf_strdup(gp->name))) || (gp->doc_string && !(g->doc = kf_strdup(gp->doc_string))))
@@ -548,71 +632,7 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         KF_TRY(value_info_in(g, vi, "graph input", &v, true));
         KF_TRY(kf_graph_mark_input(g, v));
     }
-    /* Pass 1 names every node output, so nodes may come in any order (the
-     * spec asks for topological order; real files, ORT's own test models
-     * among them, do not always keep it). A cycle is found by the
-     * topological sort after import. */
-    for (size_t i = 0; i < gp->n_node; i++) {
-        const Onnx__NodeProto *np = gp->node[i];
-        const char *nname = np->name && np->name[0] ? np->name : (np->op_type ? np->op_type : "?");
-        for (size_t k = 0; k < np->n_output; k++) {
-            const char *o = np->output[k];
-            if (!o || !o[0]) continue;
-            if (kf_graph_find(g, o))
-                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): output '%s' is already defined", nname,
-                               np->op_type ? np->op_type : "?", o);
-            kf_id v;
-            KF_TRY(kf_graph_add_value(g, o, &v));
-        }
-    }
-    for (size_t i = 0; i < gp->n_node; i++) {
-        const Onnx__NodeProto *np = gp->node[i];
-        const char *nname = np->name && np->name[0] ? np->name : (np->op_type ? np->op_type : "?");
-        if (!np->op_type || !np->op_type[0]) return kf_fail(KF_ERR_BAD_MODEL, "node %zu ('%s') has no op_type", i, nname);
-        if (np->n_input > INT_MAX / 2 || np->n_output > INT_MAX / 2)
-            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has too many inputs or outputs", nname);
-        kf_id *ids = kf_calloc(np->n_input + np->n_output + 1, sizeof(kf_id));
-        if (!ids) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        kf_status st = KF_OK;
-        for (size_t k = 0; k < np->n_input && !st; k++) {
-            const char *in = np->input[k];
-            if (!in || !in[0]) continue;
-            ids[k] = kf_graph_find(g, in);
-            if (!ids[k])
-                st = kf_fail(KF_ERR_BAD_MODEL,
-                             "node '%s' (%s): input '%s' is not defined (no graph input, initializer or node output has that name)",
-                             nname, np->op_type, in);
-        }
-        for (size_t k = 0; k < np->n_output && !st; k++) {
-            const char *o = np->output[k];
-            if (o && o[0]) ids[np->n_input + k] = kf_graph_find(g, o); /* named in pass 1 */
-        }
-        kf_id nid = 0;
-        if (!st)
-            st = kf_graph_add_node(g, np->op_type, np->domain, np->name, ids, (int)np->n_input, ids + np->n_input,
-                                   (int)np->n_output, &nid);
-        kf_free(ids);
-        if (st) return st;
-        kf_node *n = kf_node_at(g, nid);
-        n->op = kf_op_lookup(n->domain, n->op_type);
-        n->opset = kf_model_opset(m, n->domain);
-        if (np->doc_string && !(n->doc = kf_strdup(np->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        KF_TRY(check_arity(n));
-        if (np->n_attribute) {
-            if (np->n_attribute > MAX_NODE_ATTRS)
-                return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has %zu attributes, more than %d", nname, np->n_attribute,
-                               MAX_NODE_ATTRS);
-            n->attrs = kf_calloc(np->n_attribute, sizeof(kf_attr));
-            if (!n->attrs) return kf_fail(KF_ERR_NOMEM, "out of memory");
-            for (size_t k = 0; k < np->n_attribute; k++) {
-                KF_TRY(attr_from_proto(np->attribute[k], k, dir, nname, &n->attrs[k]));
-                n->nattrs++;
-                for (int j = 0; j < n->nattrs - 1; j++)
-                    if (strcmp(n->attrs[j].name, n->attrs[k].name) == 0)
-                        return kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' appears twice", nname, n->attrs[k].name);
-            }
-        }
-    }
+    KF_TRY(nodes_from_proto(g, gp->node, gp->n_node, m->opsets, m->nopsets, dir));
     for (size_t i = 0; i < gp->n_output; i++) {
         const Onnx__ValueInfoProto *vi = gp->output[i];
         if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "graph output %zu has no name", i);
@@ -630,8 +650,159 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
     return KF_OK;
 }
 
+/* ---- model-local functions --------------------------------------------------- */
+
+/* Functions per model: real exporters write a handful (one per custom
+ * layer); the (domain, name) lookup is linear, so a cap keeps a hostile file
+ * from making import quadratic. */
+#define MAX_FUNCTIONS 4096
+
+kf_function *kf_function_new(const char *domain, const char *name) {
+    kf_function *f = kf_calloc(1, sizeof *f);
+    if (!f) return NULL;
+    f->name = kf_strdup(name ? name : "");
+    f->domain = kf_strdup(domain ? domain : "");
+    f->body = kf_graph_new();
+    if (!f->name || !f->domain || !f->body) {
+        kf_function_free(f);
+        return NULL;
+    }
+    return f;
+}
+
+void kf_function_free(kf_function *f) {
+    if (!f) return;
+    kf_free(f->name);
+    kf_free(f->domain);
+    for (int i = 0; i < f->nattrs; i++) kf_free(f->attrs[i]);
+    kf_free(f->attrs);
+    for (int i = 0; i < f->nopsets; i++) kf_free(f->opsets[i].domain);
+    kf_free(f->opsets);
+    kf_graph_free(f->body);
+    kf_free(f->doc);
+    kf_free(f);
+}
+
+static bool same_domain(const char *a, const char *b) {
+    a = a ? a : "";
+    b = b ? b : "";
+    if (!strcmp(a, "ai.onnx")) a = "";
+    if (!strcmp(b, "ai.onnx")) b = "";
+    return strcmp(a, b) == 0;
+}
+
+const kf_function *kf_model_function(const kf_model *m, const char *domain, const char *name) {
+    if (!m || !name) return NULL;
+    for (int i = 0; i < m->nfuncs; i++)
+        if (!strcmp(m->funcs[i]->name, name) && same_domain(m->funcs[i]->domain, domain)) return m->funcs[i];
+    return NULL;
+}
+
+kf_status kf_model_add_function(kf_model *m, kf_function *f) {
+    if (kf_model_function(m, f->domain, f->name)) {
+        kf_status st = kf_fail(KF_ERR_BAD_MODEL, "function '%s%s%s' is defined twice", f->domain,
+                               f->domain[0] ? "::" : "", f->name);
+        kf_function_free(f);
+        return st;
+    }
+    if (m->nfuncs >= MAX_FUNCTIONS) {
+        kf_function_free(f);
+        return kf_fail(KF_ERR_BAD_MODEL, "more than %d model-local functions", MAX_FUNCTIONS);
+    }
+    kf_function **nf = kf_realloc(m->funcs, sizeof(kf_function *) * (size_t)(m->nfuncs + 1));
+    if (!nf) {
+        kf_function_free(f);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    m->funcs = nf;
+    m->funcs[m->nfuncs++] = f;
+    return KF_OK;
+}
+
+int64_t kf_function_opset(const kf_function *f, const char *domain) {
+    return opset_in(f->opsets, f->nopsets, domain);
+}
+
+kf_status kf_model_set_opset(kf_model *m, const char *domain, int64_t version) {
+    for (int i = 0; i < m->nopsets; i++)
+        if (same_domain(m->opsets[i].domain, domain)) {
+            m->opsets[i].version = version;
+            return KF_OK;
+        }
+    kf_opset *no = kf_realloc(m->opsets, sizeof(kf_opset) * (size_t)(m->nopsets + 1));
+    if (!no) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    m->opsets = no;
+    if (!(no[m->nopsets].domain = kf_strdup(domain ? domain : ""))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    no[m->nopsets++].version = version;
+    return KF_OK;
+}
+
+/* Reads one FunctionProto into a kf_function added to m. */
+static kf_status function_from_proto(kf_model *m, const Onnx__FunctionProto *fp, const char *dir) {
+    if (!fp->name || !fp->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "a model-local function has no name");
+    const char *fname = fp->name;
+    kf_function *f = kf_function_new(fp->domain, fp->name);
+    if (!f) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    f->proto = fp;
+    kf_status st = KF_OK;
+    kf_graph *g = f->body;
+    if (fp->doc_string && !(f->doc = kf_strdup(fp->doc_string))) goto nomem;
+    if (fp->n_opset_import > 1024 || fp->n_attribute > MAX_NODE_ATTRS) {
+        st = kf_fail(KF_ERR_BAD_MODEL, "function '%s': too many opset imports or attributes", fname);
+        goto fail;
+    }
+    if (fp->n_opset_import && !(f->opsets = kf_calloc(fp->n_opset_import, sizeof(kf_opset)))) goto nomem;
+    for (size_t i = 0; i < fp->n_opset_import; i++) {
+        const Onnx__OperatorSetIdProto *op = fp->opset_import[i];
+        if (!(f->opsets[i].domain = kf_strdup(op->domain ? op->domain : ""))) goto nomem;
+        f->opsets[i].version = op->version;
+        f->nopsets++;
+    }
+    if (fp->n_attribute && !(f->attrs = kf_calloc(fp->n_attribute, sizeof(char *)))) goto nomem;
+    for (size_t i = 0; i < fp->n_attribute; i++) {
+        if (!(f->attrs[i] = kf_strdup(fp->attribute[i] ? fp->attribute[i] : ""))) goto nomem;
+        f->nattrs++;
+    }
+    for (size_t i = 0; i < fp->n_input; i++) {
+        const char *in = fp->input[i];
+        kf_id v;
+        if (!in || !in[0] || kf_graph_find(g, in)) {
+            st = kf_fail(KF_ERR_BAD_MODEL, "function '%s': input %zu ('%s') is empty or repeated", fname, i,
+                         in ? in : "");
+            goto fail;
+        }
+        if ((st = kf_graph_add_value(g, in, &v)) || (st = kf_graph_mark_input(g, v))) goto fail;
+    }
+    if ((st = nodes_from_proto(g, fp->node, fp->n_node, f->opsets, f->nopsets, dir))) goto fail;
+    for (size_t i = 0; i < fp->n_output; i++) {
+        const char *o = fp->output[i];
+        kf_id v = o ? kf_graph_find(g, o) : 0;
+        if (!v) {
+            st = kf_fail(KF_ERR_BAD_MODEL, "function '%s': output '%s' is not computed by its body", fname,
+                         o ? o : "");
+            goto fail;
+        }
+        if ((st = kf_graph_mark_output(g, v))) goto fail;
+    }
+    {
+        kf_id *order;
+        uint32_t n;
+        if ((st = kf_graph_topo(g, &order, &n))) goto fail;
+        kf_free(order);
+    }
+    return kf_model_add_function(m, f);
+nomem:
+    st = kf_fail(KF_ERR_NOMEM, "out of memory");
+fail:
+    kf_fail_context(st, "function '%s'", fname);
+    kf_function_free(f);
+    return st;
+}
+
 void kf_model_free(kf_model *m) {
     if (!m) return;
+    for (int i = 0; i < m->nfuncs; i++) kf_function_free(m->funcs[i]);
+    kf_free(m->funcs);
     kf_graph_free(m->graph);
     for (int i = 0; i < m->nopsets; i++) kf_free(m->opsets[i].domain);
     kf_free(m->opsets);
@@ -699,6 +870,15 @@ kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const cha
             goto fail;
         }
     }
+    if (mp->n_functions > MAX_FUNCTIONS) {
+        st = kf_fail(KF_ERR_BAD_MODEL, "%s: more than %d model-local functions", what, MAX_FUNCTIONS);
+        goto fail;
+    }
+    for (size_t i = 0; i < mp->n_functions; i++)
+        if ((st = function_from_proto(m, mp->functions[i], dir))) {
+            kf_fail_context(st, "%s", what);
+            goto fail;
+        }
     if ((st = graph_from_proto(m, mp->graph, dir))) {
         kf_fail_context(st, "%s", what);
         goto fail;
@@ -940,6 +1120,114 @@ static Onnx__AttributeProto *attr_to_proto(arena *a, const kf_attr *at, Onnx__At
     return ap;
 }
 
+/* Node names must be unique for ONNX Runtime; rewrites may repeat one.
+ * Returns name, or "name__k" (arena) when an earlier node took it.
+ * `seen` is an open-addressing set of names (cap a power of two). */
+static const char *unique_node_name(arena *a, const char **seen, uint32_t cap, const char *name) {
+    char buf[600];
+    const char *cand = name;
+    for (uint32_t k = 1;; k++) {
+        uint32_t h = 2166136261u;
+        for (const char *p = cand; *p; p++) h = (h ^ (uint8_t)*p) * 16777619u;
+        uint32_t i = h & (cap - 1);
+        bool taken = false;
+        while (seen[i]) {
+            if (!strcmp(seen[i], cand)) {
+                taken = true;
+                break;
+            }
+            i = (i + 1) & (cap - 1);
+        }
+        if (!taken) {
+            seen[i] = cand;
+            return cand;
+        }
+        snprintf(buf, sizeof buf, "%.560s__%u", name, k);
+        cand = astr(a, buf);
+        if (!cand) return name;
+    }
+}
+
+/* The NodeProto of node n of graph g (names point into g); seen/seencap:
+ * the names given so far in this graph (see unique_node_name). */
+static Onnx__NodeProto *node_to_proto(arena *a, const kf_graph *g, const kf_node *n, const char **seen,
+                                      uint32_t seencap, Onnx__AttributeProto ***unpacked, uint32_t *nunpacked,
+                                      uint32_t *capunpacked) {
+    Onnx__NodeProto *np = aalloc(a, sizeof *np);
+    if (!np) return NULL;
+    onnx__node_proto__init(np);
+    np->name = n->name && n->name[0] && seen ? (char *)unique_node_name(a, seen, seencap, n->name) : NULL;
+    np->op_type = n->op_type;
+    np->domain = n->domain && n->domain[0] ? n->domain : NULL;
+    np->doc_string = n->doc;
+    np->n_input = (size_t)n->nin;
+    np->input = aalloc(a, sizeof(char *) * (size_t)(n->nin + 1));
+    np->n_output = (size_t)n->nout;
+    np->output = aalloc(a, sizeof(char *) * (size_t)(n->nout + 1));
+    if (!np->input || !np->output) return NULL;
+    for (int i = 0; i < n->nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
+    for (int j = 0; j < n->nout; j++) np->output[j] = n->out[j] ? g->values[n->out[j]].name : "";
+    np->n_attribute = (size_t)n->nattrs;
+    np->attribute = aalloc(a, sizeof(void *) * (size_t)(n->nattrs + 1));
+    for (int i = 0; np->attribute && i < n->nattrs; i++)
+        np->attribute[i] = attr_to_proto(a, &n->attrs[i], unpacked, nunpacked, capunpacked);
+    return np;
+}
+
+static Onnx__OperatorSetIdProto **opsets_to_proto(arena *a, const kf_opset *ops, int n) {
+    Onnx__OperatorSetIdProto **r = aalloc(a, sizeof(void *) * (size_t)(n + 1));
+    for (int i = 0; r && i < n; i++) {
+        Onnx__OperatorSetIdProto *op = aalloc(a, sizeof *op);
+        if (!op) return NULL;
+        onnx__operator_set_id_proto__init(op);
+        op->domain = ops[i].domain;
+        op->has_version = 1;
+        op->version = ops[i].version;
+        r[i] = op;
+    }
+    return r;
+}
+
+/* The FunctionProto of f: the IR's name, parameters, imports and body (in
+ * topological order), over a copy of the proto it was read from so fields
+ * the IR does not model travel unchanged. */
+static Onnx__FunctionProto *function_to_proto(arena *a, const kf_function *f, Onnx__AttributeProto ***unpacked,
+                                              uint32_t *nunpacked, uint32_t *capunpacked, kf_status *st) {
+    Onnx__FunctionProto *fp = aalloc(a, sizeof *fp);
+    if (!fp) return NULL;
+    onnx__function_proto__init(fp);
+    if (f->proto) *fp = *(const Onnx__FunctionProto *)f->proto;
+    const kf_graph *g = f->body;
+    fp->name = f->name;
+    fp->domain = f->domain[0] ? f->domain : NULL;
+    fp->doc_string = f->doc;
+    fp->n_input = g->ninputs;
+    fp->input = aalloc(a, sizeof(char *) * (g->ninputs + 1));
+    for (uint32_t i = 0; fp->input && i < g->ninputs; i++) fp->input[i] = g->values[g->inputs[i]].name;
+    fp->n_output = g->noutputs;
+    fp->output = aalloc(a, sizeof(char *) * (g->noutputs + 1));
+    for (uint32_t i = 0; fp->output && i < g->noutputs; i++) fp->output[i] = g->values[g->outputs[i]].name;
+    fp->n_attribute = (size_t)f->nattrs;
+    fp->attribute = f->attrs;
+    fp->n_opset_import = (size_t)f->nopsets;
+    fp->opset_import = opsets_to_proto(a, f->opsets, f->nopsets);
+    kf_id *order = NULL;
+    uint32_t norder = 0;
+    if ((*st = kf_graph_topo(g, &order, &norder))) {
+        kf_fail_context(*st, "function '%s'", f->name);
+        return NULL;
+    }
+    fp->n_node = norder;
+    fp->node = aalloc(a, sizeof(void *) * (norder + 1));
+    uint32_t seencap = 16;
+    while (seencap < 2 * norder + 2) seencap *= 2;
+    const char **seen = aalloc(a, sizeof(char *) * seencap);
+    for (uint32_t k = 0; fp->node && k < norder; k++)
+        fp->node[k] = node_to_proto(a, g, kf_node_at(g, order[k]), seen, seencap, unpacked, nunpacked, capunpacked);
+    kf_free(order);
+    return fp;
+}
+
 kf_status kf_model_save_memory(const kf_model *m, void **data, size_t *len) {
     if (!m || !data || !len) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_save_memory: NULL argument");
     const kf_graph *g = m->graph;
@@ -958,17 +1246,14 @@ kf_status kf_model_save_memory(const kf_model *m, void **data, size_t *len) {
     mp.ir_version = m->ir_version ? m->ir_version : 8;
     mp.graph = &gp;
     mp.n_opset_import = (size_t)m->nopsets;
-    mp.opset_import = aalloc(&a, sizeof(void *) * (size_t)(m->nopsets + 1));
-    for (int i = 0; mp.opset_import && i < m->nopsets; i++) {
-        Onnx__OperatorSetIdProto *op = aalloc(&a, sizeof *op);
-        if (!op) break;
-        onnx__operator_set_id_proto__init(op);
-        op->domain = m->opsets[i].domain;
-        op->has_version = 1;
-        op->version = m->opsets[i].version;
-        mp.opset_import[i] = op;
-    }
+    mp.opset_import = opsets_to_proto(&a, m->opsets, m->nopsets);
     if (orig && orig->graph) gp = *orig->graph; /* sparse initializers, annotations */
+    /* functions come from the IR (import read every one of them) */
+    mp.n_functions = (size_t)m->nfuncs;
+    mp.functions = aalloc(&a, sizeof(void *) * (size_t)(m->nfuncs + 1));
+    for (int i = 0; mp.functions && i < m->nfuncs && !st; i++)
+        mp.functions[i] = function_to_proto(&a, m->funcs[i], &unpacked, &nunpacked, &capunpacked, &st);
+    if (st) goto done;
     gp.name = g->name;
     gp.doc_string = g->doc;
 
@@ -1009,28 +1294,11 @@ kf_status kf_model_save_memory(const kf_model *m, void **data, size_t *len) {
     if ((st = kf_graph_topo(g, &order, &norder))) goto done;
     gp.n_node = norder;
     gp.node = aalloc(&a, sizeof(void *) * (norder + 1));
-    for (uint32_t k = 0; gp.node && k < norder; k++) {
-        const kf_node *n = kf_node_at(g, order[k]);
-        Onnx__NodeProto *np = aalloc(&a, sizeof *np);
-        if (!np) break;
-        onnx__node_proto__init(np);
-        np->name = n->name && n->name[0] ? n->name : NULL;
-        np->op_type = n->op_type;
-        np->domain = n->domain && n->domain[0] ? n->domain : NULL;
-        np->doc_string = n->doc;
-        np->n_input = (size_t)n->nin;
-        np->input = aalloc(&a, sizeof(char *) * (size_t)(n->nin + 1));
-        np->n_output = (size_t)n->nout;
-        np->output = aalloc(&a, sizeof(char *) * (size_t)(n->nout + 1));
-        if (!np->input || !np->output) break;
-        for (int i = 0; i < n->nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
-        for (int j = 0; j < n->nout; j++) np->output[j] = n->out[j] ? g->values[n->out[j]].name : "";
-        np->n_attribute = (size_t)n->nattrs;
-        np->attribute = aalloc(&a, sizeof(void *) * (size_t)(n->nattrs + 1));
-        for (int i = 0; np->attribute && i < n->nattrs; i++)
-            np->attribute[i] = attr_to_proto(&a, &n->attrs[i], &unpacked, &nunpacked, &capunpacked);
-        gp.node[k] = np;
-    }
+    uint32_t seencap = 16;
+    while (seencap < 2 * norder + 2) seencap *= 2;
+    const char **seen = aalloc(&a, sizeof(char *) * seencap);
+    for (uint32_t k = 0; gp.node && k < norder; k++)
+        gp.node[k] = node_to_proto(&a, g, kf_node_at(g, order[k]), seen, seencap, &unpacked, &nunpacked, &capunpacked);
     kf_free(order);
     if (a.failed) {
         st = kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");

@@ -100,7 +100,7 @@ kf_status kf_infer_shapes(kf_model *m) {
         for (int i = 0; i < n->nin; i++) {
             kf_id v = n->in[i];
             tin[i] = v ? &g->values[v].type : NULL;
-            vin[i] = !v ? NULL : g->values[v].init ? g->values[v].init : known[v].data ? &known[v] : NULL;
+            vin[i] = !v ? NULL : kf_value_is_constant(m, v) ? g->values[v].init : known[v].data ? &known[v] : NULL;
             if (v && !vin[i]) all_const = false;
         }
         for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
@@ -147,7 +147,7 @@ kf_status kf_infer_node(kf_model *m, kf_id node) {
     for (int i = 0; i < n->nin; i++) {
         kf_id v = n->in[i];
         tin[i] = v ? &g->values[v].type : NULL;
-        vin[i] = v ? g->values[v].init : NULL;
+        vin[i] = v && kf_value_is_constant(m, v) ? g->values[v].init : NULL;
     }
     for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
     KF_TRY(info->shape(n, n->nin, tin, vin, n->nout, tout));

@@ -1,0 +1,141 @@
+/*
+ * kf_plan.h: the fusion planner's result. Every live node of a model belongs
+ * to exactly one kernel group; groups are what codegen turns into kernels.
+ * Every edge between two groups carries the reason they were not merged
+ * (the same static string the legality function returned), so the report,
+ * the trace and the negative tests all read one source.
+ */
+#ifndef KF_PLAN_H
+#define KF_PLAN_H
+
+#include <stdio.h>
+
+#include "kf_ref.h"
+
+typedef enum kf_group_kind {
+    KF_GROUP_ELEMWISE = 0,  /* elementwise/broadcast/injective chain */
+    KF_GROUP_REDUCTION = 1, /* a reduction with fused prologue/epilogue */
+    KF_GROUP_ANCHOR = 2,    /* GEMM/conv with a fused epilogue */
+    KF_GROUP_OPAQUE = 3,    /* one node that is never fused */
+    KF_GROUP_CONST = 4      /* nothing to launch (Constant, Shape of static dims...) */
+} kf_group_kind;
+
+typedef struct kf_group {
+    kf_group_kind kind;
+    kf_id *nodes;       /* in topological order */
+    uint32_t nnodes;
+    kf_id *inputs;      /* values read from outside the group, first-use order */
+    uint32_t ninputs;
+    kf_id *outputs;     /* values the group writes that are read outside it or are graph outputs */
+    uint32_t noutputs;
+    kf_id anchor;       /* the anchor/reduction node, 0 if none */
+    uint32_t launch;    /* launch index: horizontally batched groups share one */
+    int64_t bytes_read, bytes_written; /* modeled DRAM traffic; -1 if shapes unknown */
+    int64_t flops;      /* modeled; -1 if shapes unknown */
+    uint32_t level;     /* longest path from a graph input in the group DAG */
+} kf_group;
+
+/* Why two adjacent groups were not merged: value `value` flows from a node
+ * of group `from` to a node of group `to`. */
+typedef struct kf_boundary {
+    uint32_t from, to;
+    kf_id value;
+    const char *reason; /* static string from the legality function */
+} kf_boundary;
+
+typedef struct kf_plan {
+    kf_group *groups;
+    uint32_t ngroups;
+    uint32_t *group_of;   /* node id -> group index; UINT32_MAX for dead nodes */
+    kf_boundary *bounds;
+    uint32_t nbounds;
+    uint32_t launches;    /* kernel launches after horizontal batching */
+    int64_t bytes_unfused;  /* modeled bytes with one kernel per node */
+    int64_t bytes_fused;    /* modeled bytes of the plan */
+    int64_t bytes_lower_bound; /* every weight, input and output touched once */
+    uint32_t nodes;       /* live nodes planned */
+    uint32_t merges;      /* vertical + horizontal merges done (what fuel counts) */
+    struct kf_plan_state *state; /* private: what kf_plan_merge_reason asks */
+} kf_plan;
+
+/* ---- limits (each says why it has its value) ------------------------- */
+
+/* Values a group reads from outside. A CUDA kernel's parameters are capped
+ * at 4 KiB; each input costs a pointer plus broadcast strides (8 dims x
+ * 8 bytes x 2), about 136 bytes, so 16 inputs plus 8 outputs stay near
+ * 3.3 KiB with room for scalars. */
+#define KF_PLAN_MAX_INPUTS 16
+/* Values a group writes (read outside or graph outputs); same budget. */
+#define KF_PLAN_MAX_OUTPUTS 8
+/* Estimated registers per thread: 255 is the CUDA hardware maximum; past it
+ * the compiler spills to local memory, which is DRAM traffic again. */
+#define KF_PLAN_MAX_REGS 255
+/* Nodes a cycle check may visit before refusing the merge: keeps one check
+ * bounded (planning stays near linear) at the price of rare missed merges. */
+#define KF_PLAN_CYCLE_BUDGET 4096
+/* A group moving at most this many bytes is "small" and may share a launch
+ * with independent groups at the same depth: a launch costs about 4 us, in
+ * which an H100-class GPU moves several MB, so below 1 MiB a kernel is
+ * dominated by its launch. */
+#define KF_PLAN_SMALL_BYTES ((int64_t)1 << 20)
+/* Groups batched into one launch: sub-kernels are chosen by block range
+ * with a switch; 8 bodies keep the batched kernel text small. */
+#define KF_PLAN_MAX_BATCH 8
+
+/* ---- the planner ------------------------------------------------------- */
+
+typedef struct kf_plan_options {
+    bool disable;  /* every node its own group, no batching (KFUSE_DISABLE_FUSION=1) */
+    int64_t fuel;  /* merges allowed; < 0 unlimited (KFUSE_FUEL=N) */
+    bool trace;    /* each merge and refusal to stderr (KFUSE_TRACE contains "fusion") */
+} kf_plan_options;
+
+/* Defaults from the environment: KFUSE_DISABLE_FUSION, KFUSE_FUEL, KFUSE_TRACE. */
+void kf_plan_options_default(kf_plan_options *o);
+
+/* Plans fusion for m: runs kf_infer_shapes (its error is returned), then
+ * assigns every live node to exactly one group. On success *out is owned
+ * by the caller (kf_plan_free). The model is not changed beyond inferred
+ * types, and must outlive the plan (kf_plan_merge_reason reads it).
+ * Groups are listed in a topological order of the group graph (producer
+ * groups first); each group's nodes are in topological order. Errors:
+ * shape errors from inference, KF_ERR_NOMEM, KF_ERR_BAD_MODEL (a cycle). */
+kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out);
+
+/* The ONE fusion legality function. Would merging groups a and b of plan
+ * p (vertical: a produces a value b reads; horizontal: a and b read one
+ * same input side by side) be illegal? Returns NULL when legal, else a
+ * static reason string (one of KF_REASON_* below). The planner calls the
+ * same code on its working state, so a boundary's reason is exactly what
+ * this returns for its two groups. Cost: bounded by KF_PLAN_CYCLE_BUDGET. */
+const char *kf_plan_merge_reason(const kf_plan *p, uint32_t a, uint32_t b, bool horizontal);
+
+/* Frees a plan (NULL is fine). */
+void kf_plan_free(kf_plan *p);
+
+/* Prints a one-line-per-group summary (for tests and debugging). */
+void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
+
+/* ---- reasons (the exact strings; tests compare against them) ----------- */
+#define KF_REASON_CYCLE "would create a cycle through a node outside the group"
+#define KF_REASON_CYCLE_BUDGET "cycle check exceeded its search budget"
+#define KF_REASON_PRODUCER_OPAQUE "producer is an opaque op"
+#define KF_REASON_CONSUMER_OPAQUE "consumer is an opaque op"
+#define KF_REASON_PRODUCER_CONST "producer is a plan-time constant (no kernel)"
+#define KF_REASON_TWO_REDUCTIONS "two reductions in one group"
+#define KF_REASON_TWO_ANCHORS "two anchors in one group"
+#define KF_REASON_ANCHOR_REDUCTION "an anchor and a reduction in one group"
+#define KF_REASON_ANCHOR_PROLOGUE "anchor does not absorb prologues"
+#define KF_REASON_INPUTS "group would exceed 16 inputs"
+#define KF_REASON_OUTPUTS "group would exceed 8 outputs"
+#define KF_REASON_REGS "estimated registers exceed the cap"
+#define KF_REASON_SHAPES_RED "shapes unknown: cannot prove the elementwise op matches the reduction's iteration space"
+#define KF_REASON_SHAPES "shapes unknown: cannot prove the iteration spaces match"
+#define KF_REASON_SPACE "different iteration spaces"
+#define KF_REASON_H_NO_SHARED "horizontal: siblings do not read the same input"
+#define KF_REASON_H_KIND "horizontal: only elementwise/injective groups merge side by side"
+#define KF_REASON_DISABLED "fusion disabled (KFUSE_DISABLE_FUSION=1)"
+#define KF_REASON_FUEL "fuel exhausted (KFUSE_FUEL)"
+#define KF_REASON_ROUNDS "planner round limit reached"
+
+#endif
