@@ -34,6 +34,8 @@ typedef struct kf_opt_options {
     bool trace;                       /* default from KFUSE_TRACE containing "rules" */
     const char *disable;              /* comma-separated pass or rule names to skip */
     bool no_raise;                    /* never raise the model's opset */
+    const char *const *keep;          /* value names never rewritten away (like graph outputs) */
+    int nkeep;
 } kf_opt_options;
 
 /* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE). */

@@ -58,8 +58,33 @@ static kf_status add_rule_passes(kf_ruleset *rs) {
     return KF_OK;
 }
 
+static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res);
+
+/* Values the caller asked to keep are made graph outputs for the length of
+ * the optimization, so every pass protects them exactly as it protects
+ * outputs (one mechanism, not a second flag to check everywhere), and are
+ * taken off the output list afterwards. */
 kf_status kf_optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) {
     memset(res, 0, sizeof *res);
+    kf_graph *g = m->graph;
+    uint32_t nout = g->noutputs;
+    for (int i = 0; i < o->nkeep; i++) {
+        kf_id v = kf_graph_find(g, o->keep[i]);
+        if (!v) return kf_fail(KF_ERR_INVALID_ARG, "--keep: the model has no value named '%s'", o->keep[i]);
+        if (!g->values[v].is_output) KF_TRY(kf_graph_mark_output(g, v));
+    }
+    kf_status st = optimize(m, o, res);
+    for (uint32_t i = nout; i < g->noutputs; i++) {
+        kf_id v = g->outputs[i];
+        bool listed = false;
+        for (uint32_t k = 0; k < nout; k++) listed |= g->outputs[k] == v;
+        g->values[v].is_output = listed;
+    }
+    g->noutputs = nout;
+    return st;
+}
+
+static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) {
     res->nodes_before = kf_graph_live_nodes(m->graph);
     kf_status st = KF_OK;
     if (!o->no_builtin) {

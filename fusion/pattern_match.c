@@ -38,6 +38,7 @@ typedef struct mctx {
 } mctx;
 
 static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, const char *b) {
+    if (c->r->nnear >= KF_PAT_MAX_NEAR) return; /* the report keeps no more: skip the formatting */
     if (s->matched < c->why_depth) return;
     c->why_depth = s->matched;
     snprintf(c->why, sizeof c->why, fmt, a ? a : "", b ? b : "");

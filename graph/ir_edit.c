@@ -9,8 +9,11 @@
 
 #include "kf_ir.h"
 
+/* Removes one use of v by node. Searches from the end: rewrites and DCE
+ * mostly remove the newest users first, so a constant read by 100k nodes
+ * does not make each removal scan the whole list. */
 static void drop_user(kf_value *v, kf_id node) {
-    for (uint32_t u = 0; u < v->nusers; u++)
+    for (uint32_t u = v->nusers; u-- > 0;)
         if (v->users[u] == node) {
             v->users[u] = v->users[--v->nusers];
             return;

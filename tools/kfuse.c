@@ -32,7 +32,8 @@ static void usage(FILE *f) {
             "  run M.onnx [--backend ref] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "                                  run the model; random inputs unless --inputs\n"
             "  conform DIR... [--verbose]      run ONNX backend-test folders, per-op table and summary\n"
-            "  opt M.onnx -o OUT.onnx [--patterns F]... [--no-builtin] [--report] [--json]\n"
+            "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
+            "                 [--report] [--json]\n"
             "                                  rewrite to a smaller standard ONNX\n"
             "  patterns check F.kfp... [--builtin] [--seed N]\n"
             "                                  verify rewrite rules numerically\n"
@@ -656,8 +657,8 @@ static void json_str(FILE *f, const char *s) {
 
 static int cmd_opt(int argc, char **argv) {
     const char *model = NULL, *out = NULL;
-    const char *files[64];
-    int nfiles = 0;
+    const char *files[64], *keep[256];
+    int nfiles = 0, nkeep = 0;
     bool report = false, json = false;
     kf_opt_options o;
     kf_opt_options_default(&o);
@@ -665,6 +666,8 @@ static int cmd_opt(int argc, char **argv) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--patterns") && i + 1 < argc && nfiles < 64) files[nfiles++] = argv[++i];
         else if (!strcmp(argv[i], "--no-builtin")) o.no_builtin = true;
+        else if (!strcmp(argv[i], "--keep") && i + 1 < argc && nkeep < 256) keep[nkeep++] = argv[++i];
+        else if (!strcmp(argv[i], "--no-raise")) o.no_raise = true;
         else if (!strcmp(argv[i], "--report")) report = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (argv[i][0] != '-' && !model) model = argv[i];
@@ -679,6 +682,8 @@ static int cmd_opt(int argc, char **argv) {
     }
     o.pattern_files = files;
     o.npattern_files = nfiles;
+    o.keep = keep;
+    o.nkeep = nkeep;
     kf_model *m;
     kf_status st = kf_model_load(model, &m);
     if (st) return fail_status(st);

@@ -1,0 +1,93 @@
+/* test_opt.c: the optimizer pipeline: names the caller keeps survive,
+ * the opset is raised when (and only when) a rule needs it, and fuel stops
+ * the whole pipeline. */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "graph_text.h"
+#include "kf_opt.h"
+
+/* erf-form Gelu as PyTorch exports it, at opset 13 */
+static const char *gelu13 = "opset 13\n"
+                            "input x float[2, 8]\n"
+                            "const s float[] = 1.4142135\n"
+                            "const one float[] = 1\n"
+                            "const half float[] = 0.5\n"
+                            "d = Div(x, s)\n"
+                            "e = Erf(d)\n"
+                            "a = Add(e, one)\n"
+                            "h = Mul(x, half)\n"
+                            "y = Mul(h, a)\n"
+                            "output y\n";
+
+static kf_opt_result run(kf_model *m, kf_opt_options *o) {
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(m, o, &res), KF_OK, "%s", kf_last_error());
+    return res;
+}
+
+Test(opt, raises_the_opset_for_a_rule_that_needs_it) {
+    kf_model *m = gt_parse(gelu13);
+    kf_model *orig = gt_copy(m);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(res.opset_before, 13);
+    cr_assert_eq(res.opset_after, 20);
+    cr_assert_eq(kf_model_opset(m, ""), 20);
+    cr_assert_eq(gt_count(m, "Gelu"), 1);
+    cr_assert_eq(kf_graph_live_nodes(m->graph), 1);
+    gt_expect_same_outputs(orig, m, 1e-5, 1e-4);
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+Test(opt, does_not_raise_when_told_not_to) {
+    kf_model *m = gt_parse(gelu13);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    o.no_raise = true;
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(kf_model_opset(m, ""), 13);
+    cr_assert_eq(gt_count(m, "Gelu"), 0);
+    cr_assert_eq(gt_count(m, "Erf"), 1);
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
+
+Test(opt, kept_names_survive_and_stay_off_the_outputs) {
+    kf_model *m = gt_parse(gelu13);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    const char *keep[1] = {"e"};
+    o.keep = keep;
+    o.nkeep = 1;
+    kf_opt_result res = run(m, &o);
+    const kf_graph *g = m->graph;
+    kf_id e = kf_graph_find(g, "e");
+    cr_assert_neq(e, 0);
+    cr_assert_neq(g->values[e].producer, 0, "the kept value is still computed");
+    cr_assert_eq(g->nodes[g->values[e].producer].op, kf_op_lookup("", "Erf"));
+    cr_assert_eq(g->noutputs, 1, "kept names are not added to the outputs");
+    cr_assert(!g->values[e].is_output);
+    cr_assert_eq(gt_count(m, "Gelu"), 0, "the Gelu rule declines: its intermediate is kept");
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
+
+Test(opt, fuel_zero_changes_nothing) {
+    kf_model *m = gt_parse(gelu13);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = 0;
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(res.rewrites, 0);
+    cr_assert_eq(kf_graph_live_nodes(m->graph), 5);
+    cr_assert_eq(kf_model_opset(m, ""), 13);
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
