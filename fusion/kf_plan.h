@@ -116,7 +116,46 @@ void kf_plan_free(kf_plan *p);
 /* Prints a one-line-per-group summary (for tests and debugging). */
 void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
 
-/* ---- reasons (the exact strings; tests compare against them) ----------- */
+/* ---- reasons (the exact strings; tests compare against them) -----------
+ *
+ * CYCLE            a path leaves one group and re-enters the other through
+ *                  a third group: the merged kernel would run before and
+ *                  after it.
+ * CYCLE_BUDGET     that search visited KF_PLAN_CYCLE_BUDGET edges without an
+ *                  answer; refused to stay safe and near linear.
+ * PRODUCER_/CONSUMER_OPAQUE  ops without a fusable class (unknown ops,
+ *                  control flow, NonZero, CumSum, pooling...) run alone.
+ * PRODUCER_CONST   Constant, Shape of static dims, and small all-constant
+ *                  ops: known before anything runs, no kernel (launch
+ *                  UINT32_MAX); their outputs are read like weights.
+ * TWO_REDUCTIONS, TWO_ANCHORS, ANCHOR_REDUCTION  the lattice rule: a group
+ *                  holds at most one "master" (reduction or anchor); the
+ *                  rest are elementwise/broadcast/injective ops around it.
+ * ANCHOR_PROLOGUE  a GEMM/conv reads its operands through its own tiling
+ *                  (cuBLASLt/cuDNN or the tiled template): nothing computed
+ *                  in the group may feed the anchor itself.
+ * ANCHOR_INJECTIVE anchor epilogues (bias, activation, residual, scale) are
+ *                  elementwise/broadcast; a transpose/reshape/slice after a
+ *                  GEMM is its own kernel.
+ * INPUTS, OUTPUTS, REGS  resource caps (see the limits above); the register
+ *                  estimate is 16 + 2 per input/output + 1 per elementwise
+ *                  op, 16 per reduction, 96 per anchor.
+ * SHAPES_RED       an elementwise part next to a reduction must iterate over
+ *                  the reduction's input or output; with unknown dims that
+ *                  cannot be shown.
+ * SHAPES           the same for two elementwise/anchor groups.
+ * SPACE            the element counts provably differ (a broadcast into a
+ *                  larger space would recompute the producer per element).
+ * H_NO_SHARED      horizontal merging pays only when one input is read once.
+ * H_KIND           horizontal merging joins elementwise/injective groups only.
+ * DISABLED, FUEL, ROUNDS  not legality: the planner was told to stop
+ *                  (KFUSE_DISABLE_FUSION, KFUSE_FUEL) or hit its round cap
+ *                  (a safety net; real graphs settle in 2-3 rounds).
+ *
+ * No "graph output would be swallowed" reason is needed: a value that is a
+ * graph output is always among its group's outputs (written to memory),
+ * wherever it is produced.
+ */
 #define KF_REASON_CYCLE "would create a cycle through a node outside the group"
 #define KF_REASON_CYCLE_BUDGET "cycle check exceeded its search budget"
 #define KF_REASON_PRODUCER_OPAQUE "producer is an opaque op"
@@ -126,6 +165,7 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
 #define KF_REASON_TWO_ANCHORS "two anchors in one group"
 #define KF_REASON_ANCHOR_REDUCTION "an anchor and a reduction in one group"
 #define KF_REASON_ANCHOR_PROLOGUE "anchor does not absorb prologues"
+#define KF_REASON_ANCHOR_INJECTIVE "anchor epilogues are elementwise only (no data movement)"
 #define KF_REASON_INPUTS "group would exceed 16 inputs"
 #define KF_REASON_OUTPUTS "group would exceed 8 outputs"
 #define KF_REASON_REGS "estimated registers exceed the cap"

@@ -1,0 +1,468 @@
+/*
+ * plan.c: the fusion planner (`kfuse fuse`, later codegen). After the
+ * rewriter, it assigns every live node to one kernel group: vertical merges
+ * greedily by modeled DRAM bytes saved, then horizontal merges of siblings,
+ * then launch batching. Legality is one function (legal(), exported as
+ * kf_plan_merge_reason); each boundary keeps the reason it returned.
+ * Costs and the final kf_plan are assembled in plan_build.c.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "plan_int.h"
+
+/* ---- node facts ---------------------------------------------------------- */
+
+kf_fclass pl_fclass(const kf_node *n) {
+    const kf_op_info *oi = kf_op_get(n->op);
+    return oi ? oi->fclass : KF_FC_OPAQUE;
+}
+
+/* Register cost of one node (see pl_regs): an elementwise op keeps about
+ * one live result; a row reduction keeps accumulators, the row statistics
+ * and warp-shuffle temporaries (~16); a GEMM/conv tile keeps its output
+ * accumulators and operand fragments (128x128 tile over 256 threads = 64
+ * floats, plus ~32 for fragments). */
+static int node_cost(kf_fclass fc) {
+    switch (fc) {
+    case KF_FC_REDUCTION: return 16;
+    case KF_FC_ANCHOR: return 96;
+    case KF_FC_OPAQUE: return 0;
+    default: return 1;
+    }
+}
+
+/* Fixed per-thread registers of any generated kernel: thread/block indices,
+ * loop bound, the linear index and its unravelled coordinates. */
+#define PL_REG_BASE 16
+/* Each input or output costs a 64-bit pointer (2 registers). */
+#define PL_REG_PER_VALUE 2
+
+/* ---- iteration spaces ------------------------------------------------------ */
+
+/* Are two types the same iteration space (same element count)? Symbols
+ * count as independent unknowns: equal when the multiset of symbols and the
+ * product of the static dims agree; 1-dims are ignored. */
+pl_same pl_space_cmp(const pl_state *s, kf_id va, kf_id vb) {
+    if (!va || !vb) return PL_UNKNOWN;
+    if (va == vb || s->sc[va] == s->sc[vb]) return PL_SAME;
+    const kf_type *a = &s->g->values[va].type, *b = &s->g->values[vb].type;
+    if (a->rank < 0 || b->rank < 0) return PL_UNKNOWN;
+    uint32_t sa[KF_MAX_RANK], sb[KF_MAX_RANK];
+    int na = 0, nb = 0;
+    int64_t pa = 1, pb = 1;
+    for (int i = 0; i < a->rank; i++) {
+        if (a->dims[i] >= 0) {
+            if (!kf_mul_ok(pa, a->dims[i], &pa)) return PL_UNKNOWN;
+        } else if (a->syms[i]) {
+            sa[na++] = a->syms[i];
+        } else {
+            return PL_UNKNOWN;
+        }
+    }
+    for (int i = 0; i < b->rank; i++) {
+        if (b->dims[i] >= 0) {
+            if (!kf_mul_ok(pb, b->dims[i], &pb)) return PL_UNKNOWN;
+        } else if (b->syms[i]) {
+            sb[nb++] = b->syms[i];
+        } else {
+            return PL_UNKNOWN;
+        }
+    }
+    if (pa != pb || na != nb) return PL_DIFFERENT;
+    /* tiny insertion sorts: rank <= KF_MAX_RANK */
+    for (int i = 1; i < na; i++)
+        for (int j = i; j > 0 && sa[j - 1] > sa[j]; j--) {
+            uint32_t t = sa[j]; sa[j] = sa[j - 1]; sa[j - 1] = t;
+        }
+    for (int i = 1; i < nb; i++)
+        for (int j = i; j > 0 && sb[j - 1] > sb[j]; j--) {
+            uint32_t t = sb[j]; sb[j] = sb[j - 1]; sb[j - 1] = t;
+        }
+    for (int i = 0; i < na; i++)
+        if (sa[i] != sb[i]) return PL_DIFFERENT;
+    return PL_SAME;
+}
+
+/* Output shape equals input 0's shape whatever the shapes are. */
+static bool same_shape_op(const kf_node *n) {
+    switch (n->op) {
+    case KF_OP_SOFTMAX:
+    case KF_OP_LOG_SOFTMAX:
+    case KF_OP_HARDMAX:
+    case KF_OP_LAYER_NORMALIZATION:
+    case KF_OP_BATCH_NORMALIZATION:
+    case KF_OP_INSTANCE_NORMALIZATION:
+    case KF_OP_GROUP_NORMALIZATION:
+    case KF_OP_MEAN_VARIANCE_NORMALIZATION:
+    case KF_OP_RMS_NORMALIZATION:
+    case KF_OP_DROPOUT: return true;
+    default: return pl_fclass(n) == KF_FC_ELEMWISE;
+    }
+}
+
+/* A static one-element operand: broadcasting it may add 1-dims but never
+ * changes the element count, which is what an iteration space compares. */
+static bool scalar_operand(const kf_graph *g, kf_id v) {
+    const kf_type *t = &g->values[v].type;
+    if (!kf_type_is_static(t)) return false;
+    for (int i = 0; i < t->rank; i++)
+        if (t->dims[i] != 1) return false;
+    return true;
+}
+
+/* Space classes, in topological order: an op whose output provably has
+ * its input's shape (unary elementwise, softmax/norms, or a broadcast op
+ * whose non-scalar operands are all in one class) puts its output in that
+ * input's class. So x -> Relu -> Softmax fuses even when x's shape is
+ * unknown. */
+void pl_space_classes(pl_state *s) {
+    const kf_graph *g = s->g;
+    for (kf_id v = 0; v < g->nvalues; v++) s->sc[v] = v;
+    for (uint32_t i = 0; i < s->norder; i++) {
+        const kf_node *n = &g->nodes[s->order[i]];
+        if (n->nout < 1 || !n->out[0] || n->nin < 1) continue;
+        if (same_shape_op(n)) {
+            if (n->in[0]) s->sc[n->out[0]] = s->sc[n->in[0]];
+            continue;
+        }
+        if (pl_fclass(n) != KF_FC_BROADCAST || n->op == KF_OP_EXPAND) continue;
+        uint32_t c = 0;
+        bool ok = true;
+        for (int k = 0; k < n->nin && ok; k++) {
+            kf_id v = n->in[k];
+            if (!v || scalar_operand(g, v)) continue;
+            if (!c) c = s->sc[v];
+            else ok = s->sc[v] == c;
+        }
+        if (ok && c) s->sc[n->out[0]] = c;
+    }
+}
+
+/* ---- union-find ------------------------------------------------------------- */
+
+uint32_t pl_find(pl_state *s, uint32_t x) {
+    uint32_t r = x;
+    while (s->parent[r] != r) r = s->parent[r];
+    while (s->parent[x] != r) { /* path compression */
+        uint32_t nx = s->parent[x];
+        s->parent[x] = r;
+        x = nx;
+    }
+    return r;
+}
+
+static uint32_t root_of_producer(pl_state *s, kf_id v) {
+    kf_id p = s->g->values[v].producer;
+    if (!p || s->pos[p] == UINT32_MAX) return 0;
+    return pl_find(s, p);
+}
+
+/* A value leaves the union {ra, rb}: it is a graph output or some user is
+ * outside both. */
+static bool leaves(pl_state *s, kf_id v, uint32_t ra, uint32_t rb) {
+    const kf_value *val = &s->g->values[v];
+    if (val->is_output) return true;
+    for (uint32_t i = 0; i < val->nusers; i++) {
+        uint32_t r = pl_find(s, val->users[i]);
+        if (r != ra && r != rb) return true;
+    }
+    return false;
+}
+
+static uint32_t next_vstamp(pl_state *s) {
+    if (++s->vstampv == 0) { /* wrapped: clear */
+        memset(s->vstamp, 0, (size_t)s->g->nvalues * sizeof *s->vstamp);
+        s->vstampv = 1;
+    }
+    return s->vstampv;
+}
+
+/* Inputs of the union {ra, rb} into out (may be NULL); returns the count. */
+static uint32_t union_inputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) {
+    uint32_t st = next_vstamp(s), n = 0;
+    const pl_group *gs[2] = {&s->gs[ra], &s->gs[rb]};
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; i < gs[k]->nin; i++) {
+            kf_id v = gs[k]->in[i];
+            if (s->vstamp[v] == st) continue;
+            s->vstamp[v] = st;
+            uint32_t r = root_of_producer(s, v);
+            if (r && (r == ra || r == rb)) continue;
+            if (out) out[n] = v;
+            n++;
+        }
+    return n;
+}
+
+static uint32_t union_outputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) {
+    uint32_t st = next_vstamp(s), n = 0;
+    const pl_group *gs[2] = {&s->gs[ra], &s->gs[rb]};
+    for (int k = 0; k < 2; k++)
+        for (uint32_t i = 0; i < gs[k]->nout; i++) {
+            kf_id v = gs[k]->out[i];
+            if (s->vstamp[v] == st) continue;
+            s->vstamp[v] = st;
+            if (!leaves(s, v, ra, rb)) continue;
+            if (out) out[n] = v;
+            n++;
+        }
+    return n;
+}
+
+static bool share_input(pl_state *s, uint32_t ra, uint32_t rb) {
+    uint32_t st = next_vstamp(s);
+    for (uint32_t i = 0; i < s->gs[ra].nin; i++) s->vstamp[s->gs[ra].in[i]] = st;
+    for (uint32_t i = 0; i < s->gs[rb].nin; i++)
+        if (s->vstamp[s->gs[rb].in[i]] == st) return true;
+    return false;
+}
+
+/* ---- the cycle check ----------------------------------------------------------
+ *
+ * Merging A and B is illegal when a path leaves A and reaches B (or the
+ * reverse) through a group X outside both: the merged kernel would have to
+ * run both before and after X.
+ *
+ *      A ──v──► X ──► B          A+B ──► X ──► A+B   (cycle)
+ *      └──────────────┘
+ *
+ * The search walks the group graph (a group runs as one kernel, so reaching
+ * any node of X reaches all of X's outputs) from A's outputs, skipping the
+ * direct edges A->B, and prunes any group whose first node comes after B's
+ * last node in topological order (it cannot reach B). It gives up after
+ * KF_PLAN_CYCLE_BUDGET edges, refusing the merge: planning stays near
+ * linear, at the price of rare missed merges in huge fan-outs.
+ */
+static const char *reaches(pl_state *s, uint32_t src, uint32_t dst) {
+    if (++s->stampv == 0) {
+        memset(s->stamp, 0, (size_t)s->g->nnodes * sizeof *s->stamp);
+        s->stampv = 1;
+    }
+    uint32_t st = s->stampv, sp = 0, budget = 0;
+    uint32_t limit = s->gs[dst].maxpos;
+    uint32_t cur = src;
+    for (;;) {
+        const pl_group *G = &s->gs[cur];
+        for (uint32_t i = 0; i < G->nout; i++) {
+            const kf_value *val = &s->g->values[G->out[i]];
+            for (uint32_t u = 0; u < val->nusers; u++) {
+                if (++budget > KF_PLAN_CYCLE_BUDGET) return KF_REASON_CYCLE_BUDGET;
+                uint32_t r = pl_find(s, val->users[u]);
+                if (r == dst) {
+                    if (cur != src) return KF_REASON_CYCLE;
+                    continue; /* the direct edge itself */
+                }
+                if (r == src || s->stamp[r] == st) continue;
+                if (s->gs[r].minpos > limit) continue;
+                s->stamp[r] = st;
+                s->stack[sp++] = r; /* each root pushed once: sp < nnodes */
+            }
+        }
+        if (!sp) return NULL;
+        cur = s->stack[--sp];
+    }
+}
+
+/* ---- legality ------------------------------------------------------------------ */
+
+/* See kf_plan_merge_reason. ra/rb are roots; vertical: ra is the producer. */
+const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
+    const pl_group *A = &s->gs[ra], *B = &s->gs[rb];
+    if (ra == rb) return NULL;
+    if (A->kind == KF_GROUP_CONST || B->kind == KF_GROUP_CONST) return KF_REASON_PRODUCER_CONST;
+    if (horizontal) {
+        if (A->kind != KF_GROUP_ELEMWISE || B->kind != KF_GROUP_ELEMWISE) return KF_REASON_H_KIND;
+        if (!share_input(s, ra, rb)) return KF_REASON_H_NO_SHARED;
+    } else {
+        if (A->kind == KF_GROUP_OPAQUE) return KF_REASON_PRODUCER_OPAQUE;
+        if (B->kind == KF_GROUP_OPAQUE) return KF_REASON_CONSUMER_OPAQUE;
+    }
+    /* the lattice: at most one reduction or anchor ("master") per group */
+    int nred = A->nred + B->nred, nanc = A->nanchor + B->nanchor;
+    if (nred > 1) return KF_REASON_TWO_REDUCTIONS;
+    if (nanc > 1) return KF_REASON_TWO_ANCHORS;
+    if (nred && nanc) return KF_REASON_ANCHOR_REDUCTION;
+    /* anchors take epilogues only: the anchor must read nothing made inside */
+    const pl_group *M = A->master ? A : B->master ? B : NULL;
+    if (M && M->nanchor) {
+        const kf_node *an = &s->g->nodes[M->master];
+        for (int i = 0; i < an->nin; i++) {
+            if (!an->in[i]) continue;
+            uint32_t r = root_of_producer(s, an->in[i]);
+            if (r && (r == ra || r == rb)) return KF_REASON_ANCHOR_PROLOGUE;
+        }
+        if ((M == A ? B : A)->ninj) return KF_REASON_ANCHOR_INJECTIVE;
+    }
+    /* iteration spaces */
+    if (M && M->nred) {
+        const pl_group *E = M == A ? B : A; /* pure elementwise */
+        pl_same a = pl_space_cmp(s, E->space, M->space), b = pl_space_cmp(s, E->space, M->red_out);
+        if (a != PL_SAME && b != PL_SAME) return (a == PL_UNKNOWN || b == PL_UNKNOWN) ? KF_REASON_SHAPES_RED : KF_REASON_SPACE;
+    } else {
+        pl_same c = pl_space_cmp(s, A->space, B->space);
+        if (c == PL_UNKNOWN) return KF_REASON_SHAPES;
+        if (c == PL_DIFFERENT) return KF_REASON_SPACE;
+    }
+    /* resource caps */
+    uint32_t nin = union_inputs(s, ra, rb, NULL);
+    if (nin > KF_PLAN_MAX_INPUTS) return KF_REASON_INPUTS;
+    uint32_t nout = union_outputs(s, ra, rb, NULL);
+    if (nout > KF_PLAN_MAX_OUTPUTS) return KF_REASON_OUTPUTS;
+    if (pl_regs(nin, nout, A->cost + B->cost) > KF_PLAN_MAX_REGS) return KF_REASON_REGS;
+    /* no path between them through an outside group, either way */
+    const char *why = reaches(s, ra, rb);
+    if (!why) why = reaches(s, rb, ra);
+    return why;
+}
+
+int64_t pl_regs(uint32_t nin, uint32_t nout, int64_t cost) {
+    return PL_REG_BASE + PL_REG_PER_VALUE * (int64_t)(nin + nout) + cost;
+}
+
+/* ---- merging ---------------------------------------------------------------------- */
+
+/* Merges the groups rooted at ra and rb (legality already checked). The
+ * larger group's root survives (ties: lower id) so finds stay short. */
+kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
+    pl_group *A = &s->gs[ra], *B = &s->gs[rb];
+    uint32_t nin = union_inputs(s, ra, rb, NULL), nout = union_outputs(s, ra, rb, NULL);
+    kf_id *in = kf_malloc((size_t)(nin ? nin : 1) * sizeof *in);
+    kf_id *out = kf_malloc((size_t)(nout ? nout : 1) * sizeof *out);
+    if (!in || !out) {
+        kf_free(in);
+        kf_free(out);
+        return kf_fail(KF_ERR_NOMEM, "fusion planner: out of memory");
+    }
+    union_inputs(s, ra, rb, in);
+    union_outputs(s, ra, rb, out);
+    uint32_t keep = ra, gone = rb;
+    if (B->nnodes > A->nnodes || (B->nnodes == A->nnodes && rb < ra)) keep = rb, gone = ra;
+    pl_group *K = &s->gs[keep], *G = &s->gs[gone];
+    pl_group m = *K;
+    if (!m.master && G->master) {
+        m.master = G->master;
+        m.space = G->space;
+        m.red_out = G->red_out;
+        m.kind = G->kind;
+    } else if (!m.master && G->space && !kf_type_is_static(&s->g->values[m.space].type) &&
+               kf_type_is_static(&s->g->values[G->space].type)) {
+        m.space = G->space; /* the same space (checked); keep the more static name */
+    }
+    m.nred = A->nred + B->nred;
+    m.nanchor = A->nanchor + B->nanchor;
+    m.ninj = A->ninj + B->ninj;
+    m.minpos = A->minpos < B->minpos ? A->minpos : B->minpos;
+    m.maxpos = A->maxpos > B->maxpos ? A->maxpos : B->maxpos;
+    m.nnodes = A->nnodes + B->nnodes;
+    m.cost = A->cost + B->cost;
+    kf_free(A->in);
+    kf_free(A->out);
+    kf_free(B->in);
+    kf_free(B->out);
+    memset(G, 0, sizeof *G);
+    m.in = in;
+    m.nin = nin;
+    m.out = out;
+    m.nout = nout;
+    *K = m;
+    s->parent[gone] = keep;
+    return KF_OK;
+}
+
+/* ---- initial groups ------------------------------------------------------------------- */
+
+/* Is value v known before anything runs (initializer the model fixes, or
+ * the output of a CONST node)? */
+static bool value_const(pl_state *s, kf_id v) {
+    const kf_value *val = &s->g->values[v];
+    if (kf_value_is_constant(s->m, v)) return true;
+    return val->producer && s->pos[val->producer] != UINT32_MAX && s->gs[val->producer].kind == KF_GROUP_CONST;
+}
+
+/* A node needs no kernel: Constant; Shape/Size of a static shape; or any
+ * non-opaque-data op whose inputs are all constant and whose outputs are
+ * small static tensors (what shape inference already computes on the way). */
+static bool node_const(pl_state *s, const kf_node *n) {
+    if (n->op == KF_OP_CONSTANT) return true;
+    if ((n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE) && n->nin >= 1 && n->in[0])
+        return kf_type_is_static(&s->g->values[n->in[0]].type);
+    if (!n->op || n->nin == 0) return false;
+    for (int i = 0; i < n->nin; i++)
+        if (n->in[i] && !value_const(s, n->in[i])) return false;
+    for (int j = 0; j < n->nout; j++) {
+        if (!n->out[j]) continue;
+        const kf_type *t = &s->g->values[n->out[j]].type;
+        int64_t numel;
+        if (!kf_type_is_static(t) || kf_shape_numel(t->rank, t->dims, 1, &numel) || numel > KF_INFER_CONST_MAX)
+            return false;
+    }
+    return true;
+}
+
+/* Singleton group of node x (called in topological order). */
+kf_status pl_init_node(pl_state *s, kf_id x) {
+    const kf_node *n = &s->g->nodes[x];
+    pl_group *G = &s->gs[x];
+    memset(G, 0, sizeof *G);
+    kf_fclass fc = pl_fclass(n);
+    if (node_const(s, n)) G->kind = KF_GROUP_CONST;
+    else if (fc == KF_FC_OPAQUE) G->kind = KF_GROUP_OPAQUE;
+    else if (fc == KF_FC_REDUCTION) G->kind = KF_GROUP_REDUCTION, G->nred = 1, G->master = x;
+    else if (fc == KF_FC_ANCHOR) G->kind = KF_GROUP_ANCHOR, G->nanchor = 1, G->master = x;
+    else G->kind = KF_GROUP_ELEMWISE, G->ninj = fc == KF_FC_INJECTIVE;
+    G->minpos = G->maxpos = s->pos[x];
+    G->nnodes = 1;
+    G->cost = G->kind == KF_GROUP_CONST ? 0 : node_cost(fc);
+    kf_id out0 = n->nout > 0 ? n->out[0] : 0, in0 = n->nin > 0 ? n->in[0] : 0;
+    if (G->kind == KF_GROUP_REDUCTION) {
+        G->space = in0;
+        G->red_out = out0;
+    } else {
+        G->space = out0;
+    }
+    G->in = kf_malloc((size_t)(n->nin ? n->nin : 1) * sizeof(kf_id));
+    G->out = kf_malloc((size_t)(n->nout ? n->nout : 1) * sizeof(kf_id));
+    if (!G->in || !G->out) return kf_fail(KF_ERR_NOMEM, "fusion planner: out of memory");
+    uint32_t st = next_vstamp(s);
+    for (int i = 0; i < n->nin; i++) {
+        kf_id v = n->in[i];
+        if (!v || s->vstamp[v] == st) continue;
+        s->vstamp[v] = st;
+        G->in[G->nin++] = v;
+    }
+    for (int j = 0; j < n->nout; j++) {
+        kf_id v = n->out[j];
+        if (!v) continue;
+        const kf_value *val = &s->g->values[v];
+        if (val->is_output || val->nusers) G->out[G->nout++] = v;
+    }
+    return KF_OK;
+}
+
+void pl_state_free(pl_state *s) {
+    if (!s) return;
+    if (s->gs)
+        for (uint32_t i = 0; i < s->g->nnodes; i++) {
+            kf_free(s->gs[i].in);
+            kf_free(s->gs[i].out);
+        }
+    kf_free(s->gs);
+    kf_free(s->parent);
+    kf_free(s->pos);
+    kf_free(s->stamp);
+    kf_free(s->vstamp);
+    kf_free(s->stack);
+    kf_free(s->sc);
+    kf_free(s->order);
+    kf_free(s->root_of_group);
+    kf_free(s);
+}
+
+/* ---- exported legality ------------------------------------------------------------------ */
+
+const char *kf_plan_merge_reason(const kf_plan *p, uint32_t a, uint32_t b, bool horizontal) {
+    if (!p || !p->state || a >= p->ngroups || b >= p->ngroups || a == b) return NULL;
+    pl_state *s = p->state;
+    return pl_legal(s, s->root_of_group[a], s->root_of_group[b], horizontal);
+}

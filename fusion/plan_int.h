@@ -1,0 +1,59 @@
+/*
+ * plan_int.h: the fusion planner's working state, shared by plan.c
+ * (legality, union-find, merging) and plan_build.c (driver, costs, the
+ * final kf_plan). Not installed; nothing outside fusion/plan*.c includes it.
+ */
+#ifndef KF_PLAN_INT_H
+#define KF_PLAN_INT_H
+
+#include "kf_plan.h"
+
+typedef enum pl_same { PL_SAME, PL_DIFFERENT, PL_UNKNOWN } pl_same;
+
+/* Summary of one group, valid at its union-find root (a node id). */
+typedef struct pl_group {
+    kf_group_kind kind;
+    int nred, nanchor;     /* reductions / anchors inside (the lattice allows one) */
+    uint32_t ninj;         /* injective (data-movement) nodes inside */
+    kf_id master;          /* the reduction or anchor node, 0 if none */
+    uint32_t minpos, maxpos; /* first/last topological position of its nodes */
+    uint32_t nnodes;
+    int64_t cost;          /* sum of node register costs */
+    kf_id *in;             /* values read from outside (any order) */
+    uint32_t nin;
+    kf_id *out;            /* values read outside or graph outputs */
+    uint32_t nout;
+    /* iteration space: the type of the elementwise outputs; for a
+     * reduction group the reduction's input (red_out: its output); for an
+     * anchor group the anchor's output. Value ids (0: none). */
+    kf_id space, red_out;
+} pl_group;
+
+struct kf_plan_state {
+    kf_model *m;
+    const kf_graph *g;
+    uint32_t *parent;  /* union-find over node ids */
+    uint32_t *pos;     /* topological position; UINT32_MAX for dead nodes */
+    kf_id *order;      /* live nodes in topological order */
+    uint32_t norder;
+    pl_group *gs;      /* by node id; meaningful at roots */
+    uint32_t *sc;      /* per value: space class; equal classes are provably
+                        * the same shape even when the shape is unknown */
+    uint32_t *stamp, stampv;   /* per node: visited marks of one search */
+    uint32_t *vstamp, vstampv; /* per value: dedupe marks */
+    uint32_t *stack;
+    uint32_t *root_of_group;   /* final group index -> root */
+};
+typedef struct kf_plan_state pl_state;
+
+kf_fclass pl_fclass(const kf_node *n);
+pl_same pl_space_cmp(const pl_state *s, kf_id a, kf_id b);
+void pl_space_classes(pl_state *s);
+uint32_t pl_find(pl_state *s, uint32_t x);
+const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal);
+int64_t pl_regs(uint32_t nin, uint32_t nout, int64_t cost);
+kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb);
+kf_status pl_init_node(pl_state *s, kf_id x);
+void pl_state_free(pl_state *s);
+
+#endif
