@@ -236,7 +236,7 @@ static bool share_input(pl_state *s, uint32_t ra, uint32_t rb) {
  */
 static const char *reaches(pl_state *s, uint32_t src, uint32_t dst) {
     if (++s->stampv == 0) {
-        memset(s->stamp, 0, (size_t)s->g->nnodes * sizeof *s->stamp);
+        memset(s->stamp, 0, (size_t)s->ngs * sizeof *s->stamp);
         s->stampv = 1;
     }
     uint32_t st = s->stampv, sp = 0, budget = 0;
@@ -443,7 +443,7 @@ kf_status pl_init_node(pl_state *s, kf_id x) {
 void pl_state_free(pl_state *s) {
     if (!s) return;
     if (s->gs)
-        for (uint32_t i = 0; i < s->g->nnodes; i++) {
+        for (uint32_t i = 0; i < s->ngs; i++) {
             kf_free(s->gs[i].in);
             kf_free(s->gs[i].out);
         }

@@ -536,6 +536,7 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     s->parent = kf_malloc(nn * sizeof *s->parent);
     s->pos = kf_malloc(nn * sizeof *s->pos);
     s->gs = kf_calloc(nn, sizeof *s->gs);
+    s->ngs = s->gs ? (uint32_t)nn : 0;
     s->stamp = kf_calloc(nn, sizeof *s->stamp);
     s->stack = kf_malloc(nn * sizeof *s->stack);
     s->vstamp = kf_calloc(nv, sizeof *s->vstamp);

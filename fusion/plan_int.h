@@ -37,6 +37,8 @@ struct kf_plan_state {
     kf_id *order;      /* live nodes in topological order */
     uint32_t norder;
     pl_group *gs;      /* by node id; meaningful at roots */
+    uint32_t ngs;      /* slots in gs (the graph's node count when planned:
+                        * the model may grow later, the plan must not care) */
     uint32_t *sc;      /* per value: space class; equal classes are provably
                         * the same shape even when the shape is unknown */
     uint32_t *stamp, stampv;   /* per node: visited marks of one search */

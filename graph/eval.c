@@ -4,6 +4,8 @@
  * shape inference uses), allocates outputs when their shape is static, calls
  * the op's reference kernel and frees intermediates after their last use.
  * It is the oracle for every other backend and the engine of constant folding.
+ * A call of a model-local function (what `kfuse fuse` writes) runs the
+ * function's body the same way, nested calls included.
  */
 #include <stdio.h>
 #include <string.h>
@@ -27,16 +29,6 @@ static const char *unsupported_reason(const kf_node *n) {
         snprintf(buf, sizeof buf, "op %s at opset %lld is not supported (supported %d..%d)",
                  n->op_type, (long long)n->opset, info->ver_lo, info->ver_hi);
         return buf;
-    }
-    return NULL;
-}
-
-const char *kf_eval_unsupported_reason(const kf_model *m) {
-    const kf_graph *g = m->graph;
-    for (kf_id i = 1; i < g->nnodes; i++) {
-        if (g->nodes[i].dead) continue;
-        const char *r = unsupported_reason(&g->nodes[i]);
-        if (r) return r;
     }
     return NULL;
 }
@@ -132,12 +124,141 @@ static kf_status check_input(const kf_graph *g, kf_id v, const kf_tensor *t) {
     return KF_OK;
 }
 
-kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
-                        kf_tensor *outputs, const kf_eval_opts *opts) {
+/* Function calls nested deeper than this are refused: real models nest
+ * two or three levels (a layer calling an activation); a function that
+ * calls itself would otherwise recurse until the stack runs out. */
+#define MAX_CALL_DEPTH 32
+
+/* Why the node, in a graph of m, cannot run (a function call is checked
+ * through its body), or NULL. */
+static const char *node_unsupported(const kf_model *m, const kf_node *n, int depth) {
+    static _Thread_local char buf[600];
+    const kf_function *f = kf_model_function(m, n->domain, n->op_type);
+    if (!f) return unsupported_reason(n);
+    if (depth >= MAX_CALL_DEPTH) {
+        snprintf(buf, sizeof buf, "function calls nested deeper than %d levels (at %s::%s; recursive?)",
+                 MAX_CALL_DEPTH, f->domain, f->name);
+        return buf;
+    }
+    const kf_graph *b = f->body;
+    for (kf_id i = 1; i < b->nnodes; i++) {
+        if (b->nodes[i].dead) continue;
+        const char *r = node_unsupported(m, &b->nodes[i], depth + 1);
+        if (r) {
+            if (r != buf) {
+                char inner[512];
+                snprintf(inner, sizeof inner, "%s", r);
+                snprintf(buf, sizeof buf, "in function %s::%s: %s", f->domain, f->name, inner);
+            }
+            return buf;
+        }
+    }
+    return NULL;
+}
+
+const char *kf_eval_unsupported_reason(const kf_model *m) {
     const kf_graph *g = m->graph;
+    for (kf_id i = 1; i < g->nnodes; i++) {
+        if (g->nodes[i].dead) continue;
+        const char *r = node_unsupported(m, &g->nodes[i], 0);
+        if (r) return r;
+    }
+    return NULL;
+}
+
+/* A node of a function body with every attribute that refers to a caller
+ * attribute (ref_attr_name) replaced by the caller's value under the body
+ * attribute's name, or dropped when the caller does not set it (the op's
+ * default then applies; defaults a FunctionProto declares are not read).
+ * The copy is shallow: *tmp and *attrs are the only allocations, freed by
+ * the caller with kf_free(*attrs). Returns n itself when nothing refers. */
+static kf_status resolve_refs(const kf_node *n, const kf_node *caller, kf_node *tmp, kf_attr **attrs,
+                              const kf_node **out) {
+    *attrs = NULL;
+    *out = n;
+    bool any = false;
+    for (int i = 0; i < n->nattrs; i++) any |= n->attrs[i].ref_attr_name != NULL;
+    if (!any) return KF_OK;
+    if (!caller)
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute '%s' refers to a caller attribute outside a function",
+                       kf_node_label(n), n->op_type, n->attrs[0].name);
+    kf_attr *a = kf_calloc((size_t)n->nattrs + 1, sizeof(kf_attr));
+    if (!a) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    int k = 0;
+    for (int i = 0; i < n->nattrs; i++) {
+        const kf_attr *src = &n->attrs[i];
+        if (src->ref_attr_name) {
+            const kf_attr *c = kf_attr_find(caller, src->ref_attr_name);
+            if (!c) continue;
+            src = c;
+        }
+        a[k] = *src;
+        a[k].name = n->attrs[i].name;
+        a[k].ref_attr_name = NULL;
+        k++;
+    }
+    *tmp = *n;
+    tmp->attrs = a;
+    tmp->nattrs = k;
+    *attrs = a;
+    *out = tmp;
+    return KF_OK;
+}
+
+static kf_status eval_graph(const kf_model *m, const kf_graph *g, const kf_tensor *const *bound,
+                            const kf_node *caller, kf_tensor *outputs, const kf_eval_opts *opts, int depth);
+
+/* Runs node n (of a graph of m) from its input tensors into out[0..nout):
+ * a call of a model-local function runs the function's body, anything else
+ * the op's kernel. caller: the node whose function body holds n (for
+ * ref_attr_name), NULL at the top level. */
+static kf_status eval_call(const kf_model *m, const kf_node *n, const kf_node *caller, const kf_tensor *const *in,
+                           kf_tensor *out, int depth) {
+    kf_node tmp;
+    kf_attr *attrs;
+    const kf_node *rn;
+    KF_TRY(resolve_refs(n, caller, &tmp, &attrs, &rn));
+    kf_status st;
+    const kf_function *f = kf_model_function(m, n->domain, n->op_type);
+    if (!f) {
+        st = kf_eval_node(rn, rn->nin, in, out);
+    } else if (depth >= MAX_CALL_DEPTH) {
+        st = kf_fail(KF_ERR_UNSUPPORTED, "node '%s': function calls nested deeper than %d levels (recursive?)",
+                     kf_node_label(n), MAX_CALL_DEPTH);
+    } else if ((uint32_t)n->nin > f->body->ninputs || (uint32_t)n->nout > f->body->noutputs) {
+        st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' calls %s::%s with %d inputs and %d outputs; it takes %u and %u",
+                     kf_node_label(n), f->domain, f->name, n->nin, n->nout, f->body->ninputs, f->body->noutputs);
+    } else {
+        const kf_graph *b = f->body;
+        const kf_tensor **bound = kf_calloc(b->ninputs + 1, sizeof(kf_tensor *));
+        kf_tensor *res = kf_calloc(b->noutputs + 1, sizeof(kf_tensor));
+        if (!bound || !res) {
+            st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        } else {
+            for (int i = 0; i < n->nin; i++) bound[i] = in[i]; /* missing trailing inputs stay absent */
+            st = eval_graph(m, b, bound, rn, res, NULL, depth + 1);
+            if (st) kf_fail_context(st, "node '%s' (%s::%s)", kf_node_label(n), f->domain, f->name);
+            for (int j = 0; j < n->nout; j++) {
+                kf_tensor_release(&out[j]);
+                if (!st) kf_tensor_move(&out[j], &res[j]);
+            }
+            for (uint32_t j = 0; j < b->noutputs; j++) kf_tensor_release(&res[j]);
+        }
+        kf_free(bound);
+        kf_free(res);
+    }
+    kf_free(attrs);
+    return st;
+}
+
+/* Runs graph g of m. bound[i]: the tensor for g->inputs[i], NULL where the
+ * caller gives none (an initializer then supplies it, or, in a function
+ * body, the input is absent). outputs receives g->noutputs tensors. */
+static kf_status eval_graph(const kf_model *m, const kf_graph *g, const kf_tensor *const *bound,
+                            const kf_node *caller, kf_tensor *outputs, const kf_eval_opts *opts, int depth) {
     kf_status st = KF_OK;
-    kf_id *order = NULL, *real = NULL;
-    uint32_t norder = 0, nreal = 0;
+    kf_id *order = NULL;
+    uint32_t norder = 0;
     kf_tensor *vals = NULL;       /* one slot per value id */
     uint32_t *remaining = NULL;   /* uses left before a value can be freed */
     const kf_tensor **inp = NULL;
@@ -145,11 +266,6 @@ kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
     uint32_t maxio = 1;
 
     if ((st = kf_graph_topo(g, &order, &norder))) return st;
-    if ((st = kf_graph_real_inputs(g, &real, &nreal))) goto done;
-    if ((uint32_t)ninputs != nreal) {
-        st = kf_fail(KF_ERR_INVALID_ARG, "model has %u inputs, %d were given", nreal, ninputs);
-        goto done;
-    }
     vals = kf_calloc(g->nvalues, sizeof(kf_tensor));
     remaining = kf_calloc(g->nvalues, sizeof(uint32_t));
     if (!vals || !remaining) {
@@ -160,7 +276,7 @@ kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
         const kf_node *n = &g->nodes[order[k]];
         if (n->nin > (int)maxio) maxio = (uint32_t)n->nin;
         if (n->nout > (int)maxio) maxio = (uint32_t)n->nout;
-        const char *why = unsupported_reason(n);
+        const char *why = node_unsupported(m, n, depth);
         if (why) {
             st = kf_fail(KF_ERR_UNSUPPORTED, "node '%s': %s", kf_node_label(n), why);
             goto done;
@@ -174,10 +290,8 @@ kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
         st = kf_fail(KF_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (uint32_t i = 0; i < nreal; i++) {
-        if ((st = check_input(g, real[i], &inputs[i]))) goto done;
-        if ((st = kf_tensor_copy(&vals[real[i]], &inputs[i]))) goto done;
-    }
+    for (uint32_t i = 0; i < g->ninputs; i++)
+        if (bound[i] && (st = kf_tensor_copy(&vals[g->inputs[i]], bound[i]))) goto done;
     for (uint32_t k = 0; k < norder; k++) {
         const kf_node *n = &g->nodes[order[k]];
         for (int i = 0; i < n->nin; i++) {
@@ -187,13 +301,14 @@ kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
             const kf_value *val = &g->values[v];
             if (vals[v].data || vals[v].dtype) inp[i] = &vals[v];
             else if (val->init) inp[i] = val->init;
+            else if (caller && val->is_input) continue; /* optional function input the call omits */
             else {
                 st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): input '%s' has no value",
                              kf_node_label(n), n->op_type, val->name);
                 goto done;
             }
         }
-        if ((st = kf_eval_node(n, n->nin, inp, outs))) goto done;
+        if ((st = eval_call(m, n, caller, inp, outs, depth))) goto done;
         for (int j = 0; j < n->nout; j++) {
             if (n->out[j]) kf_tensor_move(&vals[n->out[j]], &outs[j]);
             else kf_tensor_release(&outs[j]);
@@ -214,7 +329,8 @@ kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
         kf_id v = g->outputs[o];
         const kf_tensor *src = (vals[v].data || vals[v].dtype) ? &vals[v] : g->values[v].init;
         if (!src) {
-            st = kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is never computed", g->values[v].name);
+            st = kf_fail(KF_ERR_BAD_MODEL, "%s output '%s' is never computed", caller ? "function" : "graph",
+                         g->values[v].name);
             goto done;
         }
         if ((st = kf_tensor_copy(&outputs[o], src))) goto done;
@@ -229,6 +345,34 @@ done:
     kf_free(inp);
     kf_free(outs);
     kf_free(order);
+    return st;
+}
+
+kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
+                        kf_tensor *outputs, const kf_eval_opts *opts) {
+    const kf_graph *g = m->graph;
+    kf_id *real = NULL;
+    uint32_t nreal = 0;
+    KF_TRY(kf_graph_real_inputs(g, &real, &nreal));
+    kf_status st = KF_OK;
+    const kf_tensor **bound = NULL;
+    if ((uint32_t)ninputs != nreal) {
+        st = kf_fail(KF_ERR_INVALID_ARG, "model has %u inputs, %d were given", nreal, ninputs);
+        goto done;
+    }
+    if (!(bound = kf_calloc(g->ninputs + 1, sizeof(kf_tensor *)))) {
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* real inputs are the graph inputs without initializer, in order */
+    for (uint32_t i = 0, r = 0; i < g->ninputs; i++) {
+        if (g->values[g->inputs[i]].init) continue;
+        if ((st = check_input(g, real[r], &inputs[r]))) goto done;
+        bound[i] = &inputs[r++];
+    }
+    st = eval_graph(m, g, bound, NULL, outputs, opts, 0);
+done:
+    kf_free(bound);
     kf_free(real);
     return st;
 }

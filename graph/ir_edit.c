@@ -166,3 +166,20 @@ bool kf_value_is_constant(const kf_model *m, kf_id v) {
     if (!val->init) return false;
     return !(val->is_input && m->ir_version >= 4);
 }
+
+kf_status kf_graph_bind_sym(kf_graph *g, const char *name, int64_t value) {
+    uint32_t sym = 0;
+    for (uint32_t i = 1; i < g->nsyms; i++)
+        if (!strcmp(g->syms[i], name)) sym = i;
+    if (!sym) return kf_fail(KF_ERR_INVALID_ARG, "the model has no symbolic dimension named '%s'", name);
+    if (value < 0) return kf_fail(KF_ERR_INVALID_ARG, "dimension '%s' cannot be %lld", name, (long long)value);
+    for (kf_id v = 1; v < g->nvalues; v++) {
+        kf_type *t = &g->values[v].type;
+        for (int d = 0; d < t->rank; d++)
+            if (t->dims[d] < 0 && t->syms[d] == sym) {
+                t->dims[d] = value;
+                t->syms[d] = 0;
+            }
+    }
+    return KF_OK;
+}

@@ -198,6 +198,10 @@ kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_
  * *removed (may be NULL) gets how many. Initializers nobody uses are not
  * written on export. */
 kf_status kf_graph_dce(kf_graph *g, uint32_t *removed);
+/* Fixes the symbolic dim `name` to `value` in every value's type (graph
+ * inputs included), so shapes and cost figures become static.
+ * KF_ERR_INVALID_ARG when the graph has no such symbol or value < 0. */
+kf_status kf_graph_bind_sym(kf_graph *g, const char *name, int64_t value);
 /* Live node count. */
 uint32_t kf_graph_live_nodes(const kf_graph *g);
 

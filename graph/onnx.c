@@ -79,52 +79,59 @@ static bool read_varint(const uint8_t *p, size_t len, size_t *pos, uint64_t *v) 
     return false;
 }
 
-/* Returns the nesting depth of buffer p as a message: -1 when it is not
- * valid wire format, else 1 + the deepest length-delimited field that itself
- * parses as a message (strings and blobs that happen to parse count too, so
- * the bound is conservative). Stops descending past `limit`. Work is
- * O(len * limit). */
-static int wire_depth(const uint8_t *p, size_t len, int limit) {
+/* Walks serialized message p with its descriptor before protobuf-c sees
+ * it: every key names a field number > 0 (protobuf-c keeps field 0 as an
+ * unknown field it cannot write back), known message fields are checked
+ * recursively, unknown fields are skipped, groups are refused, and nesting
+ * stops at KF_MAX_PROTO_DEPTH (protobuf-c's unpacker recurses without a
+ * limit). Returns 0, or 1 for malformed input, 2 for too deep. Linear in
+ * len: every byte is looked at once per nesting level it sits in. */
+static int check_msg(const ProtobufCMessageDescriptor *d, const uint8_t *p, size_t len, int depth) {
+    if (depth > KF_MAX_PROTO_DEPTH) return 2;
     size_t pos = 0;
-    int deepest = 0;
     while (pos < len) {
         uint64_t key, v;
-        if (!read_varint(p, len, &pos, &key)) return -1;
-        if ((key >> 3) == 0) return -1;
+        if (!read_varint(p, len, &pos, &key)) return 1;
+        uint64_t num = key >> 3;
+        if (num == 0 || num > 536870911u) return 1;
         switch (key & 7) {
         case 0:
-            if (!read_varint(p, len, &pos, &v)) return -1;
+            if (!read_varint(p, len, &pos, &v)) return 1;
             break;
         case 1:
-            if (len - pos < 8) return -1;
+            if (len - pos < 8) return 1;
             pos += 8;
             break;
         case 5:
-            if (len - pos < 4) return -1;
+            if (len - pos < 4) return 1;
             pos += 4;
             break;
         case 2: {
-            if (!read_varint(p, len, &pos, &v) || v > len - pos) return -1;
-            if (limit > 0 && v > 0) {
-                int d = wire_depth(p + pos, (size_t)v, limit - 1);
-                if (d > deepest) deepest = d;
+            if (!read_varint(p, len, &pos, &v) || v > len - pos) return 1;
+            const ProtobufCFieldDescriptor *f = d ? protobuf_c_message_descriptor_get_field(d, (unsigned)num) : NULL;
+            if (f && f->type == PROTOBUF_C_TYPE_MESSAGE) {
+                int r = check_msg(f->descriptor, p + pos, (size_t)v, depth + 1);
+                if (r) return r;
             }
             pos += (size_t)v;
             break;
         }
-        default: return -1; /* groups (3, 4) are not used by onnx.proto */
+        default: return 1; /* groups (3, 4) and reserved wire types */
         }
-        if (deepest > limit) break;
     }
-    return deepest + 1;
+    return 0;
+}
+
+static kf_status check_proto(const ProtobufCMessageDescriptor *d, const uint8_t *data, size_t len,
+                             const char *what) {
+    int r = check_msg(d, data, len, 1);
+    if (r == 1) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid protobuf message (truncated or garbage bytes)", what);
+    if (r == 2) return kf_fail(KF_ERR_BAD_MODEL, "%s: messages nested deeper than %d levels", what, KF_MAX_PROTO_DEPTH);
+    return KF_OK;
 }
 
 kf_status kf_proto_check_depth(const uint8_t *data, size_t len, const char *what) {
-    int d = wire_depth(data, len, KF_MAX_PROTO_DEPTH + 1);
-    if (d < 0) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid protobuf message (truncated or garbage bytes)", what);
-    if (d > KF_MAX_PROTO_DEPTH)
-        return kf_fail(KF_ERR_BAD_MODEL, "%s: messages nested deeper than %d levels", what, KF_MAX_PROTO_DEPTH);
-    return KF_OK;
+    return check_proto(&onnx__model_proto__descriptor, data, len, what);
 }
 
 /* ---- import: tensors ------------------------------------------------------ */
@@ -934,7 +941,7 @@ kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name) 
     size_t len;
     if (name) *name = NULL;
     KF_TRY(kf_read_file(path, &data, &len));
-    kf_status st = kf_proto_check_depth(data, len, path);
+    kf_status st = check_proto(&onnx__tensor_proto__descriptor, data, len, path);
     if (st) {
         kf_free(data);
         return st;

@@ -408,7 +408,7 @@ PAR_FN(par_gelu) {
 }
 PAR_FN(par_is_inf) {
     (void)nin, (void)in;
-    int pos, neg;
+    int pos = 0, neg = 0;
     KF_TRY(attr_flag(n, "detect_positive", 1, &pos));
     KF_TRY(attr_flag(n, "detect_negative", 1, &neg));
     p->mode = pos | neg << 1;
@@ -589,7 +589,7 @@ static kf_status align_second(const kf_node *n, const ew_desc *d, int rank0, con
     for (int k = 0; k < *rank1; k++)
         if (dims1[k] != 1) scalar = false;
     if ((d->flags & EW_LEGACY) && ver < 7) {
-        int64_t bc, axis;
+        int64_t bc = 0, axis = 0;
         KF_TRY(attr_i(n, "broadcast", 0, &bc));
         *unidir = true;
         if (!bc) {

@@ -433,7 +433,7 @@ kf_status kf_index_eval_one_hot(const kf_node *n, int nin, const kf_tensor *cons
     if (values->numel != 2)
         return nfail(n, KF_ERR_SHAPE, "values must hold two elements [off, on], not %lld",
                      (long long)values->numel);
-    int64_t depth;
+    int64_t depth = 0;
     KF_TRY(read_depth(n, in[1], &depth));
     int r = ix->rank + 1, axis;
     if (r > KF_MAX_RANK) return nfail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
@@ -563,7 +563,7 @@ kf_status kf_index_eval_compress(const kf_node *n, int nin, const kf_tensor *con
     (void)nin;
     (void)nout;
     const kf_tensor *x = in[0], *cond = in[1];
-    int64_t outer = 1, dim = x->numel, inner = 1, count, dims[KF_MAX_RANK];
+    int64_t outer = 1, dim = x->numel, inner = 1, count = 0, dims[KF_MAX_RANK];
     int rank = 1;
     if (kf_attr_find(n, "axis")) {
         int axis;

@@ -62,7 +62,7 @@ kf_status kf_red_shape_layer_norm(const kf_node *n, int nin, const kf_type *cons
     (void)val;
     if (nout < 1 || nin < 1 || !in[0]) return KF_OK;
     out[0] = *in[0];
-    kf_dtype st;
+    kf_dtype st = KF_DT_FLOAT;
     KF_TRY(stash_dtype(n, &st));
     int axis = 0;
     if (in[0]->rank >= 0) KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", -1), in[0]->rank, &axis));
@@ -84,7 +84,7 @@ kf_status kf_red_eval_layer_norm(const kf_node *n, int nin, const kf_tensor *con
     KF_TRY(red_check_float(n, x, 0));
     KF_TRY(red_check_float(n, scale, 1));
     if (bias) KF_TRY(red_check_float(n, bias, 2));
-    kf_dtype st;
+    kf_dtype st = KF_DT_FLOAT;
     KF_TRY(stash_dtype(n, &st));
     /* the spec sets no bound on epsilon: it is added to the variance exactly
      * as the decomposed form that rewrites recognise adds it */
@@ -136,7 +136,7 @@ kf_status kf_red_eval_rms_norm(const kf_node *n, int nin, const kf_tensor *const
     const kf_tensor *x = in[0], *scale = in[1];
     KF_TRY(red_check_float(n, x, 0));
     KF_TRY(red_check_float(n, scale, 1));
-    kf_dtype st;
+    kf_dtype st = KF_DT_FLOAT;
     KF_TRY(stash_dtype(n, &st));
     double eps = kf_attr_f(n, "epsilon", 1e-5f);
     if (x->rank < 1)
@@ -221,7 +221,7 @@ kf_status kf_red_eval_group_norm(const kf_node *n, int nin, const kf_tensor *con
         return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): missing integer attribute num_groups", kf_node_label(n),
                        n->op_type);
     if (red_opset(n) >= 21) {
-        kf_dtype st;
+        kf_dtype st = KF_DT_FLOAT;
         KF_TRY(stash_dtype(n, &st));
     }
     return group_norm(n, in, out, g->i, red_opset(n) < 21);

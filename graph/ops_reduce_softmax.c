@@ -137,7 +137,7 @@ kf_status kf_red_shape_loss(const kf_node *n, int nin, const kf_type *const *in,
  * with y_dtype. */
 static kf_status nll(const kf_node *n, const kf_tensor *lp, const kf_tensor *target, const kf_tensor *weight,
                      kf_dtype y_dtype, kf_tensor *y) {
-    reduction red;
+    reduction red = RED_NONE;
     KF_TRY(loss_reduction(n, &red));
     KF_TRY(kf_check_dtype(n, target, 1, KF_DT_INT32, KF_DT_INT64, KF_DT_UNDEFINED));
     if (lp->rank < 2)

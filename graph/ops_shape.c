@@ -639,7 +639,7 @@ kf_status kf_layout_concat_shape(const kf_node *n, int nin, const kf_type *const
                                  const kf_tensor *const *val, int nout, kf_type *out) {
     (void)val;
     (void)nout;
-    int64_t axis;
+    int64_t axis = 0;
     KF_TRY(concat_axis(n, &axis));
     kf_type *fixed = NULL;
     const kf_type **inp = kf_calloc((size_t)nin + 1, sizeof *inp);
@@ -720,7 +720,7 @@ static kf_status concat_shape(const kf_node *n, int nin, const kf_type *const *i
 kf_status kf_layout_concat_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout,
                                 kf_tensor *out) {
     KF_TRY(kf_layout_prepare(n, nin, in, nout, out, kf_layout_concat_shape));
-    int64_t axis;
+    int64_t axis = 0;
     KF_TRY(concat_axis(n, &axis));
     int a = 0;
     KF_TRY(norm_axis(n, axis, out[0].rank, false, &a));

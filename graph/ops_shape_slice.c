@@ -321,7 +321,7 @@ static kf_status block_shape(const kf_node *n, int nin, const kf_type *const *in
                              bool to_depth) {
     if (nin < 1 || !in[0]) return KF_OK;
     const kf_type *x = in[0];
-    int64_t bs;
+    int64_t bs = 0;
     KF_TRY(block_size(n, &bs));
     if (!to_depth) {
         bool crd;
@@ -380,7 +380,7 @@ kf_status kf_layout_spacetodepth_eval(const kf_node *n, int nin, const kf_tensor
                                       int nout, kf_tensor *out) {
     KF_TRY(kf_layout_prepare(n, nin, in, nout, out, kf_layout_spacetodepth_shape));
     const kf_tensor *x = in[0];
-    int64_t bs;
+    int64_t bs = 0;
     KF_TRY(block_size(n, &bs));
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
     kf_layout_view v = {.rank = 6};
@@ -398,7 +398,7 @@ kf_status kf_layout_depthtospace_eval(const kf_node *n, int nin, const kf_tensor
                                       int nout, kf_tensor *out) {
     KF_TRY(kf_layout_prepare(n, nin, in, nout, out, kf_layout_depthtospace_shape));
     const kf_tensor *x = in[0];
-    int64_t bs;
+    int64_t bs = 0;
     bool crd;
     KF_TRY(block_size(n, &bs));
     KF_TRY(d2s_crd(n, &crd));

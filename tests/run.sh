@@ -36,7 +36,7 @@ conform() { # kfuse binary
 
 "$root/tools/setup-deps.sh" || { echo "dependency setup failed"; exit 1; }
 
-stage "build" build "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo
+stage "build" build "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_TESTS=ON
 exported_symbols() { # the shared library exports the public API and nothing else
   local extra; extra=$(nm -D --defined-only "$root/build/libkfuse.so" | awk '{print $3}' | grep -v '^kf_' | grep -v '^_')
   [ -z "$extra" ] || { echo "libkfuse.so exports non-API symbols:"; echo "$extra" | head; return 1; }
@@ -45,7 +45,7 @@ exported_symbols() { # the shared library exports the public API and nothing els
 stage "exported symbols" exported_symbols
 stage "unit tests" "$root/build/tests/kfuse_tests" --jobs "$jobs"
 stage "conformance (ref)" conform "$root/build/tools/kfuse"
-stage "build (asan+ubsan)" build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKF_SANITIZE=ON
+stage "build (asan+ubsan)" build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKF_SANITIZE=ON -DKF_TESTS=ON
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
 stage "unit tests (asan+ubsan)" "$root/build-asan/tests/kfuse_tests" --jobs "$jobs"

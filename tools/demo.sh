@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
 # The main job on the bundled example model: set up, build, describe the
-# model and run it on the reference evaluator.
+# model, rewrite it, plan its kernel groups, and run the original and the
+# fused file on the reference evaluator with the same inputs.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 "$root/tools/setup-deps.sh"
-cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=Release -DKF_TESTS=OFF >/dev/null
+cmake -S "$root" -B "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo >/dev/null
 cmake --build "$root/build" -j"$(nproc)" >/dev/null
+kfuse="$root/build/tools/kfuse"
 model="$root/bench/models/tiny_cnn.onnx"
-"$root/build/tools/kfuse" info "$model"
-"$root/build/tools/kfuse" run "$model" --backend ref --seed 1
+out=$(mktemp -d)
+echo "== kfuse info"; "$kfuse" info "$model"
+echo; echo "== kfuse opt"; "$kfuse" opt "$model" -o "$out/opt.onnx"
+echo; echo "== kfuse fuse"; "$kfuse" fuse "$model" -o "$out/fused.onnx" --report
+echo; echo "== original on the reference evaluator"; "$kfuse" run "$model" --seed 1 --dim N=2
+echo; echo "== fused file on the reference evaluator (same inputs)"; "$kfuse" run "$out/fused.onnx" --seed 1 --dim N=2
+rm -rf "$out"

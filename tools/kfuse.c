@@ -35,6 +35,8 @@ static void usage(FILE *f) {
             "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
             "                 [--report] [--json]\n"
             "                                  rewrite to a smaller standard ONNX\n"
+            "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]\n"
+            "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
             "  patterns check F.kfp... [--builtin] [--seed N]\n"
             "                                  verify rewrite rules numerically\n"
             "exit codes: 0 ok, 1 check failed, 2 usage, 3 bad input\n");
@@ -799,6 +801,8 @@ static int cmd_patterns(int argc, char **argv) {
     return res.failed ? EXIT_CHECK : EXIT_OK;
 }
 
+int kfuse_cmd_fuse(int argc, char **argv); /* cmd_fuse.c */
+
 int main(int argc, char **argv) {
     if (argc < 2) {
         usage(stderr);
@@ -809,6 +813,7 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "run")) return cmd_run(argc - 2, argv + 2);
     if (!strcmp(verb, "conform")) return cmd_conform(argc - 2, argv + 2);
     if (!strcmp(verb, "opt")) return cmd_opt(argc - 2, argv + 2);
+    if (!strcmp(verb, "fuse")) return kfuse_cmd_fuse(argc - 2, argv + 2);
     if (!strcmp(verb, "patterns")) return cmd_patterns(argc - 2, argv + 2);
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);

@@ -1,0 +1,128 @@
+/*
+ * cmd_fuse.c: the `kfuse fuse` verb. Loads a model, runs the optimizer
+ * (`kfuse opt`'s rewrites) unless --no-opt, plans fusion, writes the groups
+ * as ai.kfuse model-local functions into OUT.onnx, and prints the plan as a
+ * summary line, --json, --report and --dot. Graph logic lives in the library
+ * (fusion/fuse_export.c); this file parses arguments and prints.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kf_fuse.h"
+#include "kf_onnx.h"
+#include "kf_opt.h"
+
+int kfuse_cmd_fuse(int argc, char **argv);
+
+enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
+
+static void fuse_usage(FILE *f) {
+    fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]...\n"
+               "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
+               "  --report  table of groups and boundary reasons (stderr with --json)\n"
+               "  --json    one JSON object on stdout\n"
+               "  --dot F   Graphviz picture, one cluster per group (F.svg too when dot is installed)\n"
+               "  --no-opt  plan the model as loaded, without kfuse opt's rewrites\n");
+}
+
+static int fail(kf_status st) {
+    fprintf(stderr, "kfuse: %s: %s\n", kf_status_name(st), kf_last_error());
+    return EXIT_INPUT;
+}
+
+/* The plan of m, from the planner (KFUSE_DISABLE_FUSION, KFUSE_FUEL and
+ * KFUSE_TRACE apply through its defaults), as a copy that does not read the
+ * model once kf_fuse_apply has changed it (see kf_fuse_plan_copy). */
+static kf_status make_plan(kf_model *m, kf_plan **p) {
+    kf_plan_options o;
+    kf_plan_options_default(&o);
+    kf_plan *built;
+    KF_TRY(kf_plan_build(m, &o, &built));
+    kf_status st = kf_fuse_plan_copy(m, built, p);
+    kf_plan_free(built);
+    return st;
+}
+static void free_plan(kf_plan *p) { kf_fuse_simple_plan_free(p); }
+
+int kfuse_cmd_fuse(int argc, char **argv) {
+    const char *model = NULL, *out = NULL, *dot = NULL;
+    bool report = false, json = false, opt = true;
+    const char *dims[32];
+    int ndims = 0;
+    for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc && ndims < 32 && strchr(argv[i + 1], '=')) dims[ndims++] = argv[++i];
+        else if (!strcmp(argv[i], "--dot") && i + 1 < argc) dot = argv[++i];
+        else if (!strcmp(argv[i], "--report")) report = true;
+        else if (!strcmp(argv[i], "--json")) json = true;
+        else if (!strcmp(argv[i], "--no-opt")) opt = false;
+        else if (argv[i][0] != '-' && !model) model = argv[i];
+        else {
+            fuse_usage(stderr);
+            return EXIT_USAGE;
+        }
+    }
+    if (!model || !out) {
+        fuse_usage(stderr);
+        return EXIT_USAGE;
+    }
+    kf_model *m;
+    kf_status st = kf_model_load(model, &m);
+    if (st) return fail(st);
+    for (int i = 0; i < ndims && !st; i++) { /* NAME=N: fix a symbolic dimension */
+        char name[256];
+        const char *eq = strchr(dims[i], '=');
+        snprintf(name, sizeof name, "%.*s", (int)(eq - dims[i]), dims[i]);
+        st = kf_graph_bind_sym(m->graph, name, strtoll(eq + 1, NULL, 10));
+    }
+    if (st) {
+        kf_model_free(m);
+        return fail(st);
+    }
+    kf_fuse_summary sum = {0};
+    sum.nodes_before = kf_graph_live_nodes(m->graph);
+    if (opt) {
+        kf_opt_options o;
+        kf_opt_options_default(&o);
+        kf_opt_result res;
+        st = kf_optimize(m, &o, &res);
+        kf_rules_free(&res.rules);
+    } else {
+        st = kf_infer_shapes(m); /* the cost model reads shapes */
+    }
+    if (st) {
+        kf_model_free(m);
+        return fail(st);
+    }
+    sum.nodes_after = kf_graph_live_nodes(m->graph);
+    kf_plan *p = NULL;
+    if ((st = make_plan(m, &p))) {
+        kf_model_free(m);
+        return fail(st);
+    }
+    bool svg = false;
+    if (dot) st = kf_fuse_write_dot(dot, m, p, &svg);
+    kf_fuse_stats fs = {0};
+    if (!st) st = kf_fuse_apply(m, p, &fs);
+    if (!st) st = kf_model_save(m, out);
+    if (st) {
+        free_plan(p);
+        kf_model_free(m);
+        return fail(st);
+    }
+    sum.functions = fs.functions;
+    if (json) {
+        kf_fuse_write_json(stdout, m, p, &sum);
+    } else {
+        printf("%s: %u nodes -> %u after opt -> %u kernel groups, %u launches; %u functions (ai.kfuse), %u nodes "
+               "in %s\n",
+               model, sum.nodes_before, sum.nodes_after, p->ngroups, p->launches, fs.functions, fs.nodes_after, out);
+        if (dot && svg) printf("picture: %s and %s.svg\n", dot, dot);
+        else if (dot) printf("picture: %s (no svg: dot is not installed)\n", dot);
+    }
+    if (report) kf_fuse_write_report(json ? stderr : stdout, m, p);
+    free_plan(p);
+    kf_model_free(m);
+    return EXIT_OK;
+}
