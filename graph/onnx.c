@@ -226,7 +226,11 @@ static kf_status read_external(FILE *f, const char *tname, void *dst, size_t nby
     return KF_OK;
 }
 
-static kf_status tensor_from_proto(const Onnx__TensorProto *tp, const char *dir, kf_tensor *t) {
+/* Converts tp into t. With steal, raw tensor bytes are taken over from tp
+ * (protobuf-c allocated them with malloc, as kfuse's allocator does) and
+ * tp is left without them: loading a model then copies its weights once
+ * (file -> protobuf-c) instead of twice. */
+static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_tensor *t, bool steal) {
     const char *tname = tp->name ? tp->name : "";
     int dt = tp->data_type;
     if (!kf_dtype_valid(dt)) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': unknown data type %d", tname, dt);
@@ -269,6 +273,17 @@ static kf_status tensor_from_proto(const Onnx__TensorProto *tp, const char *dir,
         if (have != (size_t)n)
             return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %lld", tname, field, have,
                            (long long)n);
+    }
+    if (raw && steal && nbytes && tp->raw_data.data) { /* little-endian host assumed, as ONNX stores */
+        kf_tensor_release(t);
+        t->dtype = (kf_dtype)dt;
+        t->rank = (int)tp->n_dims;
+        for (int i = 0; i < t->rank; i++) t->dims[i] = dims[i];
+        t->numel = n;
+        t->data = tp->raw_data.data;
+        tp->raw_data.data = NULL;
+        tp->raw_data.len = 0;
+        return KF_OK;
     }
     FILE *f = NULL;
     if (external) KF_TRY(open_external_data(tp, dir, tname, nbytes, &f));
@@ -470,7 +485,7 @@ static kf_status attr_from_proto(const Onnx__AttributeProto *ap, size_t index, c
             goto fail;
         }
         if (!(a->t = kf_tensor_new())) goto nomem;
-        if ((st = tensor_from_proto(ap->t, dir, a->t))) {
+        if ((st = tensor_from_proto(ap->t, dir, a->t, false))) {
             kf_fail_context(st, "node '%s' attribute '%s'", nname, aname);
             goto fail;
         }
@@ -614,13 +629,14 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
     if ((gp->name && !(g->name = kf_strdup(gp->name))) || (gp->doc_string && !(g->doc = kf_strdup(gp->doc_string))))
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < gp->n_initializer; i++) {
-        const Onnx__TensorProto *tp = gp->initializer[i];
+        /* the IR takes the weight bytes over; drop_imported_bulk frees the rest */
+        Onnx__TensorProto *tp = gp->initializer[i];
         if (!tp->name || !tp->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "initializer %zu has no name", i);
         kf_id v;
         KF_TRY(kf_graph_add_value(g, tp->name, &v));
         kf_tensor *t = kf_tensor_new();
         if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        kf_status st = tensor_from_proto(tp, dir, t);
+        kf_status st = tensor_from_proto(tp, dir, t, true);
         if (st) {
             kf_tensor_free(t);
             return st;
@@ -950,7 +966,7 @@ kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name) 
     kf_free(data);
     if (!tp) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid TensorProto", path);
     char *dir = dir_of(path);
-    st = tensor_from_proto(tp, dir, t);
+    st = tensor_from_proto(tp, dir, t, true);
     kf_free(dir);
     if (!st && name && tp->name && !(*name = kf_strdup(tp->name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     onnx__tensor_proto__free_unpacked(tp, NULL);
@@ -1235,8 +1251,29 @@ static Onnx__FunctionProto *function_to_proto(arena *a, const kf_function *f, On
     return fp;
 }
 
+/* Streams packed bytes into a FILE (stdio buffers them), so saving a model
+ * never holds a second copy of its weights in memory. */
+typedef struct file_sink {
+    ProtobufCBuffer base;
+    FILE *f;
+    bool failed;
+} file_sink;
+
+static void sink_append(ProtobufCBuffer *b, size_t len, const uint8_t *data) {
+    file_sink *s = (file_sink *)b;
+    if (!s->failed && len && fwrite(data, 1, len, s->f) != len) s->failed = true;
+}
+
+/* Builds the ModelProto of m and packs it either into a malloc'ed buffer
+ * (*data, *len) or, when sink is given, into that file. */
+static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size_t *len);
+
 kf_status kf_model_save_memory(const kf_model *m, void **data, size_t *len) {
     if (!m || !data || !len) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_save_memory: NULL argument");
+    return save_impl(m, NULL, data, len);
+}
+
+static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size_t *len) {
     const kf_graph *g = m->graph;
     const Onnx__ModelProto *orig = m->proto;
     arena a = {0};
@@ -1311,6 +1348,10 @@ kf_status kf_model_save_memory(const kf_model *m, void **data, size_t *len) {
         st = kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");
         goto done;
     }
+    if (sink) {
+        onnx__model_proto__pack_to_buffer(&mp, &sink->base);
+        goto done;
+    }
     size_t n = onnx__model_proto__get_packed_size(&mp);
     uint8_t *buf = malloc(n ? n : 1);
     if (!buf) {
@@ -1335,12 +1376,28 @@ static kf_status write_file(const char *path, const void *data, size_t len) {
     return KF_OK;
 }
 
+/* Writes to a temporary file beside path and renames it into place, so a
+ * failed save (disk full, interrupted) never leaves a truncated model where
+ * a good one was, even when path is the file the model came from. */
 kf_status kf_model_save(const kf_model *m, const char *path) {
-    void *data;
-    size_t len;
-    KF_TRY(kf_model_save_memory(m, &data, &len));
-    kf_status st = write_file(path, data, len);
-    free(data);
+    if (!m || !path) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_save: NULL argument");
+    size_t plen = strlen(path) + 32;
+    char *tmp = kf_malloc(plen);
+    if (!tmp) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    snprintf(tmp, plen, "%s.tmp%ld", path, (long)getpid());
+    FILE *f = fopen(tmp, "wb");
+    if (!f) {
+        kf_status e = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+        kf_free(tmp);
+        return e;
+    }
+    file_sink sink = {{sink_append}, f, false};
+    kf_status st = save_impl(m, &sink, NULL, NULL);
+    bool closed = fclose(f) == 0;
+    if (!st && (sink.failed || !closed)) st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    if (!st && rename(tmp, path) != 0) st = kf_fail(KF_ERR_IO, "cannot move the new model into '%s': %s", path, strerror(errno));
+    if (st) remove(tmp);
+    kf_free(tmp);
     return st;
 }
 

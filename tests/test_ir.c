@@ -2,7 +2,10 @@
  * order (stable for sorted graphs, cycles reported by node) and the
  * declared-vs-inferred type merge of shape inference. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "kf_onnx.h"
 #include "test_util.h"
@@ -95,4 +98,35 @@ Test(ir, model_save_load_keeps_symbolic_dims_and_types) {
     cr_assert(kf_model_equal(m, m2, why, sizeof why), "%s", why);
     kf_model_free(m);
     kf_model_free(m2);
+}
+
+Test(ir, save_goes_through_a_temporary_file_and_reports_io_errors) {
+    kf_model *m;
+    cr_assert_eq(kf_model_load(KF_SOURCE_DIR "/bench/models/tiny_cnn.onnx", &m), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_model_save(m, "/nonexistent-kfuse-dir/x.onnx"), KF_ERR_IO);
+    cr_assert(strstr(kf_last_error(), "/nonexistent-kfuse-dir/x.onnx"), "%s", kf_last_error());
+    char path[] = "/tmp/kfuse_save_XXXXXX";
+    int fd = mkstemp(path);
+    cr_assert_geq(fd, 0);
+    close(fd);
+    cr_assert_eq(kf_model_save(m, path), KF_OK, "%s", kf_last_error());
+    kf_model *back;
+    cr_assert_eq(kf_model_load(path, &back), KF_OK, "%s", kf_last_error());
+    char why[256];
+    cr_assert(kf_model_equal(m, back, why, sizeof why), "%s", why);
+    /* the streamed file equals the in-memory serialisation byte for byte */
+    void *buf;
+    size_t len;
+    cr_assert_eq(kf_model_save_memory(m, &buf, &len), KF_OK);
+    FILE *f = fopen(path, "rb");
+    cr_assert_not_null(f);
+    char *disk = malloc(len + 1);
+    cr_assert_eq(fread(disk, 1, len + 1, f), len);
+    fclose(f);
+    cr_assert_eq(memcmp(disk, buf, len), 0);
+    free(disk);
+    free(buf);
+    remove(path);
+    kf_model_free(back);
+    kf_model_free(m);
 }
