@@ -16,14 +16,13 @@
 static int64_t opset_of(const kf_node *n) { return n->opset ? n->opset : INT64_MAX; }
 
 /* An initializer no caller can override through a graph input. */
-static const kf_tensor *fixed(const kf_graph *g, kf_id v) {
-    if (!v || g->values[v].is_input) return NULL;
-    return g->values[v].init;
+static const kf_tensor *fixed(const kf_model *m, kf_id v) {
+    return v && kf_value_is_constant(m, v) ? m->graph->values[v].init : NULL;
 }
 
-static bool params_fixed(const kf_graph *g, const kf_node *n) {
+static bool params_fixed(const kf_model *m, const kf_node *n) {
     for (int i = 1; i < n->nin; i++)
-        if (n->in[i] && g->values[n->in[i]].is_input) return false;
+        if (n->in[i] && m->graph->values[n->in[i]].init && !kf_value_is_constant(m, n->in[i])) return false;
     return true;
 }
 
@@ -80,7 +79,7 @@ static bool is_reshaping(kf_op op) {
 /* A Reshape whose target shape is a constant free of 0 (or with allowzero)
  * depends on its input only through the element count, which every
  * reshaping op keeps: it may read the chain's input directly. */
-static bool reshape_reads_count_only(const kf_graph *g, const kf_node *n) {
+static bool reshape_reads_count_only(const kf_model *m, const kf_node *n) {
     if (n->op != KF_OP_RESHAPE) return false;
     bool allowzero = opset_of(n) >= 14 && kf_attr_i(n, "allowzero", 0) != 0;
     if (allowzero) return true;
@@ -93,7 +92,7 @@ static bool reshape_reads_count_only(const kf_graph *g, const kf_node *n) {
             if (a[i] == 0) return false;
         return true;
     }
-    const kf_tensor *t = n->nin > 1 ? fixed(g, n->in[1]) : NULL;
+    const kf_tensor *t = n->nin > 1 ? fixed(m, n->in[1]) : NULL;
     if (!t || kf_read_ints(n, t, "shape", &shape, &cnt) != KF_OK) {
         kf_clear_error();
         return false;
@@ -117,7 +116,7 @@ static kf_status collapse_reshape_chain(kf_model *m, kf_id node, void *user, boo
         *why = "the input is not computed by Reshape, Squeeze, Unsqueeze or Flatten";
         return KF_OK;
     }
-    if (!params_fixed(g, n) || !params_fixed(g, inner)) {
+    if (!params_fixed(m, n) || !params_fixed(m, inner)) {
         *why = "a shape or axes input is a graph input";
         return KF_OK;
     }
@@ -126,7 +125,7 @@ static kf_status collapse_reshape_chain(kf_model *m, kf_id node, void *user, boo
         *why = "the inner node has no input";
         return KF_OK;
     }
-    if (reshape_reads_count_only(g, n)) {
+    if (reshape_reads_count_only(m, n)) {
         KF_TRY(kf_graph_set_input(g, node, 0, x));
         *applied = true;
         return KF_OK;

@@ -19,9 +19,8 @@
 #define KF_FOLD_MIN_CAP_BYTES ((int64_t)1 << 20)
 
 /* An initializer no caller can override through a graph input. */
-static const kf_tensor *fixed(const kf_graph *g, kf_id v) {
-    if (!v || g->values[v].is_input) return NULL;
-    return g->values[v].init;
+static const kf_tensor *fixed(const kf_model *m, kf_id v) {
+    return v && kf_value_is_constant(m, v) ? m->graph->values[v].init : NULL;
 }
 
 /* Bytes a tensor takes in a file (strings: their lengths plus one each). */
@@ -78,14 +77,14 @@ static kf_status commit(kf_graph *g, kf_id node, kf_tensor *outs) {
 
 /* Why node cannot fold (NULL: it can), given its constant inputs. cap gets
  * the byte budget of its outputs. */
-static const char *foldable(const kf_graph *g, const kf_node *n, const kf_tensor **in, int64_t *cap) {
+static const char *foldable(const kf_model *m, const kf_node *n, const kf_tensor **in, int64_t *cap) {
     const kf_op_info *info = kf_op_get(n->op);
     if (!info || !info->eval) return "unknown op or no reference kernel";
     int64_t bytes = 0;
     for (int i = 0; i < n->nin; i++) {
         in[i] = NULL;
         if (!n->in[i]) continue;
-        if (!(in[i] = fixed(g, n->in[i]))) return "an input is not a constant";
+        if (!(in[i] = fixed(m, n->in[i]))) return "an input is not a constant";
         bytes += tensor_bytes(in[i]);
     }
     for (int k = 0; k < n->nattrs; k++)
@@ -168,7 +167,8 @@ static kf_status fold_shape_of(kf_graph *g, kf_id node, bool *done) {
 
 /* Gather(Shape(x), k) along axis 0 with constant k picking static dims of
  * x: what exporters write for one dim of a partly dynamic shape. */
-static kf_status fold_gather_of_shape(kf_graph *g, kf_id node, bool *done) {
+static kf_status fold_gather_of_shape(kf_model *m, kf_id node, bool *done) {
+    kf_graph *g = m->graph;
     const kf_node *n = &g->nodes[node];
     *done = false;
     if (n->nin != 2 || !n->in[0] || !n->in[1] || n->nout != 1) return KF_OK;
@@ -177,7 +177,7 @@ static kf_status fold_gather_of_shape(kf_graph *g, kf_id node, bool *done) {
     if (!s || s->dead || s->op != KF_OP_SHAPE || !s->in[0]) return KF_OK;
     if (kf_attr_find(s, "start") || kf_attr_find(s, "end")) return KF_OK;
     const kf_type *x = &g->values[s->in[0]].type;
-    const kf_tensor *k = fixed(g, n->in[1]);
+    const kf_tensor *k = fixed(m, n->in[1]);
     int64_t axis = kf_attr_i(n, "axis", 0);
     if (x->rank < 0 || !k || !kf_dtype_is_int(k->dtype) || (axis != 0 && axis != -1) || k->numel > KF_MAX_RANK)
         return KF_OK;
@@ -231,12 +231,12 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         snprintf(label, sizeof label, "%s", kf_node_label(n));
         bool done = false;
         int64_t cap;
-        if (!foldable(g, n, in, &cap)) {
+        if (!foldable(m, n, in, &cap)) {
             if (fits_before(n, in, cap)) st = eval_and_commit(g, id, in, cap, &done);
         } else if (n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE) {
             st = fold_shape_of(g, id, &done);
         } else if (n->op == KF_OP_GATHER) {
-            st = fold_gather_of_shape(g, id, &done);
+            st = fold_gather_of_shape(m, id, &done);
         }
         if (!done) continue;
         ctx->changes++;

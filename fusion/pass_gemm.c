@@ -20,18 +20,6 @@ static const kf_tensor *const_init(const kf_model *m, kf_id v) {
     return x->init;
 }
 
-/* Known and equal shapes (equal dims, or the same symbol). */
-static bool same_shape(const kf_type *a, const kf_type *b) {
-    if (a->rank < 0 || a->rank != b->rank) return false;
-    for (int d = 0; d < a->rank; d++) {
-        if (a->dims[d] >= 0 || b->dims[d] >= 0) {
-            if (a->dims[d] != b->dims[d]) return false;
-        } else if (!a->syms[d] || a->syms[d] != b->syms[d]) {
-            return false;
-        }
-    }
-    return true;
-}
 
 /* Dtypes Gemm takes for float products at this opset (bfloat16 from 13). */
 static bool gemm_float_dtype(kf_dtype dt, int64_t opset) {
@@ -66,7 +54,7 @@ static const char *addend_problem(const kf_model *m, const kf_node *e, kf_id y, 
     const kf_type *xt = &g->values[x].type;
     if (xt->rank < 0 || xt->rank > 2) return "the addend has rank above 2 or unknown";
     if (xt->dtype != yv->type.dtype) return "the addend's dtype differs from the product's";
-    if (!same_shape(&g->values[e->out[0]].type, &yv->type))
+    if (!kf_type_same_shape(&g->values[e->out[0]].type, &yv->type))
         return "the addend may broadcast the product to a larger shape";
     return NULL;
 }

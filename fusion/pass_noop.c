@@ -22,30 +22,21 @@ static int64_t opset_of(const kf_node *n) { return n->opset ? n->opset : INT64_M
 
 /* A value that holds the same data on every run: an initializer that no
  * caller can override by feeding a graph input of the same name. */
-static const kf_tensor *fixed(const kf_graph *g, kf_id v) {
-    if (!v || g->values[v].is_input) return NULL;
-    return g->values[v].init;
+static const kf_tensor *fixed(const kf_model *m, kf_id v) {
+    return v && kf_value_is_constant(m, v) ? m->graph->values[v].init : NULL;
 }
 
 /* Every input but the data (input 0) is absent or fixed by the model. An
  * overridable initializer would make inference's shapes a guess. */
-static bool params_fixed(const kf_graph *g, const kf_node *n) {
+static bool params_fixed(const kf_model *m, const kf_node *n) {
     for (int i = 1; i < n->nin; i++)
-        if (n->in[i] && g->values[n->in[i]].is_input) return false;
+        if (n->in[i] && m->graph->values[n->in[i]].init && !kf_value_is_constant(m, n->in[i])) return false;
     return true;
 }
 
 /* dtype and every dim known equal (or the same named symbol) */
 static bool same_type(const kf_type *a, const kf_type *b) {
-    if (!a->dtype || a->dtype != b->dtype || a->rank < 0 || a->rank != b->rank) return false;
-    for (int d = 0; d < a->rank; d++) {
-        if (a->dims[d] >= 0 || b->dims[d] >= 0) {
-            if (a->dims[d] != b->dims[d]) return false;
-        } else if (!a->syms[d] || a->syms[d] != b->syms[d]) {
-            return false;
-        }
-    }
-    return true;
+    return a->dtype && a->dtype == b->dtype && kf_type_same_shape(a, b);
 }
 
 /* Readers of the node's first output read x instead. Declines (reason in
@@ -71,7 +62,7 @@ static kf_status forward(kf_model *m, kf_id node, kf_id x, bool *applied, const 
 /* An integer list given as attribute `attr` below opset `input_from`, else
  * as input idx. *vals is malloc'ed (caller frees; NULL when absent). Returns
  * false with *why when the list is present but not a fixed constant. */
-static bool int_list(const kf_graph *g, const kf_node *n, int idx, const char *attr, int64_t input_from, int64_t **vals,
+static bool int_list(const kf_model *m, const kf_node *n, int idx, const char *attr, int64_t input_from, int64_t **vals,
                      int64_t *count, const char **why) {
     *vals = NULL;
     *count = 0;
@@ -89,7 +80,7 @@ static bool int_list(const kf_graph *g, const kf_node *n, int idx, const char *a
         return true;
     }
     if (idx >= n->nin || !n->in[idx]) return true;
-    const kf_tensor *t = fixed(g, n->in[idx]);
+    const kf_tensor *t = fixed(m, n->in[idx]);
     if (!t || kf_read_ints(n, t, attr, vals, count) != KF_OK) {
         kf_clear_error();
         *vals = NULL;
@@ -124,8 +115,8 @@ static kf_status remove_inference_dropout(kf_model *m, kf_id node, void *user, b
     } else if (ops < 12) {
         training = false; /* versions 7-11 only describe inference */
     } else {
-        const kf_tensor *mode = n->nin > 2 && n->in[2] ? fixed(g, n->in[2]) : NULL;
-        const kf_tensor *ratio = n->nin > 1 && n->in[1] ? fixed(g, n->in[1]) : NULL;
+        const kf_tensor *mode = n->nin > 2 && n->in[2] ? fixed(m, n->in[2]) : NULL;
+        const kf_tensor *ratio = n->nin > 1 && n->in[1] ? fixed(m, n->in[1]) : NULL;
         if (n->nin > 2 && n->in[2]) training = !mode || mode->numel != 1 || kf_get_f64(mode, 0) != 0;
         ratio_zero = ratio && ratio->numel == 1 && kf_get_f64(ratio, 0) == 0;
     }
@@ -167,7 +158,7 @@ static kf_status remove_same_shape_op(kf_model *m, kf_id node, void *user, bool 
         *why = "more than one output";
         return KF_OK;
     }
-    if (!params_fixed(g, n)) {
+    if (!params_fixed(m, n)) {
         *why = "a parameter input is a graph input, so the output shape can change";
         return KF_OK;
     }
@@ -222,7 +213,7 @@ static kf_status remove_zero_pad(kf_model *m, kf_id node, void *user, bool *appl
     int64_t cnt;
     /* Pad-1 calls the attribute `paddings`, 2-10 `pads`, 11 on an input */
     const char *attr = opset_of(n) < 2 ? "paddings" : "pads";
-    if (!int_list(g, n, 1, attr, 11, &pads, &cnt, why)) return KF_OK;
+    if (!int_list(m, n, 1, attr, 11, &pads, &cnt, why)) return KF_OK;
     bool zero = pads != NULL;
     for (int64_t i = 0; i < cnt && zero; i++) zero = pads[i] == 0;
     kf_free(pads);
@@ -235,13 +226,14 @@ static kf_status remove_zero_pad(kf_model *m, kf_id node, void *user, bool *appl
 
 /* Slice(x) -> x when, on every sliced axis, it starts at 0, steps forward
  * and reaches the end (a step over a dim of 1 also keeps its one element). */
-static const char *slice_takes_all(const kf_graph *g, const kf_node *n) {
+static const char *slice_takes_all(const kf_model *m, const kf_node *n) {
+    const kf_graph *g = m->graph;
     const kf_type *x = n->in[0] ? &g->values[n->in[0]].type : NULL;
     int64_t *starts = NULL, *ends = NULL, *axes = NULL, *steps = NULL;
     int64_t ns = 0, ne = 0, na = 0, nst = 0;
     const char *why = NULL;
-    if (!int_list(g, n, 1, "starts", 10, &starts, &ns, &why) || !int_list(g, n, 2, "ends", 10, &ends, &ne, &why) ||
-        !int_list(g, n, 3, "axes", 10, &axes, &na, &why) || !int_list(g, n, 4, "steps", 10, &steps, &nst, &why))
+    if (!int_list(m, n, 1, "starts", 10, &starts, &ns, &why) || !int_list(m, n, 2, "ends", 10, &ends, &ne, &why) ||
+        !int_list(m, n, 3, "axes", 10, &axes, &na, &why) || !int_list(m, n, 4, "steps", 10, &steps, &nst, &why))
         goto done;
     if (!starts || !ends || ns != ne || (axes && na != ns) || (steps && nst != ns)) {
         why = "starts, ends, axes and steps do not line up";
@@ -283,7 +275,7 @@ done:
 static kf_status remove_full_slice(kf_model *m, kf_id node, void *user, bool *applied, const char **why) {
     (void)user;
     const kf_node *n = &m->graph->nodes[node];
-    if ((*why = slice_takes_all(m->graph, n))) return KF_OK;
+    if ((*why = slice_takes_all(m, n))) return KF_OK;
     return forward(m, node, n->in[0], applied, why);
 }
 

@@ -199,17 +199,6 @@ static bool cmp_ok(kf_cmp c, double a, double b) {
     return false;
 }
 
-static bool same_shape(const kf_type *a, const kf_type *b) {
-    if (a->rank < 0 || a->rank != b->rank) return false;
-    for (int d = 0; d < a->rank; d++) {
-        if (a->dims[d] >= 0 || b->dims[d] >= 0) {
-            if (a->dims[d] != b->dims[d]) return false;
-        } else if (!a->syms[d] || a->syms[d] != b->syms[d]) {
-            return false;
-        }
-    }
-    return true;
-}
 
 /* Producer of the value bound to var (any node, matched or not). */
 static const kf_node *producer_of(const kf_graph *g, kf_id v) {
@@ -259,7 +248,7 @@ static const char *check_guard(const kf_model *m, const kf_pat_guard *gd, const 
         if (val->type.rank < 0) return "rank unknown";
         return cmp_ok(gd->cmp, val->type.rank, gd->value) ? NULL : "rank does not satisfy the guard";
     case KF_G_SAME_SHAPE:
-        return same_shape(&val->type, &g->values[s->bind[gd->var2]].type) ? NULL : "shapes are not known to be equal";
+        return kf_type_same_shape(&val->type, &g->values[s->bind[gd->var2]].type) ? NULL : "shapes are not known to be equal";
     case KF_G_ATTR: {
         const kf_node *p = producer_of(g, v);
         const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL;
@@ -455,7 +444,7 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
             near_miss(r, n, "would replace a graph output by a graph input, output or constant");
             goto done;
         }
-        if (!same_shape(&g->values[root_val].type, &rv->type) ||
+        if (!kf_type_same_shape(&g->values[root_val].type, &rv->type) ||
             g->values[root_val].type.dtype != rv->type.dtype) {
             near_miss(r, n, "the value that would replace the root may differ in shape or dtype");
             goto done;

@@ -106,6 +106,9 @@ void kf_type_unknown(kf_type *ty);
 void kf_type_of_tensor(kf_type *ty, const kf_tensor *t);
 /* True when rank and every dim are known. */
 bool kf_type_is_static(const kf_type *ty);
+/* True when both shapes are known to be equal: same rank, and each dim
+ * equal or the same named symbol. Unknown dims never compare equal. */
+bool kf_type_same_shape(const kf_type *a, const kf_type *b);
 
 /* Equality of dtype, shape and every element bit (NaN payloads included);
  * used for round-trip tests. */

@@ -329,6 +329,18 @@ bool kf_type_is_static(const kf_type *ty) {
     return true;
 }
 
+bool kf_type_same_shape(const kf_type *a, const kf_type *b) {
+    if (a->rank < 0 || a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++) {
+        if (a->dims[d] >= 0 || b->dims[d] >= 0) {
+            if (a->dims[d] != b->dims[d]) return false;
+        } else if (!a->syms[d] || a->syms[d] != b->syms[d]) {
+            return false;
+        }
+    }
+    return true;
+}
+
 bool kf_tensor_equal(const kf_tensor *a, const kf_tensor *b) {
     if (a->dtype != b->dtype || a->rank != b->rank || a->numel != b->numel) return false;
     for (int i = 0; i < a->rank; i++)
