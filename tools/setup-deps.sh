@@ -6,7 +6,8 @@ pkgs=(cmake make gcc pkg-config
       libprotobuf-c-dev protobuf-c-compiler libonnx-dev   # ONNX I/O (onnx.proto compiled with protoc-c)
       libcriterion-dev                                   # unit tests
       libonnx-testdata                                   # ONNX backend conformance data
-      clang libclang-rt-14-dev)                          # libFuzzer targets
+      clang libclang-rt-14-dev                           # libFuzzer targets
+      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers) # OpenCL on the CPU (PoCL) for generated kernels
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
