@@ -37,6 +37,27 @@ static int64_t value_bytes(const kf_graph *g, kf_id v) {
     return kf_mul_ok(numel, (int64_t)esz, &b) ? b : -1;
 }
 
+/* Bytes group k reads of value v: all of it, unless every use of v inside
+ * the group is as the data operand (input 0) of an op that reads only the
+ * elements its output selects (op table flag KF_F_READS_SUBSET: Gather,
+ * Slice); then at most those outputs' size. An embedding table read by a
+ * Gather of 128 token ids costs 128 rows, not the table. -1 if unknown. */
+static int64_t read_bytes(const kf_graph *g, const uint32_t *group_of, uint32_t k, kf_id v) {
+    int64_t all = value_bytes(g, v), selected = 0;
+    const kf_value *val = &g->values[v];
+    for (uint32_t u = 0; u < val->nusers; u++) {
+        const kf_node *n = &g->nodes[val->users[u]];
+        if (n->dead || group_of[val->users[u]] != k) continue;
+        const kf_op_info *info = kf_op_get(n->op);
+        bool subset = info && (info->flags & KF_F_READS_SUBSET) && n->in[0] == v;
+        for (int q = 1; subset && q < n->nin; q++) subset = n->in[q] != v;
+        int64_t out = subset && n->out[0] ? value_bytes(g, n->out[0]) : -1;
+        if (!subset || out < 0) return all;
+        selected += out;
+    }
+    return all >= 0 && selected < all ? selected : all;
+}
+
 static int64_t type_numel(const kf_type *t) {
     int64_t n;
     if (!t || !kf_type_is_static(t) || kf_shape_numel(t->rank, t->dims, 1, &n)) return -1;
@@ -409,7 +430,7 @@ static kf_status fill_group(pl_state *s, kf_plan *p, uint32_t k) {
     }
     G->bytes_read = G->bytes_written = 0;
     if (G->kind == KF_GROUP_CONST) return KF_OK;
-    for (uint32_t i = 0; i < G->ninputs; i++) acc_add(&G->bytes_read, value_bytes(g, G->inputs[i]));
+    for (uint32_t i = 0; i < G->ninputs; i++) acc_add(&G->bytes_read, read_bytes(g, p->group_of, k, G->inputs[i]));
     for (uint32_t i = 0; i < G->noutputs; i++) acc_add(&G->bytes_written, value_bytes(g, G->outputs[i]));
     return KF_OK;
 }
@@ -446,7 +467,7 @@ static void totals(pl_state *s, kf_plan *p) {
             bool outside = !pr || s->pos[pr] == UINT32_MAX || p->groups[p->group_of[pr]].kind == KF_GROUP_CONST;
             if (!outside || s->vstamp[v] == st) continue;
             s->vstamp[v] = st;
-            acc_add(&p->bytes_lower_bound, value_bytes(g, v));
+            acc_add(&p->bytes_lower_bound, read_bytes(g, p->group_of, k, v));
         }
     }
     for (uint32_t i = 0; i < g->noutputs; i++) {

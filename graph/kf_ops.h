@@ -40,7 +40,10 @@ enum {
     KF_F_COMMUTATIVE = 1 << 0, /* f(a,b) == f(b,a) */
     KF_F_ASSOCIATIVE = 1 << 1, /* f(f(a,b),c) == f(a,f(b,c)) */
     KF_F_IDEMPOTENT = 1 << 2,  /* f(f(x)) == f(x), or f(x,x) == x for binary ops */
-    KF_F_SHAPE_FROM_DATA = 1 << 3 /* an output shape depends on input values */
+    KF_F_SHAPE_FROM_DATA = 1 << 3, /* an output shape depends on input values */
+    KF_F_READS_SUBSET = 1 << 4     /* reads only the elements of input 0 its output
+                                    * selects (Gather, Slice): cost models charge the
+                                    * output's size, not the whole input */
 };
 
 /* Shape and dtype of every output from the inputs' types.

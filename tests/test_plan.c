@@ -718,3 +718,20 @@ Test(plan_models, long_chain_is_split_by_the_register_cap, .timeout = 120) {
     kf_plan_free(p);
     kf_model_free(m);
 }
+
+/* A Gather reads the rows it selects, not the whole table: the cost model
+ * and the lower bound charge 4 rows of a 1000-row embedding table. */
+Test(plan_fuse, gather_is_charged_for_the_rows_it_reads) {
+    kf_model *m = gt_parse("input ids int64[4]\n"
+                           "const table float[1000, 16] = random\n"
+                           "e = Gather(table, ids)\n"
+                           "y = Relu(e)\n"
+                           "output y\n");
+    kf_plan *p = plan(m);
+    const kf_group *G = &p->groups[grp(m, p, "y")];
+    int64_t rows = 4 * 16 * 4, ids = 4 * 8;
+    cr_assert_eq(G->bytes_read, rows + ids, "read %lld bytes", (long long)G->bytes_read);
+    cr_assert_eq(p->bytes_lower_bound, rows + ids + rows, "lower bound %lld", (long long)p->bytes_lower_bound);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
