@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kf_codegen.h"
 #include "kf_fuse.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
@@ -18,11 +19,13 @@ int kfuse_cmd_fuse(int argc, char **argv);
 enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
 static void fuse_usage(FILE *f) {
-    fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]...\n"
+    fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--emit DIR] [--no-opt] [--dim NAME=N]...\n"
                "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
                "  --report  table of groups and boundary reasons (stderr with --json)\n"
                "  --json    one JSON object on stdout\n"
                "  --dot F   Graphviz picture, one cluster per group (F.svg too when dot is installed)\n"
+               "  --emit DIR  write each generated kernel as DIR/group_N.cl and DIR/group_N.cu (groups\n"
+               "            codegen does not handle yet are listed with the reason)\n"
                "  --no-opt  plan the model as loaded, without kfuse opt's rewrites\n");
 }
 
@@ -45,8 +48,49 @@ static kf_status make_plan(kf_model *m, kf_plan **p) {
 }
 static void free_plan(kf_plan *p) { kf_fuse_simple_plan_free(p); }
 
+static kf_status write_text(const char *path, const char *text) {
+    FILE *f = fopen(path, "w");
+    if (!f) return kf_fail(KF_ERR_IO, "cannot write %s", path);
+    bool ok = fputs(text, f) >= 0;
+    ok = (fclose(f) == 0) && ok;
+    return ok ? KF_OK : kf_fail(KF_ERR_IO, "cannot write %s", path);
+}
+
+/* --emit DIR: every group codegen supports, as a self-contained OpenCL and
+ * CUDA source (prelude + the shared body); the others named with their
+ * reason on stderr. Runs before kf_fuse_apply changes the model. */
+static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan *p) {
+    uint32_t written = 0, declined = 0;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        char why[512];
+        if (p->groups[gi].kind == KF_GROUP_CONST) continue;
+        if (kf_cg_unsupported(m, p, gi, why, sizeof why)) {
+            fprintf(stderr, "kfuse: group %u not generated: %s\n", gi, why);
+            declined++;
+            continue;
+        }
+        kf_cg_kernel k;
+        KF_TRY(kf_cg_group(m, p, gi, &k));
+        static const struct { kf_cg_target t; const char *ext; } targets[] = {{KF_CG_OPENCL, "cl"}, {KF_CG_CUDA, "cu"}};
+        kf_status st = KF_OK;
+        for (int t = 0; t < 2 && !st; t++) {
+            char path[4096], *src = NULL;
+            snprintf(path, sizeof path, "%s/group_%u.%s", dir, gi, targets[t].ext);
+            st = kf_cg_source(&k, targets[t].t, &src);
+            if (!st) st = write_text(path, src);
+            kf_free(src);
+        }
+        kf_cg_kernel_release(&k);
+        if (st) return st;
+        written++;
+    }
+    fprintf(stderr, "kfuse: %u kernels written to %s (.cl and .cu), %u groups not generated\n", written, dir,
+            declined);
+    return KF_OK;
+}
+
 int kfuse_cmd_fuse(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *dot = NULL;
+    const char *model = NULL, *out = NULL, *dot = NULL, *emit = NULL;
     bool report = false, json = false, opt = true;
     const char *dims[32];
     int ndims = 0;
@@ -54,6 +98,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc && ndims < 32 && strchr(argv[i + 1], '=')) dims[ndims++] = argv[++i];
         else if (!strcmp(argv[i], "--dot") && i + 1 < argc) dot = argv[++i];
+        else if (!strcmp(argv[i], "--emit") && i + 1 < argc) emit = argv[++i];
         else if (!strcmp(argv[i], "--report")) report = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--no-opt")) opt = false;
@@ -102,7 +147,8 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         return fail(st);
     }
     bool svg = false;
-    if (dot) st = kf_fuse_write_dot(dot, m, p, &svg);
+    if (emit) st = emit_kernels(emit, m, p);
+    if (dot && !st) st = kf_fuse_write_dot(dot, m, p, &svg);
     kf_fuse_stats fs = {0};
     if (!st) st = kf_fuse_apply(m, p, &fs);
     if (!st) st = kf_model_save(m, out);

@@ -1,0 +1,377 @@
+/*
+ * test_cg.c: codegen/ elementwise kernels, executed for real on OpenCL
+ * (PoCL on the CPU) and compared with the reference evaluator; determinism
+ * of the text; the CUDA text through NVRTC for sm_80/sm_90 with ptxas
+ * spill figures; and the reasons for groups this slice declines.
+ */
+#include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph_text.h"
+#include "kf_kernels.h"
+
+/* DESIGN.md numerics: fused vs unfused, fp32 */
+#define ATOL 1e-5
+#define RTOL 1e-4
+
+static kf_plan *plan(kf_model *m) {
+    kf_plan_options o = {false, -1, false};
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
+    return p;
+}
+
+/* Every value's reference tensor, by value id. */
+typedef struct refvals {
+    kf_tensor *t;
+    uint32_t n;
+} refvals;
+
+static void keep(void *user, const kf_graph *g, kf_id node, const kf_tensor *outs) {
+    refvals *r = user;
+    const kf_node *n = &g->nodes[node];
+    for (int j = 0; j < n->nout; j++)
+        if (n->out[j]) cr_assert_eq(kf_tensor_copy(&r->t[n->out[j]], &outs[j]), KF_OK);
+}
+
+static refvals reference(const kf_model *m) {
+    const kf_graph *g = m->graph;
+    refvals r = {calloc(g->nvalues + 1, sizeof(kf_tensor)), g->nvalues};
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(m, &ins, &nins);
+    kf_id *real;
+    uint32_t nreal;
+    cr_assert_eq(kf_graph_real_inputs(g, &real, &nreal), KF_OK);
+    for (uint32_t i = 0; i < nreal; i++) cr_assert_eq(kf_tensor_copy(&r.t[real[i]], &ins[i]), KF_OK);
+    for (kf_id v = 1; v < g->nvalues; v++)
+        if (g->values[v].init && !r.t[v].data) cr_assert_eq(kf_tensor_copy(&r.t[v], g->values[v].init), KF_OK);
+    kf_tensor *outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
+    kf_eval_opts o = {keep, &r};
+    cr_assert_eq(kf_eval_model(m, ins, (int)nins, outs, &o), KF_OK, "%s", kf_last_error());
+    for (uint32_t i = 0; i < g->noutputs; i++) kf_tensor_release(&outs[i]);
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(outs);
+    free(ins);
+    free(real);
+    return r;
+}
+
+static void refvals_free(refvals *r) {
+    for (uint32_t v = 0; v <= r->n; v++) kf_tensor_release(&r->t[v]);
+    free(r->t);
+}
+
+static bool cl_ok(void) {
+    const char *why = kf_cl_unavailable();
+    if (why) cr_skip_test("OpenCL: %s", why);
+    return !why;
+}
+
+/* Plans the graph, generates every elementwise group (all must be
+ * supported), runs each on OpenCL and compares every group output with the
+ * reference. Returns the largest output count of a group; *ngen gets the
+ * number of kernels run. */
+static uint32_t check_graph(const char *text, uint32_t *ngen) {
+    kf_model *m = gt_parse(text);
+    kf_plan *p = plan(m);
+    refvals r = reference(m);
+    uint32_t most = 0, count = 0;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        if (p->groups[gi].kind != KF_GROUP_ELEMWISE) continue;
+        char why[512];
+        cr_assert_null(kf_cg_unsupported(m, p, gi, why, sizeof why), "group %u declined: %s", gi, why);
+        kf_cg_kernel k, k2;
+        cr_assert_eq(kf_cg_group(m, p, gi, &k), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
+        cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
+        kf_cg_kernel_release(&k2);
+        const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+        for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
+        kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
+        kf_status st = kf_cl_run_kernel(&k, in, out);
+        cr_assert_eq(st, KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);
+        for (uint32_t o = 0; o < k.nouts; o++) {
+            char w[256];
+            const kf_tensor *want = &r.t[k.outs[o].value];
+            cr_assert(tu_close(&out[o], want, ATOL, RTOL, w, sizeof w), "group %u output %u: %s\n%s", gi, o, w,
+                      k.body);
+            kf_tensor_release(&out[o]);
+        }
+        if (k.nouts > most) most = k.nouts;
+        count++;
+        kf_cg_kernel_release(&k);
+    }
+    refvals_free(&r);
+    kf_plan_free(p);
+    kf_model_free(m);
+    *ngen = count;
+    return most;
+}
+
+static const char *GELU_ERF = "opset 13\n"
+                              "input x float[2, 3, 8]\n"
+                              "const b float[8] = random\n"
+                              "const s2 float[] = 1.4142135\n"
+                              "const one float[] = 1\n"
+                              "const half float[] = 0.5\n"
+                              "y = Add(x, b)\n"
+                              "d = Div(y, s2)\n"
+                              "e = Erf(d)\n"
+                              "f = Add(e, one)\n"
+                              "g = Mul(y, f)\n"
+                              "z = Mul(g, half)\n"
+                              "output z\n";
+
+Test(cg, bias_gelu_erf_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph(GELU_ERF, &n);
+    cr_assert_eq(n, 1, "bias + Gelu should be one elementwise kernel, got %u", n);
+}
+
+Test(cg, bias_gelu_op_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("opset 20\n"
+                "input x float[5, 16]\n"
+                "const b float[16] = random\n"
+                "y = Add(x, b)\n"
+                "z = Gelu(y)\n"
+                "output z\n",
+                &n);
+    cr_assert_eq(n, 1);
+}
+
+Test(cg, silu_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("input x float[3, 33]\n"
+                "s = Sigmoid(x)\n"
+                "z = Mul(x, s)\n"
+                "output z\n",
+                &n);
+    cr_assert_eq(n, 1);
+}
+
+Test(cg, broadcast_4x1x8_plus_3x1_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("input a float[4, 1, 8]\n"
+                "input b float[3, 1]\n"
+                "c = Add(a, b)\n"
+                "z = Tanh(c)\n"
+                "output z\n",
+                &n);
+    cr_assert_eq(n, 1);
+}
+
+Test(cg, where_bool_mask_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("input m bool[4, 8]\n"
+                "input a float[4, 8]\n"
+                "input b float[8]\n"
+                "w = Where(m, a, b)\n"
+                "z = Exp(w)\n"
+                "output z\n",
+                &n);
+    cr_assert_eq(n, 1);
+}
+
+Test(cg, where_from_comparison_and_bool_output_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("input a float[2, 9]\n"
+                "input b float[2, 1]\n"
+                "m = Greater(a, b)\n"
+                "w = Where(m, a, b)\n"
+                "output w\n"
+                "output m\n",
+                &n);
+    cr_assert_geq(n, 1);
+}
+
+Test(cg, two_output_group_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    uint32_t most = check_graph("input x float[6, 10]\n"
+                                "const b float[10] = random\n"
+                                "y = Add(x, b)\n"
+                                "r = Relu(y)\n"
+                                "s = Sigmoid(y)\n"
+                                "output r\n"
+                                "output s\n",
+                                &n);
+    cr_assert_geq(most, 2, "expected a group writing two values");
+}
+
+Test(cg, attrs_and_variadics_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("opset 13\n"
+                "input a float[3, 7]\n"
+                "input b float[7]\n"
+                "input c float[3, 1]\n"
+                "const lo float[] = -0.5\n"
+                "const hi float[] = 0.75\n"
+                "x = Max(a, b, c)\n"
+                "y = Min(x, b)\n"
+                "l = LeakyRelu(y) {alpha=0.2}\n"
+                "k = Clip(l, lo, hi)\n"
+                "s = Sum(k, a, c)\n"
+                "p = Pow(s, c)\n"
+                "q = Abs(p)\n"
+                "z = Sqrt(q)\n"
+                "output z\n",
+                &n);
+    cr_assert_geq(n, 1);
+}
+
+/* Rank-4 space with operands broadcast on different axes and a scalar:
+ * every index path (contiguous, strided sum, constant 0) in one kernel. */
+Test(cg, rank4_broadcast_mix_on_opencl) {
+    if (!cl_ok()) return;
+    uint32_t n;
+    check_graph("input a float[2, 3, 4, 5]\n"
+                "input b float[3, 1, 5]\n"
+                "input c float[2, 1, 4, 1]\n"
+                "input d float[]\n"
+                "x = Mul(a, b)\n"
+                "y = Sub(x, c)\n"
+                "z = Div(y, d)\n"
+                "w = Neg(z)\n"
+                "output w\n",
+                &n);
+    cr_assert_eq(n, 1);
+}
+
+Test(cg, text_is_deterministic_and_readable) {
+    kf_model *m = gt_parse(GELU_ERF);
+    kf_plan *p = plan(m);
+    kf_cg_kernel k;
+    uint32_t gi = p->group_of[m->graph->values[kf_graph_find(m->graph, "z")].producer];
+    cr_assert_eq(kf_cg_group(m, p, gi, &k), KF_OK, "%s", kf_last_error());
+    char *a, *b, *c;
+    cr_assert_eq(kf_cg_source(&k, KF_CG_OPENCL, &a), KF_OK);
+    cr_assert_eq(kf_cg_source(&k, KF_CG_OPENCL, &b), KF_OK);
+    cr_assert_eq(kf_cg_source(&k, KF_CG_CUDA, &c), KF_OK);
+    cr_assert_str_eq(a, b);
+    /* the body is byte-identical across targets: both sources end with it */
+    size_t lb = strlen(k.body);
+    cr_assert(strlen(a) > lb && !strcmp(a + strlen(a) - lb, k.body));
+    cr_assert(strlen(c) > lb && !strcmp(c + strlen(c) - lb, k.body));
+    cr_assert_neq(strcmp(a, c), 0, "preludes should differ");
+    /* ops listed at the top, v-names, math through the prelude */
+    cr_assert_not_null(strstr(k.body, "= Erf(v"), "%s", k.body);
+    cr_assert_not_null(strstr(k.body, "KF_ERF(v"), "%s", k.body);
+    cr_assert_not_null(strstr(k.body, "KF_GLOBAL_SIZE"), "%s", k.body);
+    cr_assert_null(strstr(k.body, "erf("), "raw C99 call left in the body:\n%s", k.body);
+    kf_free(a);
+    kf_free(b);
+    kf_free(c);
+    kf_cg_kernel_release(&k);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cg, does_not_generate_reductions_or_other_dtypes) {
+    kf_model *m = gt_parse("input x float[4, 8]\n"
+                           "input i int64[4, 8]\n"
+                           "const ax int64[1] = 1\n"
+                           "r = ReduceSum(x, ax)\n"
+                           "j = Neg(i)\n"
+                           "output r\n"
+                           "output j\n");
+    kf_plan *p = plan(m);
+    uint32_t gr = p->group_of[m->graph->values[kf_graph_find(m->graph, "r")].producer];
+    uint32_t gj = p->group_of[m->graph->values[kf_graph_find(m->graph, "j")].producer];
+    char why[512];
+    cr_assert_str_eq(kf_cg_unsupported(m, p, gr, why, sizeof why), "reduction groups are not generated yet");
+    cr_assert_not_null(kf_cg_unsupported(m, p, gj, why, sizeof why));
+    cr_assert_not_null(strstr(why, "int64"), "%s", why);
+    kf_cg_kernel k;
+    cr_assert_eq(kf_cg_group(m, p, gr, &k), KF_ERR_UNSUPPORTED);
+    cr_assert_not_null(strstr(kf_last_error(), "reduction"), "%s", kf_last_error());
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cg, does_not_generate_ops_without_expression) {
+    kf_model *m = gt_parse("opset 20\n"
+                           "input x float[4, 8]\n"
+                           "y = Gelu(x) {approximate=\"tanh\"}\n"
+                           "z = HardSigmoid(x)\n"
+                           "output y\n"
+                           "output z\n");
+    kf_plan *p = plan(m);
+    char why[512];
+    uint32_t gy = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
+    uint32_t gz = p->group_of[m->graph->values[kf_graph_find(m->graph, "z")].producer];
+    cr_assert_not_null(kf_cg_unsupported(m, p, gy, why, sizeof why));
+    cr_assert(strstr(why, "approximate") || strstr(why, "HardSigmoid"), "%s", why);
+    cr_assert_not_null(kf_cg_unsupported(m, p, gz, why, sizeof why));
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* Compiles a kernel's CUDA text for arch; checks ptxas reported no spills. */
+static void nvrtc_check(const kf_cg_kernel *k, const char *arch) {
+    char *src;
+    cr_assert_eq(kf_cg_source(k, KF_CG_CUDA, &src), KF_OK);
+    kf_nvrtc_report r;
+    kf_status st = kf_nvrtc_compile(src, arch, &r);
+    cr_assert_eq(st, KF_OK, "%s\n%s", kf_last_error(), src);
+    cr_assert_gt(r.binary_bytes, 0);
+    cr_assert_geq(r.registers, 0, "ptxas printed no register figure; log:\n%s", r.log);
+    cr_assert_eq(r.spill_stores, 0, "%s: spill stores; log:\n%s", arch, r.log);
+    cr_assert_eq(r.spill_loads, 0, "%s: spill loads; log:\n%s", arch, r.log);
+    kf_free(src);
+}
+
+Test(cg, cuda_text_compiles_with_nvrtc_sm80_sm90) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    const char *graphs[] = {GELU_ERF,
+                            "input m bool[4, 8]\ninput a float[4, 8]\ninput b float[8]\n"
+                            "w = Where(m, a, b)\nx = Max(w, a, b)\nz = Exp(x)\nq = Less(z, a)\n"
+                            "output z\noutput q\n"};
+    for (size_t gi = 0; gi < sizeof graphs / sizeof graphs[0]; gi++) {
+        kf_model *m = gt_parse(graphs[gi]);
+        kf_plan *p = plan(m);
+        for (uint32_t g = 0; g < p->ngroups; g++) {
+            if (p->groups[g].kind != KF_GROUP_ELEMWISE) continue;
+            kf_cg_kernel k;
+            cr_assert_eq(kf_cg_group(m, p, g, &k), KF_OK, "%s", kf_last_error());
+            nvrtc_check(&k, "sm_80");
+            nvrtc_check(&k, "sm_90");
+            kf_cg_kernel_release(&k);
+        }
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
+Test(cg, opencl_build_error_is_compile_status_with_log) {
+    if (!cl_ok()) return;
+    kf_model *m = gt_parse("input x float[4]\ny = Neg(x)\noutput y\n");
+    kf_plan *p = plan(m);
+    kf_cg_kernel k;
+    cr_assert_eq(kf_cg_group(m, p, p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer], &k), KF_OK);
+    kf_free(k.body);
+    k.body = kf_strdup("KF_KERNEL kf_ew(KF_GLOBAL float *out0) { out0[0] = undeclared_name; }\n");
+    kf_tensor in = tu_rand(KF_DT_FLOAT, 1, (int64_t[]){4}, -1, 1);
+    const kf_tensor *ins[1] = {&in};
+    kf_tensor out[1] = {0};
+    cr_assert_eq(kf_cl_run_kernel(&k, ins, out), KF_ERR_COMPILE);
+    cr_assert_not_null(strstr(kf_last_error(), "undeclared_name"), "%s", kf_last_error());
+    kf_tensor_release(&in);
+    kf_cg_kernel_release(&k);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
