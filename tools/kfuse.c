@@ -39,6 +39,7 @@ static void usage(FILE *f) {
             "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
             "  patterns check F.kfp... [--builtin] [--seed N]\n"
             "                                  verify rewrite rules numerically\n"
+            "  cache stats|clear [--dir D]     the kernel cache folder: entries and bytes, or empty it\n"
             "exit codes: 0 ok, 1 check failed, 2 usage, 3 bad input\n");
 }
 
@@ -802,6 +803,7 @@ static int cmd_patterns(int argc, char **argv) {
 }
 
 int kfuse_cmd_fuse(int argc, char **argv); /* cmd_fuse.c */
+int kfuse_cmd_cache(int argc, char **argv); /* cmd_cache.c */
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -815,6 +817,7 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "opt")) return cmd_opt(argc - 2, argv + 2);
     if (!strcmp(verb, "fuse")) return kfuse_cmd_fuse(argc - 2, argv + 2);
     if (!strcmp(verb, "patterns")) return cmd_patterns(argc - 2, argv + 2);
+    if (!strcmp(verb, "cache")) return kfuse_cmd_cache(argc - 2, argv + 2);
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);
         return EXIT_OK;
