@@ -302,3 +302,32 @@ kf_model *gt_copy(const kf_model *m) {
     free(buf);
     return c;
 }
+
+kf_ruleset gt_run_rules(kf_model *m, kf_status (*add)(kf_ruleset *)) {
+    kf_ruleset rs = {0};
+    cr_assert_eq(add(&rs), KF_OK, "%s", kf_last_error());
+    kf_rewrite_opts o = {-1, false};
+    cr_assert_eq(kf_rewrite(m, &rs, &o, NULL), KF_OK, "%s", kf_last_error());
+    return rs;
+}
+
+const char *gt_reasons(const kf_ruleset *rs, const char *name) {
+    static char buf[4096];
+    buf[0] = 0;
+    for (uint32_t i = 0; i < rs->n; i++) {
+        if (strcmp(rs->rules[i]->name, name)) continue;
+        for (int k = 0; k < rs->rules[i]->nnear; k++) {
+            if (k) strncat(buf, " | ", sizeof buf - strlen(buf) - 1);
+            strncat(buf, rs->rules[i]->near[k].reason, sizeof buf - strlen(buf) - 1);
+        }
+        return buf;
+    }
+    cr_assert_fail("no rule %s", name);
+    return buf;
+}
+
+uint64_t gt_hits(const kf_ruleset *rs, const char *name) {
+    for (uint32_t i = 0; i < rs->n; i++)
+        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->hits;
+    return 0;
+}

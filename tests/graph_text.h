@@ -12,6 +12,7 @@
 #ifndef KF_GRAPH_TEXT_H
 #define KF_GRAPH_TEXT_H
 
+#include "kf_pattern.h"
 #include "test_util.h"
 
 /* Parses the text into a model (Criterion assertion on malformed text). */
@@ -22,6 +23,15 @@ uint32_t gt_count(const kf_model *m, const char *op_type);
 void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins);
 /* Runs both models on the same random inputs; asserts outputs agree. */
 void gt_expect_same_outputs(const kf_model *a, const kf_model *b, double atol, double rtol);
+/* Registers a rule pass (e.g. kf_pass_noop_rules) into a fresh rule set,
+ * runs it to a fixed point on m, and returns the set with its statistics
+ * and near misses (caller frees with kf_rules_free). */
+kf_ruleset gt_run_rules(kf_model *m, kf_status (*add)(kf_ruleset *));
+/* Every near-miss reason of rule `name`, joined by " | "; "" when none.
+ * Static buffer. Asserts the rule exists. */
+const char *gt_reasons(const kf_ruleset *rs, const char *name);
+/* Hits of rule `name` (0 if absent). */
+uint64_t gt_hits(const kf_ruleset *rs, const char *name);
 /* Deep copy through ONNX serialisation. */
 kf_model *gt_copy(const kf_model *m);
 

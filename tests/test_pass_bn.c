@@ -18,29 +18,6 @@
 #define ATOL 1e-5
 #define RTOL 1e-4
 
-/* Runs the rules of pass_bn to a fixed point; returns them with their
- * statistics (caller frees). */
-static kf_ruleset run_bn(kf_model *m) {
-    kf_ruleset rs = {0};
-    cr_assert_eq(kf_pass_bn_rules(&rs), KF_OK);
-    kf_rewrite_opts o = {-1, false};
-    cr_assert_eq(kf_rewrite(m, &rs, &o, NULL), KF_OK, "%s", kf_last_error());
-    return rs;
-}
-
-/* The first near-miss reason of rule `name`, or "" when it has none. */
-static const char *reason(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->nnear ? rs->rules[i]->near[0].reason : "";
-    cr_assert_fail("no rule %s", name);
-    return "";
-}
-
-static uint64_t hits(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->hits;
-    return 0;
-}
 
 /* Makes the random constant `name` positive (a variance): |v| + 0.1. */
 static void make_positive(kf_model *m, const char *name) {
@@ -64,8 +41,8 @@ static void expect_folded(const char *text, const char *rule, const char *kept, 
     kf_model *m = gt_parse(text);
     if (kf_graph_find(m->graph, "var")) make_positive(m, "var");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_bn(m);
-    cr_expect_geq(hits(&rs, rule), 1, "rule %s did not fire: %s", rule, reason(&rs, rule));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_bn_rules);
+    cr_expect_geq(gt_hits(&rs, rule), 1, "rule %s did not fire: %s", rule, gt_reasons(&rs, rule));
     for (int i = 0; i < ngone; i++) cr_expect_eq(gt_count(m, gone[i]), 0, "%s left behind", gone[i]);
     cr_expect_eq(gt_count(m, kept), 1, "%s count", kept);
     gt_expect_same_outputs(orig, m, ATOL, RTOL);
@@ -80,9 +57,9 @@ static void expect_declined(const char *text, const char *rule, const char *why)
     kf_model *m = gt_parse(text);
     if (kf_graph_find(m->graph, "var")) make_positive(m, "var");
     uint32_t before = kf_graph_live_nodes(m->graph);
-    kf_ruleset rs = run_bn(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_bn_rules);
     cr_expect_eq(kf_graph_live_nodes(m->graph), before, "the graph changed");
-    cr_expect(strstr(reason(&rs, rule), why), "%s: reason '%s', expected '%s'", rule, reason(&rs, rule), why);
+    cr_expect(strstr(gt_reasons(&rs, rule), why), "%s: reason '%s', expected '%s'", rule, gt_reasons(&rs, rule), why);
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -116,8 +93,8 @@ Test(pass_bn, folds_batchnorm_into_grouped_conv_with_bias) {
                            "output y\n");
     make_positive(m, "var");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_bn(m);
-    cr_assert_eq(gt_count(m, "BatchNormalization"), 0, "%s", reason(&rs, "fold_batchnorm_into_conv"));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_bn_rules);
+    cr_assert_eq(gt_count(m, "BatchNormalization"), 0, "%s", gt_reasons(&rs, "fold_batchnorm_into_conv"));
     const kf_node *c = only(m, "Conv");
     cr_expect_eq(c->nin, 3);
     cr_expect_neq(c->in[1], kf_graph_find(m->graph, "w"), "the weight is a new initializer");
@@ -231,7 +208,7 @@ Test(pass_bn, keeps_a_shared_weight_for_its_other_reader) {
                            "output y, d\n");
     make_positive(m, "var");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_bn(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_bn_rules);
     cr_expect_eq(gt_count(m, "BatchNormalization"), 0);
     cr_expect_eq(gt_count(m, "Conv"), 2);
     const kf_graph *g = m->graph;
@@ -328,14 +305,14 @@ Test(pass_bn, does_not_fold_a_bias_the_caller_may_override) {
             if (m->graph->values[v].init) cr_assert_eq(kf_graph_mark_input(m->graph, v), KF_OK);
         for (kf_id i = 1; i < m->graph->nnodes; i++) m->graph->nodes[i].opset = 7;
         kf_model *orig = gt_copy(m);
-        kf_ruleset rs = run_bn(m);
+        kf_ruleset rs = gt_run_rules(m, kf_pass_bn_rules);
         if (ir == 4) {
             cr_expect_eq(gt_count(m, "Add"), 1);
-            cr_expect(strstr(reason(&rs, "fold_bias_add_into_conv"), "may override"), "%s",
-                      reason(&rs, "fold_bias_add_into_conv"));
+            cr_expect(strstr(gt_reasons(&rs, "fold_bias_add_into_conv"), "may override"), "%s",
+                      gt_reasons(&rs, "fold_bias_add_into_conv"));
         } else {
             cr_expect_eq(gt_count(m, "Add"), 0, "IR 3: initializers listed as inputs are constants: %s",
-                         reason(&rs, "fold_bias_add_into_conv"));
+                         gt_reasons(&rs, "fold_bias_add_into_conv"));
             gt_expect_same_outputs(orig, m, ATOL, RTOL);
         }
         kf_rules_free(&rs);
@@ -355,7 +332,7 @@ static kf_model *load_ort(const char *path) {
 static void expect_ort(const char *file, uint32_t nodes_after, uint32_t convs, int conv_inputs) {
     kf_model *m = load_ort(file);
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_bn(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_bn_rules);
     cr_expect_eq(kf_graph_live_nodes(m->graph), nodes_after, "nodes after");
     cr_expect_eq(gt_count(m, "Conv"), convs);
     if (conv_inputs) cr_expect_eq(only(m, "Conv")->nin, conv_inputs);

@@ -13,45 +13,17 @@
 
 #define ORT_TRANSFORM KF_SOURCE_DIR "/../shared/models/ort/onnxruntime/test/testdata/transform/"
 
-static kf_ruleset run_chain(kf_model *m) {
-    kf_ruleset rs = {0};
-    cr_assert_eq(kf_pass_chain_rules(&rs), KF_OK);
-    kf_rewrite_opts o = {-1, false};
-    cr_assert_eq(kf_rewrite(m, &rs, &o, NULL), KF_OK, "%s", kf_last_error());
-    return rs;
-}
 
-/* Every near-miss reason of rule `name`, joined by " | " (static buffer). */
-static const char *reason(const kf_ruleset *rs, const char *name) {
-    static char buf[4096];
-    buf[0] = 0;
-    for (uint32_t i = 0; i < rs->n; i++) {
-        if (strcmp(rs->rules[i]->name, name)) continue;
-        for (int k = 0; k < rs->rules[i]->nnear; k++) {
-            if (k) strncat(buf, " | ", sizeof buf - strlen(buf) - 1);
-            strncat(buf, rs->rules[i]->near[k].reason, sizeof buf - strlen(buf) - 1);
-        }
-        return buf;
-    }
-    cr_assert_fail("no rule %s", name);
-    return buf;
-}
-
-static uint64_t hits(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->hits;
-    return 0;
-}
 
 /* Runs the chain rules on text; expects `gone` to vanish, `left` ops of
  * type `left_op` to remain, rule to hit, and bitwise-equal outputs. */
 static void expect_folded(const char *text, const char *gone, const char *left_op, uint32_t left, const char *rule) {
     kf_model *m = gt_parse(text);
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_chain(m);
-    if (gone) cr_expect_eq(gt_count(m, gone), 0, "%s left (%s: %s)", gone, rule, reason(&rs, rule));
-    cr_expect_eq(gt_count(m, left_op), left, "%s count (%s: %s)", left_op, rule, reason(&rs, rule));
-    cr_expect_geq(hits(&rs, rule), 1, "rule %s did not hit: %s", rule, reason(&rs, rule));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_chain_rules);
+    if (gone) cr_expect_eq(gt_count(m, gone), 0, "%s left (%s: %s)", gone, rule, gt_reasons(&rs, rule));
+    cr_expect_eq(gt_count(m, left_op), left, "%s count (%s: %s)", left_op, rule, gt_reasons(&rs, rule));
+    cr_expect_geq(gt_hits(&rs, rule), 1, "rule %s did not hit: %s", rule, gt_reasons(&rs, rule));
     gt_expect_same_outputs(orig, m, 0, 0);
     kf_rules_free(&rs);
     kf_model_free(m);
@@ -61,11 +33,11 @@ static void expect_folded(const char *text, const char *gone, const char *left_o
 static void expect_kept(const char *text, const char *op, const char *rule, const char *why) {
     kf_model *m = gt_parse(text);
     uint32_t before = gt_count(m, op), nodes = kf_graph_live_nodes(m->graph);
-    kf_ruleset rs = run_chain(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_chain_rules);
     cr_expect_eq(gt_count(m, op), before, "%s count changed", op);
     cr_expect_eq(kf_graph_live_nodes(m->graph), nodes);
-    cr_expect_eq(hits(&rs, rule), 0);
-    cr_expect(strstr(reason(&rs, rule), why), "rule %s: reason '%s', want '%s'", rule, reason(&rs, rule), why);
+    cr_expect_eq(gt_hits(&rs, rule), 0);
+    cr_expect(strstr(gt_reasons(&rs, rule), why), "rule %s: reason '%s', want '%s'", rule, gt_reasons(&rs, rule), why);
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -267,7 +239,7 @@ Test(pass_chain, ort_triple_cast_keeps_two_casts) {
         cr_skip_test("cannot load triple-cast.onnx: %s", kf_last_error());
     cr_assert_eq(gt_count(m, "Cast"), 4);
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_chain(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_chain_rules);
     cr_expect_eq(gt_count(m, "Cast"), 2);
     gt_expect_same_outputs(orig, m, 0, 0);
     kf_rules_free(&rs);

@@ -16,31 +16,13 @@
 #define ATOL 1e-5
 #define RTOL 1e-4
 
-/* Runs the rules of pass_gemm to a fixed point; returns them with their
- * statistics (caller frees). */
-static kf_ruleset run_gemm(kf_model *m) {
-    kf_ruleset rs = {0};
-    cr_assert_eq(kf_pass_gemm_rules(&rs), KF_OK);
-    kf_rewrite_opts o = {-1, false};
-    cr_assert_eq(kf_rewrite(m, &rs, &o, NULL), KF_OK, "%s", kf_last_error());
-    return rs;
-}
-
-/* The first near-miss reason of rule `name`, or "" when it has none. */
-static const char *reason(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->nnear ? rs->rules[i]->near[0].reason : "";
-    cr_assert_fail("no rule %s", name);
-    return "";
-}
-
 /* Parses text, runs the rules, expects one Gemm and nothing else, outputs
  * equal to the original's. */
 static void expect_one_gemm(const char *text, const char *rule) {
     kf_model *m = gt_parse(text);
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_gemm(m);
-    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s: %s", rule, reason(&rs, rule));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_gemm_rules);
+    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s: %s", rule, gt_reasons(&rs, rule));
     cr_expect_eq(kf_graph_live_nodes(m->graph), 1);
     gt_expect_same_outputs(orig, m, ATOL, RTOL);
     kf_rules_free(&rs);
@@ -53,10 +35,10 @@ static void expect_one_gemm(const char *text, const char *rule) {
 static void expect_declined(const char *text, const char *rule, const char *why) {
     kf_model *m = gt_parse(text);
     uint32_t before = kf_graph_live_nodes(m->graph);
-    kf_ruleset rs = run_gemm(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_gemm_rules);
     cr_expect_eq(kf_graph_live_nodes(m->graph), before, "the graph changed");
     cr_expect_eq(gt_count(m, "Gemm"), strstr(text, "Gemm(") ? 1 : 0);
-    cr_expect(strstr(reason(&rs, rule), why), "%s: reason '%s', expected '%s'", rule, reason(&rs, rule), why);
+    cr_expect(strstr(gt_reasons(&rs, rule), why), "%s: reason '%s', expected '%s'", rule, gt_reasons(&rs, rule), why);
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -101,8 +83,8 @@ Test(pass_gemm, folds_a_constant_add_into_a_constant_c) {
                            "y = Add(x, p)\n"
                            "output y\n");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_gemm(m);
-    cr_assert_eq(gt_count(m, "Add"), 0, "%s", reason(&rs, "fold_add_into_gemm_bias"));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_gemm_rules);
+    cr_assert_eq(gt_count(m, "Add"), 0, "%s", gt_reasons(&rs, "fold_add_into_gemm_bias"));
     const kf_graph *g = m->graph;
     const kf_node *n = &g->nodes[g->values[g->outputs[0]].producer];
     cr_expect_str_eq(n->op_type, "Gemm");
@@ -123,7 +105,7 @@ Test(pass_gemm, graph_output_keeps_its_name) {
                            "p = MatMul(a, b)\n"
                            "y = Add(p, c)\n"
                            "output y\n");
-    kf_ruleset rs = run_gemm(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_gemm_rules);
     const kf_graph *g = m->graph;
     cr_expect_str_eq(g->values[g->outputs[0]].name, "y");
     cr_expect_str_eq(g->nodes[g->values[g->outputs[0]].producer].op_type, "Gemm");
@@ -194,9 +176,9 @@ static kf_model *load_ort(const char *path) {
 Test(pass_gemm, ort_matmul_add_2input_becomes_one_gemm) {
     kf_model *m = load_ort(ORT_MATMUL_ADD "2Input/model.onnx");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_gemm(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_gemm_rules);
     cr_expect_eq(kf_graph_live_nodes(m->graph), 1);
-    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s", reason(&rs, "fuse_matmul_add_into_gemm"));
+    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s", gt_reasons(&rs, "fuse_matmul_add_into_gemm"));
     gt_expect_same_outputs(orig, m, ATOL, RTOL);
     kf_rules_free(&rs);
     kf_model_free(m);
@@ -206,11 +188,11 @@ Test(pass_gemm, ort_matmul_add_2input_becomes_one_gemm) {
 /* A is 1-D there: numpy matmul, not a Gemm */
 Test(pass_gemm, ort_matmul_add_3input_neg_model_stays) {
     kf_model *m = load_ort(ORT_MATMUL_ADD "3Input/neg_model.onnx");
-    kf_ruleset rs = run_gemm(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_gemm_rules);
     cr_expect_eq(kf_graph_live_nodes(m->graph), 2);
     cr_expect_eq(gt_count(m, "Gemm"), 0);
-    cr_expect(strstr(reason(&rs, "fuse_matmul_add_into_gemm"), "A is not 2-D"), "%s",
-              reason(&rs, "fuse_matmul_add_into_gemm"));
+    cr_expect(strstr(gt_reasons(&rs, "fuse_matmul_add_into_gemm"), "A is not 2-D"), "%s",
+              gt_reasons(&rs, "fuse_matmul_add_into_gemm"));
     kf_rules_free(&rs);
     kf_model_free(m);
 }

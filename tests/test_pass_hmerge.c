@@ -16,29 +16,6 @@
 #define ATOL 1e-5
 #define RTOL 1e-4
 
-/* Runs the rules of pass_hmerge to a fixed point; returns them with their
- * statistics (caller frees). */
-static kf_ruleset run_hmerge(kf_model *m) {
-    kf_ruleset rs = {0};
-    cr_assert_eq(kf_pass_hmerge_rules(&rs), KF_OK);
-    kf_rewrite_opts o = {-1, false};
-    cr_assert_eq(kf_rewrite(m, &rs, &o, NULL), KF_OK, "%s", kf_last_error());
-    return rs;
-}
-
-/* The first near-miss reason of rule `name`, or "" when it has none. */
-static const char *reason(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->nnear ? rs->rules[i]->near[0].reason : "";
-    cr_assert_fail("no rule %s", name);
-    return "";
-}
-
-static uint64_t hits(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->hits;
-    return 0;
-}
 
 static const kf_node *only(const kf_model *m, const char *op_type) {
     cr_assert_eq(gt_count(m, op_type), 1, "expected one %s", op_type);
@@ -68,8 +45,8 @@ Test(pass_hmerge, merges_sibling_matmuls_and_their_biases) {
                            "r = Relu(x)\n"
                            "output qr, kr, v, r\n");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_hmerge(m);
-    cr_expect_eq(hits(&rs, "merge_sibling_matmuls"), 1, "%s", reason(&rs, "merge_sibling_matmuls"));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_hits(&rs, "merge_sibling_matmuls"), 1, "%s", gt_reasons(&rs, "merge_sibling_matmuls"));
     cr_expect_eq(gt_count(m, "MatMul"), 1);
     cr_expect_eq(gt_count(m, "Add"), 1, "biases merged");
     const kf_node *s = only(m, "Split");
@@ -100,8 +77,8 @@ Test(pass_hmerge, merges_products_only_when_a_sibling_has_no_bias) {
                            "y2 = Add(p2, b2)\n"
                            "output y1, y2, p3\n");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_hmerge(m);
-    cr_expect_eq(gt_count(m, "MatMul"), 1, "%s", reason(&rs, "merge_sibling_matmuls"));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_count(m, "MatMul"), 1, "%s", gt_reasons(&rs, "merge_sibling_matmuls"));
     cr_expect_eq(gt_count(m, "Add"), 2);
     const kf_node *s = only(m, "Split");
     int n = 0;
@@ -126,8 +103,8 @@ Test(pass_hmerge, merges_sibling_gemms_with_mixed_transb_and_c) {
                            "y3 = Gemm(x, w3, c3) {transB=1, alpha=0.5, beta=2.0}\n"
                            "output y1, y2, y3\n");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_hmerge(m);
-    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s", reason(&rs, "merge_sibling_gemms"));
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s", gt_reasons(&rs, "merge_sibling_gemms"));
     cr_expect_eq(only(m, "Gemm")->nin, 3);
     cr_expect_eq(gt_count(m, "Split"), 1);
     gt_expect_same_outputs(orig, m, ATOL, RTOL);
@@ -143,11 +120,11 @@ Test(pass_hmerge, does_not_merge_when_a_weight_is_not_constant) {
                            "p1 = MatMul(x, w1)\n"
                            "p2 = MatMul(x, w2)\n"
                            "output p1, p2\n");
-    kf_ruleset rs = run_hmerge(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
     cr_expect_eq(gt_count(m, "MatMul"), 2);
     cr_expect_eq(gt_count(m, "Split"), 0);
-    cr_expect(strstr(reason(&rs, "merge_sibling_matmuls"), "weight is not a constant"), "%s",
-              reason(&rs, "merge_sibling_matmuls"));
+    cr_expect(strstr(gt_reasons(&rs, "merge_sibling_matmuls"), "weight is not a constant"), "%s",
+              gt_reasons(&rs, "merge_sibling_matmuls"));
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -159,10 +136,10 @@ Test(pass_hmerge, does_not_merge_gemms_that_scale_differently) {
                            "p1 = Gemm(x, w1) {alpha=0.5}\n"
                            "p2 = Gemm(x, w2)\n"
                            "output p1, p2\n");
-    kf_ruleset rs = run_hmerge(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
     cr_expect_eq(gt_count(m, "Gemm"), 2);
-    cr_expect(strstr(reason(&rs, "merge_sibling_gemms"), "differ in transA, alpha or beta"), "%s",
-              reason(&rs, "merge_sibling_gemms"));
+    cr_expect(strstr(gt_reasons(&rs, "merge_sibling_gemms"), "differ in transA, alpha or beta"), "%s",
+              gt_reasons(&rs, "merge_sibling_gemms"));
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -173,9 +150,9 @@ Test(pass_hmerge, does_not_count_a_matmul_reading_the_input_as_b) {
                            "p1 = MatMul(x, w1)\n"
                            "p2 = MatMul(w1, x)\n"
                            "output p1, p2\n");
-    kf_ruleset rs = run_hmerge(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
     cr_expect_eq(gt_count(m, "MatMul"), 2);
-    cr_expect_str_eq(reason(&rs, "merge_sibling_matmuls"), "", "a lone product has nothing to report");
+    cr_expect_str_eq(gt_reasons(&rs, "merge_sibling_matmuls"), "", "a lone product has nothing to report");
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -220,7 +197,7 @@ Test(pass_hmerge, bert_merges_qkv_of_every_layer) {
         kf_model_free(m);
         cr_skip_test("shape inference rejects the BERT model: %s", msg);
     }
-    cr_expect_eq(hits(&rs, "merge_sibling_matmuls"), 12);
+    cr_expect_eq(gt_hits(&rs, "merge_sibling_matmuls"), 12);
     cr_expect_eq(gt_count(m, "Split"), 12 + 1);
     kf_tensor ins[3] = {0}, outs[2] = {0}, want[2] = {0};
     for (int i = 0; i < 3; i++) {

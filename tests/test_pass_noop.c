@@ -13,38 +13,6 @@
 
 #define ORT_TRANSFORM KF_SOURCE_DIR "/../shared/models/ort/onnxruntime/test/testdata/transform/"
 
-/* Runs the no-op rules to a fixed point on m; returns the rule set (with
- * statistics and near misses; caller frees). */
-static kf_ruleset run_noop(kf_model *m) {
-    kf_ruleset rs = {0};
-    cr_assert_eq(kf_pass_noop_rules(&rs), KF_OK);
-    kf_rewrite_opts o = {-1, false};
-    cr_assert_eq(kf_rewrite(m, &rs, &o, NULL), KF_OK, "%s", kf_last_error());
-    return rs;
-}
-
-/* The first near-miss reason of rule `name`, or "" when it has none. */
-/* Every near-miss reason of rule `name`, joined by " | " (static buffer). */
-static const char *reason(const kf_ruleset *rs, const char *name) {
-    static char buf[4096];
-    buf[0] = 0;
-    for (uint32_t i = 0; i < rs->n; i++) {
-        if (strcmp(rs->rules[i]->name, name)) continue;
-        for (int k = 0; k < rs->rules[i]->nnear; k++) {
-            if (k) strncat(buf, " | ", sizeof buf - strlen(buf) - 1);
-            strncat(buf, rs->rules[i]->near[k].reason, sizeof buf - strlen(buf) - 1);
-        }
-        return buf;
-    }
-    cr_assert_fail("no rule %s", name);
-    return buf;
-}
-
-static uint64_t hits(const kf_ruleset *rs, const char *name) {
-    for (uint32_t i = 0; i < rs->n; i++)
-        if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->hits;
-    return 0;
-}
 
 /* Parses text, removes no-ops, expects `op` to be gone and outputs to stay
  * bitwise equal. */
@@ -52,9 +20,9 @@ static void expect_removed(const char *text, const char *op, const char *rule) {
     kf_model *m = gt_parse(text);
     kf_model *orig = gt_copy(m);
     cr_assert_geq(gt_count(m, op), 1);
-    kf_ruleset rs = run_noop(m);
-    cr_expect_eq(gt_count(m, op), 0, "%s left behind (%s: %s)", op, rule, reason(&rs, rule));
-    cr_expect_eq(hits(&rs, rule), 1, "rule %s", rule);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_noop_rules);
+    cr_expect_eq(gt_count(m, op), 0, "%s left behind (%s: %s)", op, rule, gt_reasons(&rs, rule));
+    cr_expect_eq(gt_hits(&rs, rule), 1, "rule %s", rule);
     gt_expect_same_outputs(orig, m, 0, 0);
     kf_rules_free(&rs);
     kf_model_free(m);
@@ -65,9 +33,9 @@ static void expect_removed(const char *text, const char *op, const char *rule) {
 static void expect_kept(const char *text, const char *op, const char *rule, const char *why) {
     kf_model *m = gt_parse(text);
     uint32_t before = gt_count(m, op);
-    kf_ruleset rs = run_noop(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_noop_rules);
     cr_expect_eq(gt_count(m, op), before, "%s was removed", op);
-    cr_expect(strstr(reason(&rs, rule), why), "rule %s: reason '%s', want '%s'", rule, reason(&rs, rule), why);
+    cr_expect(strstr(gt_reasons(&rs, rule), why), "rule %s: reason '%s', want '%s'", rule, gt_reasons(&rs, rule), why);
     kf_rules_free(&rs);
     kf_model_free(m);
 }
@@ -87,7 +55,7 @@ Test(pass_noop, identity_before_a_graph_output_keeps_the_name) {
                            "y = Identity(a)\n"
                            "output y\n");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_noop(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_noop_rules);
     cr_expect_eq(gt_count(m, "Identity"), 0);
     cr_expect_str_eq(m->graph->values[m->graph->outputs[0]].name, "y");
     gt_expect_same_outputs(orig, m, 0, 0);
@@ -361,7 +329,7 @@ static kf_model *load_ort(const char *name) {
 Test(pass_noop, ort_abs_id_max_loses_its_identity) {
     kf_model *m = load_ort(ORT_TRANSFORM "abs-id-max.onnx");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_noop(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_noop_rules);
     cr_expect_eq(gt_count(m, "Identity"), 0);
     cr_expect_eq(kf_graph_live_nodes(m->graph), 2);
     gt_expect_same_outputs(orig, m, 0, 0);
@@ -373,7 +341,7 @@ Test(pass_noop, ort_abs_id_max_loses_its_identity) {
 Test(pass_noop, ort_dropout_keeps_used_masks_and_output_names) {
     kf_model *m = load_ort(ORT_TRANSFORM "dropout.onnx");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_noop(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_noop_rules);
     /* two Dropouts have a used mask (one feeds Identity, one is a graph
      * output); two Identities copy the graph input X to a graph output */
     cr_expect_eq(gt_count(m, "Dropout"), 2);
@@ -381,7 +349,7 @@ Test(pass_noop, ort_dropout_keeps_used_masks_and_output_names) {
     const char *names[] = {"O1", "O2", "O3", "O4", "O5", "M3"};
     cr_assert_eq(m->graph->noutputs, 6);
     for (int i = 0; i < 6; i++) cr_expect_str_eq(m->graph->values[m->graph->outputs[i]].name, names[i]);
-    cr_expect(strstr(reason(&rs, "remove_identity"), "would rename"));
+    cr_expect(strstr(gt_reasons(&rs, "remove_identity"), "would rename"));
     gt_expect_same_outputs(orig, m, 0, 0);
     kf_rules_free(&rs);
     kf_model_free(m);
@@ -391,12 +359,12 @@ Test(pass_noop, ort_dropout_keeps_used_masks_and_output_names) {
 Test(pass_noop, ort_slice_v11_elim_removes_the_slices_that_select_everything) {
     kf_model *m = load_ort(ORT_TRANSFORM "slice-v11-elim.onnx");
     kf_model *orig = gt_copy(m);
-    kf_ruleset rs = run_noop(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_noop_rules);
     /* kept: a start of -1, and ends fed by the overridable graph input endsG
      * (ORT also keeps the step-3 Slice, which here runs over a dim of 1 and
      * so keeps everything) */
     cr_expect_eq(gt_count(m, "Slice"), 2);
-    cr_expect_eq(hits(&rs, "remove_full_slice"), 4);
+    cr_expect_eq(gt_hits(&rs, "remove_full_slice"), 4);
     gt_expect_same_outputs(orig, m, 0, 0);
     kf_rules_free(&rs);
     kf_model_free(m);
