@@ -62,6 +62,18 @@ int64_t kf_ravel(int rank, const int64_t *strides, const int64_t *idx);
  * by KF_DT_UNDEFINED); KF_ERR_SHAPE naming node and input otherwise. */
 kf_status kf_check_dtype(const kf_node *n, const kf_tensor *t, int i, ...);
 
+/* Fails with code and "node 'NAME' (OP): <message>" (printf-style). */
+kf_status kf_node_fail(const kf_node *n, kf_status code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+/* Makes out a tensor of the given dtype and shape: allocates it, or checks
+ * the one the evaluator pre-allocated from the shape function (a mismatch
+ * is KF_ERR_INTERNAL naming the node: the shape function and the kernel
+ * disagree). */
+kf_status kf_output_prepare(const kf_node *n, kf_tensor *out, kf_dtype dt, int rank, const int64_t *dims);
+
 /* ---- graph evaluation ---------------------------------------------------- */
 
 /* Options of one evaluation. */

@@ -14,35 +14,6 @@
 
 /* ---- helpers ------------------------------------------------------------ */
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static kf_status nfail(const kf_node *n, kf_status code, const char *fmt, ...) {
-    char msg[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return kf_fail(code, "node '%s' (%s): %s", kf_node_label(n), n->op_type, msg);
-}
-
-/* Makes t a tensor of the given type: allocates it, or checks the one the
- * evaluator pre-allocated from the shape function. */
-static kf_status out_alloc(const kf_node *n, kf_tensor *t, kf_dtype dt, int rank,
-                           const int64_t *dims) {
-    if (rank > KF_MAX_RANK)
-        return nfail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", rank, KF_MAX_RANK);
-    if (t->data) {
-        bool same = t->dtype == dt && t->rank == rank;
-        for (int d = 0; same && d < rank; d++) same = t->dims[d] == dims[d];
-        if (same) return KF_OK;
-        return nfail(n, KF_ERR_INTERNAL, "pre-allocated output disagrees with the kernel's shape");
-    }
-    kf_status st = kf_tensor_alloc(t, dt, rank, dims);
-    if (st) return kf_fail_context(st, "node '%s' (%s) output", kf_node_label(n), n->op_type);
-    return KF_OK;
-}
-
 /* Copies count elements src[si..] to dst[di..] (same dtype); strings are
  * deep-copied, replacing what dst held. */
 static kf_status copy_block(kf_tensor *dst, int64_t di, const kf_tensor *src, int64_t si,
@@ -73,7 +44,7 @@ static kf_status read_index(const kf_node *n, const kf_tensor *t, int64_t i, int
     int64_t v = kf_get_i64(t, i);
     int64_t w = v < 0 ? v + dim : v;
     if (w < 0 || w >= dim)
-        return nfail(n, KF_ERR_RUNTIME, "index %lld is out of range for a dimension of size %lld",
+        return kf_node_fail(n, KF_ERR_RUNTIME, "index %lld is out of range for a dimension of size %lld",
                      (long long)v, (long long)dim);
     *out = w;
     return KF_OK;
@@ -104,11 +75,11 @@ kf_status kf_index_shape_gather(const kf_node *n, int nin, const kf_type *const 
     const kf_type *x = in[0], *ix = in[1];
     out[0].dtype = x->dtype;
     if (x->rank < 0 || !ix || ix->rank < 0) return KF_OK;
-    if (x->rank < 1) return nfail(n, KF_ERR_SHAPE, "data must have rank >= 1");
+    if (x->rank < 1) return kf_node_fail(n, KF_ERR_SHAPE, "data must have rank >= 1");
     int axis;
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, &axis));
     int r = x->rank + ix->rank - 1;
-    if (r > KF_MAX_RANK) return nfail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
+    if (r > KF_MAX_RANK) return kf_node_fail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
     out[0].rank = r;
     put_dims(&out[0], 0, x, 0, axis);
     put_dims(&out[0], axis, ix, 0, ix->rank);
@@ -122,12 +93,12 @@ kf_status kf_index_eval_gather(const kf_node *n, int nin, const kf_tensor *const
     (void)nout;
     const kf_tensor *x = in[0], *ix = in[1];
     if (!is_index_dtype(ix->dtype))
-        return nfail(n, KF_ERR_SHAPE, "indices must be int32 or int64, not %s", kf_dtype_name(ix->dtype));
-    if (x->rank < 1) return nfail(n, KF_ERR_SHAPE, "data must have rank >= 1");
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices must be int32 or int64, not %s", kf_dtype_name(ix->dtype));
+    if (x->rank < 1) return kf_node_fail(n, KF_ERR_SHAPE, "data must have rank >= 1");
     int axis;
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, &axis));
     int r = x->rank + ix->rank - 1;
-    if (r > KF_MAX_RANK) return nfail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
+    if (r > KF_MAX_RANK) return kf_node_fail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
     int64_t dims[KF_MAX_RANK];
     memcpy(dims, x->dims, sizeof(int64_t) * (size_t)axis);
     memcpy(dims + axis, ix->dims, sizeof(int64_t) * (size_t)ix->rank);
@@ -135,7 +106,7 @@ kf_status kf_index_eval_gather(const kf_node *n, int nin, const kf_tensor *const
     int64_t outer = prod(x->dims, 0, axis), adim = x->dims[axis];
     int64_t inner = prod(x->dims, axis + 1, x->rank), nidx = ix->numel, w = 0;
     for (int64_t j = 0; j < nidx; j++) KF_TRY(read_index(n, ix, j, adim, &w));
-    KF_TRY(out_alloc(n, &out[0], x->dtype, r, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, r, dims));
     for (int64_t o = 0; o < outer; o++)
         for (int64_t j = 0; j < nidx; j++) {
             KF_TRY(read_index(n, ix, j, adim, &w));
@@ -153,7 +124,7 @@ kf_status kf_index_shape_gather_elements(const kf_node *n, int nin, const kf_typ
     if (in[1]) out[0] = *in[1];
     out[0].dtype = in[0]->dtype;
     if (in[0]->rank >= 0 && in[1] && in[1]->rank >= 0 && in[0]->rank != in[1]->rank)
-        return nfail(n, KF_ERR_SHAPE, "indices rank %d differs from data rank %d", in[1]->rank, in[0]->rank);
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices rank %d differs from data rank %d", in[1]->rank, in[0]->rank);
     return KF_OK;
 }
 
@@ -162,13 +133,13 @@ kf_status kf_index_shape_gather_elements(const kf_node *n, int nin, const kf_typ
 static kf_status check_elements_shape(const kf_node *n, const kf_tensor *x, const kf_tensor *ix,
                                       int *axis) {
     if (!is_index_dtype(ix->dtype))
-        return nfail(n, KF_ERR_SHAPE, "indices must be int32 or int64, not %s", kf_dtype_name(ix->dtype));
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices must be int32 or int64, not %s", kf_dtype_name(ix->dtype));
     if (x->rank < 1 || ix->rank != x->rank)
-        return nfail(n, KF_ERR_SHAPE, "indices rank %d must equal data rank %d (>= 1)", ix->rank, x->rank);
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices rank %d must equal data rank %d (>= 1)", ix->rank, x->rank);
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, axis));
     for (int d = 0; d < x->rank; d++)
         if (d != *axis && ix->dims[d] > x->dims[d])
-            return nfail(n, KF_ERR_SHAPE, "indices dim %d (%lld) exceeds data dim (%lld)", d,
+            return kf_node_fail(n, KF_ERR_SHAPE, "indices dim %d (%lld) exceeds data dim (%lld)", d,
                          (long long)ix->dims[d], (long long)x->dims[d]);
     return KF_OK;
 }
@@ -180,7 +151,7 @@ kf_status kf_index_eval_gather_elements(const kf_node *n, int nin, const kf_tens
     const kf_tensor *x = in[0], *ix = in[1];
     int axis;
     KF_TRY(check_elements_shape(n, x, ix, &axis));
-    KF_TRY(out_alloc(n, &out[0], x->dtype, ix->rank, ix->dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, ix->rank, ix->dims));
     int64_t xs[KF_MAX_RANK], pos[KF_MAX_RANK];
     kf_strides(x->rank, x->dims, xs);
     for (int64_t i = 0; i < ix->numel; i++) {
@@ -202,12 +173,12 @@ kf_status kf_index_shape_gather_nd(const kf_node *n, int nin, const kf_type *con
     if (x->rank < 0 || !ix || ix->rank < 0) return KF_OK;
     int64_t b = kf_attr_i(n, "batch_dims", 0);
     if (ix->rank < 1 || x->rank < 1 || b < 0 || b >= ix->rank || b >= x->rank)
-        return nfail(n, KF_ERR_SHAPE, "ranks %d (data) and %d (indices) do not fit batch_dims %lld",
+        return kf_node_fail(n, KF_ERR_SHAPE, "ranks %d (data) and %d (indices) do not fit batch_dims %lld",
                      x->rank, ix->rank, (long long)b);
     int64_t m = ix->dims[ix->rank - 1];
     if (m < 0) return KF_OK;
     if (m > x->rank - b)
-        return nfail(n, KF_ERR_SHAPE, "index tuples of length %lld exceed data rank %d - batch_dims",
+        return kf_node_fail(n, KF_ERR_SHAPE, "index tuples of length %lld exceed data rank %d - batch_dims",
                      (long long)m, x->rank);
     out[0].rank = ix->rank - 1 + x->rank - (int)b - (int)m;
     put_dims(&out[0], 0, ix, 0, ix->rank - 1);
@@ -221,25 +192,25 @@ kf_status kf_index_eval_gather_nd(const kf_node *n, int nin, const kf_tensor *co
     (void)nout;
     const kf_tensor *x = in[0], *ix = in[1];
     if (ix->dtype != KF_DT_INT64)
-        return nfail(n, KF_ERR_SHAPE, "indices must be int64, not %s", kf_dtype_name(ix->dtype));
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices must be int64, not %s", kf_dtype_name(ix->dtype));
     int64_t b64 = kf_attr_i(n, "batch_dims", 0);
     if (ix->rank < 1 || x->rank < 1 || b64 < 0 || b64 >= ix->rank || b64 >= x->rank)
-        return nfail(n, KF_ERR_SHAPE, "ranks %d (data) and %d (indices) do not fit batch_dims %lld",
+        return kf_node_fail(n, KF_ERR_SHAPE, "ranks %d (data) and %d (indices) do not fit batch_dims %lld",
                      x->rank, ix->rank, (long long)b64);
     int b = (int)b64, q = ix->rank;
     int64_t m = ix->dims[q - 1];
     if (m > x->rank - b)
-        return nfail(n, KF_ERR_SHAPE, "index tuples of length %lld exceed data rank %d - batch_dims",
+        return kf_node_fail(n, KF_ERR_SHAPE, "index tuples of length %lld exceed data rank %d - batch_dims",
                      (long long)m, x->rank);
     for (int d = 0; d < b; d++)
         if (ix->dims[d] != x->dims[d])
-            return nfail(n, KF_ERR_SHAPE, "batch dim %d differs: %lld (indices) vs %lld (data)", d,
+            return kf_node_fail(n, KF_ERR_SHAPE, "batch dim %d differs: %lld (indices) vs %lld (data)", d,
                          (long long)ix->dims[d], (long long)x->dims[d]);
     int r = q - 1 + x->rank - b - (int)m;
     int64_t dims[KF_MAX_RANK];
     memcpy(dims, ix->dims, sizeof(int64_t) * (size_t)(q - 1));
     memcpy(dims + q - 1, x->dims + b + m, sizeof(int64_t) * (size_t)(x->rank - b - m));
-    KF_TRY(out_alloc(n, &out[0], x->dtype, r, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, r, dims));
     int64_t nb = prod(x->dims, 0, b), nt = prod(ix->dims, b, q - 1);
     int64_t slice = prod(x->dims, b + (int)m, x->rank), bstride = prod(x->dims, b, x->rank);
     for (int64_t bi = 0; bi < nb; bi++)
@@ -277,10 +248,10 @@ static kf_status parse_reduction(const kf_node *n, kf_dtype dt, int *red) {
     else if (strcmp(s, "mul") == 0) *red = RED_MUL;
     else if (strcmp(s, "max") == 0) *red = RED_MAX;
     else if (strcmp(s, "min") == 0) *red = RED_MIN;
-    else return nfail(n, KF_ERR_BAD_MODEL, "unknown reduction '%s'", s);
+    else return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown reduction '%s'", s);
     if (*red == RED_NONE) return KF_OK;
     if (dt == KF_DT_STRING || ((dt == KF_DT_COMPLEX64 || dt == KF_DT_COMPLEX128) && *red >= RED_MAX))
-        return nfail(n, KF_ERR_UNSUPPORTED, "reduction '%s' on %s", s, kf_dtype_name(dt));
+        return kf_node_fail(n, KF_ERR_UNSUPPORTED, "reduction '%s' on %s", s, kf_dtype_name(dt));
     return KF_OK;
 }
 
@@ -343,21 +314,21 @@ kf_status kf_index_eval_scatter_nd(const kf_node *n, int nin, const kf_tensor *c
     (void)nout;
     const kf_tensor *x = in[0], *ix = in[1], *up = in[2];
     if (ix->dtype != KF_DT_INT64)
-        return nfail(n, KF_ERR_SHAPE, "indices must be int64, not %s", kf_dtype_name(ix->dtype));
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices must be int64, not %s", kf_dtype_name(ix->dtype));
     if (up->dtype != x->dtype)
-        return nfail(n, KF_ERR_SHAPE, "updates dtype %s differs from data dtype %s",
+        return kf_node_fail(n, KF_ERR_SHAPE, "updates dtype %s differs from data dtype %s",
                      kf_dtype_name(up->dtype), kf_dtype_name(x->dtype));
     int red;
     KF_TRY(parse_reduction(n, x->dtype, &red));
     int q = ix->rank;
-    if (x->rank < 1 || q < 1) return nfail(n, KF_ERR_SHAPE, "data and indices must have rank >= 1");
+    if (x->rank < 1 || q < 1) return kf_node_fail(n, KF_ERR_SHAPE, "data and indices must have rank >= 1");
     int64_t k = ix->dims[q - 1];
-    if (k > x->rank) return nfail(n, KF_ERR_SHAPE, "index tuples of length %lld exceed data rank %d", (long long)k, x->rank);
+    if (k > x->rank) return kf_node_fail(n, KF_ERR_SHAPE, "index tuples of length %lld exceed data rank %d", (long long)k, x->rank);
     bool ok = up->rank == q - 1 + x->rank - (int)k;
     for (int d = 0; ok && d < q - 1; d++) ok = up->dims[d] == ix->dims[d];
     for (int d = (int)k; ok && d < x->rank; d++) ok = up->dims[q - 1 + d - k] == x->dims[d];
-    if (!ok) return nfail(n, KF_ERR_SHAPE, "updates shape must be indices.shape[:-1] + data.shape[k:]");
-    KF_TRY(out_alloc(n, &out[0], x->dtype, x->rank, x->dims));
+    if (!ok) return kf_node_fail(n, KF_ERR_SHAPE, "updates shape must be indices.shape[:-1] + data.shape[k:]");
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, x->rank, x->dims));
     KF_TRY(copy_block(&out[0], 0, x, 0, x->numel));
     int64_t nt = prod(ix->dims, 0, q - 1), slice = prod(x->dims, (int)k, x->rank);
     for (int64_t t = 0; t < nt; t++) {
@@ -381,9 +352,9 @@ kf_status kf_index_eval_scatter_elements(const kf_node *n, int nin, const kf_ten
     KF_TRY(check_elements_shape(n, x, ix, &axis));
     bool same = up->dtype == x->dtype && up->rank == ix->rank;
     for (int d = 0; same && d < ix->rank; d++) same = up->dims[d] == ix->dims[d];
-    if (!same) return nfail(n, KF_ERR_SHAPE, "updates must have the indices' shape and the data's dtype");
+    if (!same) return kf_node_fail(n, KF_ERR_SHAPE, "updates must have the indices' shape and the data's dtype");
     KF_TRY(parse_reduction(n, x->dtype, &red));
-    KF_TRY(out_alloc(n, &out[0], x->dtype, x->rank, x->dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, x->rank, x->dims));
     KF_TRY(copy_block(&out[0], 0, x, 0, x->numel));
     int64_t xs[KF_MAX_RANK], pos[KF_MAX_RANK];
     kf_strides(x->rank, x->dims, xs);
@@ -399,9 +370,9 @@ kf_status kf_index_eval_scatter_elements(const kf_node *n, int nin, const kf_ten
 
 static kf_status read_depth(const kf_node *n, const kf_tensor *t, int64_t *depth) {
     if (t->numel != 1 || t->rank > 1 || t->dtype == KF_DT_STRING)
-        return nfail(n, KF_ERR_SHAPE, "depth must be a numeric scalar or one-element tensor");
+        return kf_node_fail(n, KF_ERR_SHAPE, "depth must be a numeric scalar or one-element tensor");
     double v = kf_get_f64(t, 0);
-    if (!(v >= 0)) return nfail(n, KF_ERR_RUNTIME, "depth %g is negative", v);
+    if (!(v >= 0)) return kf_node_fail(n, KF_ERR_RUNTIME, "depth %g is negative", v);
     *depth = kf_get_i64(t, 0);
     return KF_OK;
 }
@@ -412,7 +383,7 @@ kf_status kf_index_shape_one_hot(const kf_node *n, int nin, const kf_type *const
     if (in[2]) out[0].dtype = in[2]->dtype;
     if (!in[0] || in[0]->rank < 0) return KF_OK;
     int r = in[0]->rank + 1, axis;
-    if (r > KF_MAX_RANK) return nfail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
+    if (r > KF_MAX_RANK) return kf_node_fail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", -1), r, &axis));
     out[0].rank = r;
     put_dims(&out[0], 0, in[0], 0, axis);
@@ -429,20 +400,20 @@ kf_status kf_index_eval_one_hot(const kf_node *n, int nin, const kf_tensor *cons
     const kf_tensor *ix = in[0], *values = in[2];
     if (ix->dtype == KF_DT_STRING || ix->dtype == KF_DT_BOOL || ix->dtype == KF_DT_COMPLEX64 ||
         ix->dtype == KF_DT_COMPLEX128)
-        return nfail(n, KF_ERR_SHAPE, "indices must be numeric, not %s", kf_dtype_name(ix->dtype));
+        return kf_node_fail(n, KF_ERR_SHAPE, "indices must be numeric, not %s", kf_dtype_name(ix->dtype));
     if (values->numel != 2)
-        return nfail(n, KF_ERR_SHAPE, "values must hold two elements [off, on], not %lld",
+        return kf_node_fail(n, KF_ERR_SHAPE, "values must hold two elements [off, on], not %lld",
                      (long long)values->numel);
     int64_t depth = 0;
     KF_TRY(read_depth(n, in[1], &depth));
     int r = ix->rank + 1, axis;
-    if (r > KF_MAX_RANK) return nfail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
+    if (r > KF_MAX_RANK) return kf_node_fail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", r, KF_MAX_RANK);
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", -1), r, &axis));
     int64_t dims[KF_MAX_RANK];
     memcpy(dims, ix->dims, sizeof(int64_t) * (size_t)axis);
     dims[axis] = depth;
     memcpy(dims + axis + 1, ix->dims + axis, sizeof(int64_t) * (size_t)(ix->rank - axis));
-    KF_TRY(out_alloc(n, &out[0], values->dtype, r, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], values->dtype, r, dims));
     /* opset 9 defines only [0, depth); opset 11 adds [-depth, 0) */
     bool wrap = n->opset == 0 || n->opset >= 11;
     int64_t outer = prod(ix->dims, 0, axis), inner = prod(ix->dims, axis, ix->rank);
@@ -498,7 +469,7 @@ kf_status kf_index_eval_non_zero(const kf_node *n, int nin, const kf_tensor *con
     for (int64_t i = 0; i < x->numel; i++) c += elem_nonzero(x, i);
     int coords = x->rank ? x->rank : 1; /* a scalar reads as one element of a 1-D tensor */
     int64_t dims[2] = {coords, c};
-    KF_TRY(out_alloc(n, &out[0], KF_DT_INT64, 2, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], KF_DT_INT64, 2, dims));
     int64_t *o = out[0].data, k = 0;
     for (int64_t i = 0; i < x->numel; i++) {
         if (!elem_nonzero(x, i)) continue;
@@ -519,12 +490,12 @@ kf_status kf_index_eval_non_zero(const kf_node *n, int nin, const kf_tensor *con
  * past the end is a run-time error. */
 static kf_status compress_count(const kf_node *n, const kf_tensor *cond, int64_t dim, int64_t *count) {
     if (cond->dtype != KF_DT_BOOL || cond->rank != 1)
-        return nfail(n, KF_ERR_SHAPE, "condition must be a 1-D bool tensor");
+        return kf_node_fail(n, KF_ERR_SHAPE, "condition must be a 1-D bool tensor");
     int64_t c = 0;
     for (int64_t i = 0; i < cond->numel; i++) {
         if (!kf_get_i64(cond, i)) continue;
         if (i >= dim)
-            return nfail(n, KF_ERR_RUNTIME, "condition selects entry %lld of a dimension of size %lld",
+            return kf_node_fail(n, KF_ERR_RUNTIME, "condition selects entry %lld of a dimension of size %lld",
                          (long long)i, (long long)dim);
         c++;
     }
@@ -549,7 +520,7 @@ kf_status kf_index_shape_compress(const kf_node *n, int nin, const kf_type *cons
     }
     if (x->rank < 0) return KF_OK;
     int axis;
-    if (x->rank < 1) return nfail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
+    if (x->rank < 1) return kf_node_fail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
     KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, &axis));
     out[0] = *x;
     out[0].dims[axis] = -1;
@@ -567,7 +538,7 @@ kf_status kf_index_eval_compress(const kf_node *n, int nin, const kf_tensor *con
     int rank = 1;
     if (kf_attr_find(n, "axis")) {
         int axis;
-        if (x->rank < 1) return nfail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
+        if (x->rank < 1) return kf_node_fail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
         KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, &axis));
         outer = prod(x->dims, 0, axis);
         dim = x->dims[axis];
@@ -580,7 +551,7 @@ kf_status kf_index_eval_compress(const kf_node *n, int nin, const kf_tensor *con
         KF_TRY(compress_count(n, cond, dim, &count));
         dims[0] = count;
     }
-    KF_TRY(out_alloc(n, &out[0], x->dtype, rank, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, rank, dims));
     for (int64_t o = 0; o < outer; o++) {
         int64_t k = 0;
         for (int64_t j = 0; j < cond->numel && j < dim; j++) {
@@ -673,7 +644,7 @@ kf_status kf_index_shape_unique(const kf_node *n, int nin, const kf_type *const 
     bool has_axis = kf_attr_find(n, "axis") != NULL;
     int axis = 0;
     if (has_axis && x->rank >= 0) {
-        if (x->rank < 1) return nfail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
+        if (x->rank < 1) return kf_node_fail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
         KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, &axis));
     }
     out[0].dtype = x->dtype;
@@ -708,7 +679,7 @@ kf_status kf_index_eval_unique(const kf_node *n, int nin, const kf_tensor *const
     slices s = {x, x->numel, 1, 1};
     int axis = -1;
     if (kf_attr_find(n, "axis")) {
-        if (x->rank < 1) return nfail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
+        if (x->rank < 1) return kf_node_fail(n, KF_ERR_SHAPE, "input must have rank >= 1 when axis is given");
         KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", 0), x->rank, &axis));
         s.count = x->dims[axis];
         s.outer = prod(x->dims, 0, axis);
@@ -749,7 +720,7 @@ kf_status kf_index_eval_unique(const kf_node *n, int nin, const kf_tensor *const
         memcpy(dims, x->dims, sizeof(int64_t) * (size_t)rank);
         dims[axis] = u;
     }
-    if ((st = out_alloc(n, &out[0], x->dtype, rank, dims))) goto done;
+    if ((st = kf_output_prepare(n, &out[0], x->dtype, rank, dims))) goto done;
     for (int64_t g = 0; g < u; g++)
         for (int64_t o = 0; o < s.outer; o++)
             if ((st = copy_block(&out[0], (o * u + pos[g]) * s.inner, x, (o * m + first[g]) * s.inner,
@@ -757,7 +728,7 @@ kf_status kf_index_eval_unique(const kf_node *n, int nin, const kf_tensor *const
                 goto done;
     int64_t len[4] = {0, u, m, u};
     for (int j = 1; j < nout && j < 4; j++) {
-        if ((st = out_alloc(n, &out[j], KF_DT_INT64, 1, &len[j]))) goto done;
+        if ((st = kf_output_prepare(n, &out[j], KF_DT_INT64, 1, &len[j]))) goto done;
         int64_t *o = out[j].data;
         if (j == 2)
             for (int64_t i = 0; i < m; i++) o[i] = pos[group[i]];
@@ -778,9 +749,9 @@ done:
 
 static kf_status reverse_axes(const kf_node *n, int rank, int *batch, int *time) {
     int64_t b = kf_attr_i(n, "batch_axis", 1), t = kf_attr_i(n, "time_axis", 0);
-    if (rank < 2) return nfail(n, KF_ERR_SHAPE, "input must have rank >= 2, not %d", rank);
+    if (rank < 2) return kf_node_fail(n, KF_ERR_SHAPE, "input must have rank >= 2, not %d", rank);
     if (!((b == 0 && t == 1) || (b == 1 && t == 0)))
-        return nfail(n, KF_ERR_BAD_MODEL, "batch_axis %lld and time_axis %lld must be 0 and 1 in some order",
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "batch_axis %lld and time_axis %lld must be 0 and 1 in some order",
                      (long long)b, (long long)t);
     *batch = (int)b;
     *time = (int)t;
@@ -806,14 +777,14 @@ kf_status kf_index_eval_reverse_sequence(const kf_node *n, int nin, const kf_ten
     KF_TRY(reverse_axes(n, x->rank, &ba, &ta));
     int64_t nb = x->dims[ba], nt = x->dims[ta], inner = prod(x->dims, 2, x->rank);
     if (lens->dtype != KF_DT_INT64 || lens->rank != 1 || lens->numel != nb)
-        return nfail(n, KF_ERR_SHAPE, "sequence_lens must be a 1-D int64 tensor of the batch size %lld",
+        return kf_node_fail(n, KF_ERR_SHAPE, "sequence_lens must be a 1-D int64 tensor of the batch size %lld",
                      (long long)nb);
-    KF_TRY(out_alloc(n, &out[0], x->dtype, x->rank, x->dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, x->rank, x->dims));
     KF_TRY(copy_block(&out[0], 0, x, 0, x->numel));
     for (int64_t b = 0; b < nb; b++) {
         int64_t len = kf_get_i64(lens, b);
         if (len < 0 || len > nt)
-            return nfail(n, KF_ERR_RUNTIME, "sequence length %lld is outside [0, %lld]", (long long)len,
+            return kf_node_fail(n, KF_ERR_RUNTIME, "sequence length %lld is outside [0, %lld]", (long long)len,
                          (long long)nt);
         for (int64_t t = 0; t < len; t++) {
             int64_t src = len - 1 - t;

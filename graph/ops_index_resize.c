@@ -23,32 +23,6 @@
  * only from absurd ROI coordinates and would stall the evaluator. */
 #define ROI_MAX_SAMPLES ((int64_t)1 << 20)
 
-#if defined(__GNUC__)
-__attribute__((format(printf, 3, 4)))
-#endif
-static kf_status nfail(const kf_node *n, kf_status code, const char *fmt, ...) {
-    char msg[384];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
-    va_end(ap);
-    return kf_fail(code, "node '%s' (%s): %s", kf_node_label(n), n->op_type, msg);
-}
-
-/* Allocates t, or checks the tensor the evaluator pre-allocated. */
-static kf_status out_alloc(const kf_node *n, kf_tensor *t, kf_dtype dt, int rank,
-                           const int64_t *dims) {
-    if (t->data) {
-        bool same = t->dtype == dt && t->rank == rank;
-        for (int d = 0; same && d < rank; d++) same = t->dims[d] == dims[d];
-        if (same) return KF_OK;
-        return nfail(n, KF_ERR_INTERNAL, "pre-allocated output disagrees with the kernel's shape");
-    }
-    kf_status st = kf_tensor_alloc(t, dt, rank, dims);
-    if (st) return kf_fail_context(st, "node '%s' (%s) output", kf_node_label(n), n->op_type);
-    return KF_OK;
-}
-
 /* dst[di] = src[si], bitwise; strings deep-copied. */
 static kf_status copy_elem(kf_tensor *dst, int64_t di, const kf_tensor *src, int64_t si) {
     if (src->dtype == KF_DT_STRING) {
@@ -80,9 +54,9 @@ static kf_status read_f64s(const kf_node *n, const kf_tensor *t, const char *wha
     *count = 0;
     if (!t || t->numel == 0) return KF_OK;
     if (t->rank > 1 || (want_int ? !kf_dtype_is_int(t->dtype) : !kf_dtype_is_float(t->dtype)))
-        return nfail(n, KF_ERR_SHAPE, "%s must be a 1-D %s tensor", what, want_int ? "integer" : "float");
+        return kf_node_fail(n, KF_ERR_SHAPE, "%s must be a 1-D %s tensor", what, want_int ? "integer" : "float");
     if (t->numel > max)
-        return nfail(n, KF_ERR_SHAPE, "%s has %lld elements, at most %d expected", what, (long long)t->numel, max);
+        return kf_node_fail(n, KF_ERR_SHAPE, "%s has %lld elements, at most %d expected", what, (long long)t->numel, max);
     for (int64_t i = 0; i < t->numel; i++) buf[i] = want_int ? (double)kf_get_i64(t, i) : kf_get_f64(t, i);
     *count = (int)t->numel;
     return KF_OK;
@@ -122,13 +96,13 @@ static kf_status resize_attrs(const kf_node *n, rplan *p) {
     bool old = n->op == KF_OP_UPSAMPLE || v == 10; /* Upsample and Resize-10 */
     const char *mode = kf_attr_s(n, "mode", "nearest");
     p->mode = pick(mode, modes, old ? 2 : 3);
-    if (p->mode < 0) return nfail(n, KF_ERR_BAD_MODEL, "unknown mode '%s'", mode);
+    if (p->mode < 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown mode '%s'", mode);
     p->cubic_a = kf_attr_f(n, "cubic_coeff_a", -0.75f);
     p->extrapolation = kf_attr_f(n, "extrapolation_value", 0.0f);
     p->exclude_outside = !old && kf_attr_i(n, "exclude_outside", 0) != 0;
     p->antialias = !old && (v == 0 || v >= 18) && kf_attr_i(n, "antialias", 0) != 0;
     if (p->antialias && p->mode == MODE_NEAREST)
-        return nfail(n, KF_ERR_BAD_MODEL, "antialias applies to linear and cubic modes only");
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "antialias applies to linear and cubic modes only");
     if (old) { /* ONNX Runtime's rule for these: asymmetric, floor up / ceil down */
         p->coord = CT_ASYM;
         p->nearest = NM_SIMPLE;
@@ -137,11 +111,11 @@ static kf_status resize_attrs(const kf_node *n, rplan *p) {
     const char *ct = kf_attr_s(n, "coordinate_transformation_mode", "half_pixel");
     p->coord = pick(ct, coords, 7);
     if (p->coord < 0 || (p->coord == CT_TF_NN && v >= 13) || (p->coord == CT_HALF_PIXEL_SYM && v && v < 19))
-        return nfail(n, KF_ERR_BAD_MODEL, "coordinate_transformation_mode '%s' is not valid at opset %lld",
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "coordinate_transformation_mode '%s' is not valid at opset %lld",
                      ct, (long long)v);
     const char *nm = kf_attr_s(n, "nearest_mode", "round_prefer_floor");
     p->nearest = pick(nm, nearests, 4);
-    if (p->nearest < 0) return nfail(n, KF_ERR_BAD_MODEL, "unknown nearest_mode '%s'", nm);
+    if (p->nearest < 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown nearest_mode '%s'", nm);
     return KF_OK;
 }
 
@@ -166,22 +140,22 @@ static kf_status resize_plan(const kf_node *n, int rank, const int64_t *in, cons
     int cnt;
     const int64_t *ax = kf_attr_ints(n, "axes", &cnt);
     if (ax && n->op == KF_OP_RESIZE && (n->opset == 0 || n->opset >= 18)) {
-        if (cnt > rank) return nfail(n, KF_ERR_BAD_MODEL, "%d axes for rank %d", cnt, rank);
+        if (cnt > rank) return kf_node_fail(n, KF_ERR_BAD_MODEL, "%d axes for rank %d", cnt, rank);
         bool seen[KF_MAX_RANK] = {false};
         for (int i = 0; i < cnt; i++) {
             KF_TRY(kf_norm_axis(n, ax[i], rank, &axes[i]));
-            if (seen[axes[i]]) return nfail(n, KF_ERR_BAD_MODEL, "axis %lld repeats", (long long)ax[i]);
+            if (seen[axes[i]]) return kf_node_fail(n, KF_ERR_BAD_MODEL, "axis %lld repeats", (long long)ax[i]);
             seen[axes[i]] = true;
         }
         naxes = cnt;
     }
     if ((nscales > 0) == (nsizes > 0))
-        return nfail(n, KF_ERR_BAD_MODEL, "exactly one of scales and sizes must be given");
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "exactly one of scales and sizes must be given");
     if (nscales + nsizes != naxes)
-        return nfail(n, KF_ERR_SHAPE, "%s has %d elements for %d axes", nscales ? "scales" : "sizes",
+        return kf_node_fail(n, KF_ERR_SHAPE, "%s has %d elements for %d axes", nscales ? "scales" : "sizes",
                      nscales + nsizes, naxes);
     if (nroi && nroi != 2 * naxes)
-        return nfail(n, KF_ERR_SHAPE, "roi has %d elements, expected %d", nroi, 2 * naxes);
+        return kf_node_fail(n, KF_ERR_SHAPE, "roi has %d elements, expected %d", nroi, 2 * naxes);
     for (int i = 0; i < naxes && nroi; i++) {
         p->roi_lo[axes[i]] = roi[i];
         p->roi_hi[axes[i]] = roi[naxes + i];
@@ -190,13 +164,13 @@ static kf_status resize_plan(const kf_node *n, int rank, const int64_t *in, cons
         for (int i = 0; i < naxes; i++) {
             int a = axes[i];
             double s = scales[i];
-            if (!(s > 0) || isinf(s)) return nfail(n, KF_ERR_RUNTIME, "scale %g must be positive and finite", s);
+            if (!(s > 0) || isinf(s)) return kf_node_fail(n, KF_ERR_RUNTIME, "scale %g must be positive and finite", s);
             p->scale[a] = s;
             p->ident[a] = s == 1.0;
             if (in[a] < 0) continue;
             double o = floor(s * (double)in[a]);
             if (o > (double)KF_MAX_TENSOR_BYTES)
-                return nfail(n, KF_ERR_RUNTIME, "scale %g makes dim %d too large", s, a);
+                return kf_node_fail(n, KF_ERR_RUNTIME, "scale %g makes dim %d too large", s, a);
             p->out[a] = (int64_t)o;
         }
         return KF_OK;
@@ -204,13 +178,13 @@ static kf_status resize_plan(const kf_node *n, int rank, const int64_t *in, cons
     const char *policy = n->opset == 0 || n->opset >= 18 ? kf_attr_s(n, "keep_aspect_ratio_policy", "stretch") : "stretch";
     static const char *const policies[] = {"stretch", "not_larger", "not_smaller"};
     int pol = pick(policy, policies, 3);
-    if (pol < 0) return nfail(n, KF_ERR_BAD_MODEL, "unknown keep_aspect_ratio_policy '%s'", policy);
+    if (pol < 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown keep_aspect_ratio_policy '%s'", policy);
     double common = pol == 1 ? INFINITY : 0;
     bool known = true;
     for (int i = 0; i < naxes; i++) {
         int a = axes[i];
         if (sizes[i] < 0 || sizes[i] > (double)KF_MAX_TENSOR_BYTES)
-            return nfail(n, KF_ERR_RUNTIME, "size %g is out of range", sizes[i]);
+            return kf_node_fail(n, KF_ERR_RUNTIME, "size %g is out of range", sizes[i]);
         p->ident[a] = false;
         p->out[a] = (int64_t)sizes[i];
         if (in[a] < 0) {
@@ -229,7 +203,7 @@ static kf_status resize_plan(const kf_node *n, int rank, const int64_t *in, cons
             continue;
         }
         double o = common * (double)in[a] + 0.5;
-        if (!(o <= (double)KF_MAX_TENSOR_BYTES)) return nfail(n, KF_ERR_RUNTIME, "sizes make dim %d too large", a);
+        if (!(o <= (double)KF_MAX_TENSOR_BYTES)) return kf_node_fail(n, KF_ERR_RUNTIME, "sizes make dim %d too large", a);
         p->scale[a] = common;
         p->out[a] = (int64_t)o;
     }
@@ -256,7 +230,7 @@ static kf_status resize_plan_from(const kf_node *n, int rank, const int64_t *in,
     if (n->op == KF_OP_UPSAMPLE && !scales_t) {
         int cnt;
         const float *f = kf_attr_floats(n, "scales", &cnt);
-        if (!f || cnt > KF_MAX_RANK) return nfail(n, KF_ERR_BAD_MODEL, "needs a scales attribute of at most %d values", KF_MAX_RANK);
+        if (!f || cnt > KF_MAX_RANK) return kf_node_fail(n, KF_ERR_BAD_MODEL, "needs a scales attribute of at most %d values", KF_MAX_RANK);
         for (int i = 0; i < cnt; i++) scales[i] = f[i];
         ns = cnt;
     } else {
@@ -267,7 +241,7 @@ static kf_status resize_plan_from(const kf_node *n, int rank, const int64_t *in,
     KF_TRY(resize_plan(n, rank, in, scales, ns, sizes, nz, roi, nr, p));
     if (n->op == KF_OP_UPSAMPLE)
         for (int d = 0; d < rank; d++)
-            if (p->scale[d] < 1) return nfail(n, KF_ERR_BAD_MODEL, "Upsample scale %g is below 1", p->scale[d]);
+            if (p->scale[d] < 1) return kf_node_fail(n, KF_ERR_BAD_MODEL, "Upsample scale %g is below 1", p->scale[d]);
     return KF_OK;
 }
 
@@ -374,7 +348,7 @@ static kf_status resize_nearest(const kf_node *n, const rplan *p, const kf_tenso
         } else if (is_real(y->dtype)) {
             store_rounded(y, i, p->extrapolation);
         } else {
-            st = nfail(n, KF_ERR_UNSUPPORTED, "extrapolation of %s elements", kf_dtype_name(y->dtype));
+            st = kf_node_fail(n, KF_ERR_UNSUPPORTED, "extrapolation of %s elements", kf_dtype_name(y->dtype));
             goto done;
         }
     }
@@ -423,11 +397,11 @@ static kf_status resize_axis(const kf_node *n, const rplan *p, int a, const int6
     if (p->antialias && p->scale[a] < 1) {
         double inv = 1 / p->scale[a];
         if (inv > (double)RESIZE_MAX_TAPS_PER_ELEM * (double)(in + 1))
-            return nfail(n, KF_ERR_RUNTIME, "scale %g is too small for axis %d", p->scale[a], a);
+            return kf_node_fail(n, KF_ERR_RUNTIME, "scale %g is too small for axis %d", p->scale[a], a);
         int64_t half = (int64_t) - (floor(-(p->mode == MODE_LINEAR ? 1 : 2) * inv) + 1);
         taps = 2 + 2 * half;
     }
-    if (!kf_mul_ok(out, taps, &nw)) return nfail(n, KF_ERR_RUNTIME, "too many interpolation taps");
+    if (!kf_mul_ok(out, taps, &nw)) return kf_node_fail(n, KF_ERR_RUNTIME, "too many interpolation taps");
     double *w = kf_calloc((size_t)nw, sizeof(double));
     int64_t *start = kf_calloc((size_t)out, sizeof(int64_t));
     bool *outside = kf_calloc((size_t)out, sizeof(bool));
@@ -486,7 +460,7 @@ done:
 
 static kf_status resize_interp(const kf_node *n, const rplan *p, const kf_tensor *x, kf_tensor *y) {
     if (!is_real(x->dtype))
-        return nfail(n, KF_ERR_UNSUPPORTED, "%s interpolation of %s elements",
+        return kf_node_fail(n, KF_ERR_UNSUPPORTED, "%s interpolation of %s elements",
                      p->mode == MODE_LINEAR ? "linear" : "cubic", kf_dtype_name(x->dtype));
     int64_t cur[KF_MAX_RANK];
     memcpy(cur, p->in, sizeof(int64_t) * (size_t)p->rank);
@@ -532,10 +506,10 @@ kf_status kf_index_eval_resize(const kf_node *n, int nin, const kf_tensor *const
     KF_TRY(resize_attrs(n, &p));
     KF_TRY(resize_plan_from(n, x->rank, x->dims, roi, scales, sizes, &p));
     if (p.coord == CT_TF_CROP && (!roi || roi->numel == 0))
-        return nfail(n, KF_ERR_BAD_MODEL, "tf_crop_and_resize needs roi");
-    KF_TRY(out_alloc(n, &out[0], x->dtype, x->rank, p.out));
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "tf_crop_and_resize needs roi");
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, x->rank, p.out));
     if (out[0].numel == 0) return KF_OK;
-    if (x->numel == 0) return nfail(n, KF_ERR_SHAPE, "cannot resize an empty input to a non-empty output");
+    if (x->numel == 0) return kf_node_fail(n, KF_ERR_SHAPE, "cannot resize an empty input to a non-empty output");
     if (p.mode == MODE_NEAREST) return resize_nearest(n, &p, x, &out[0]);
     return resize_interp(n, &p, x, &out[0]);
 }
@@ -552,7 +526,7 @@ kf_status kf_index_shape_grid_sample(const kf_node *n, int nin, const kf_type *c
     int rank = x->rank >= 0 ? x->rank : (g && g->rank >= 0 ? g->rank : -1);
     if (rank < 0) return KF_OK;
     if (rank < 3 || (x->rank >= 0 && g && g->rank >= 0 && g->rank != x->rank))
-        return nfail(n, KF_ERR_SHAPE, "X and grid must have the same rank (>= 3)");
+        return kf_node_fail(n, KF_ERR_SHAPE, "X and grid must have the same rank (>= 3)");
     out[0].rank = rank;
     for (int d = 0; d < rank; d++) out[0].dims[d] = -1;
     if (x->rank >= 0) {
@@ -604,31 +578,31 @@ kf_status kf_index_eval_grid_sample(const kf_node *n, int nin, const kf_tensor *
     const char *ms = kf_attr_s(n, "mode", n->opset && n->opset < 20 ? "bilinear" : "linear");
     const char *ps = kf_attr_s(n, "padding_mode", "zeros");
     int mode = pick(ms, modes, 5), pad = pick(ps, pads, 3);
-    if (mode < 0) return nfail(n, KF_ERR_BAD_MODEL, "unknown mode '%s'", ms);
-    if (pad < 0) return nfail(n, KF_ERR_BAD_MODEL, "unknown padding_mode '%s'", ps);
+    if (mode < 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown mode '%s'", ms);
+    if (pad < 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown padding_mode '%s'", ps);
     if (mode >= 3) mode -= 2;
     bool align = kf_attr_i(n, "align_corners", 0) != 0;
     int rank = x->rank, k = rank - 2;
     if (rank < 3 || g->rank != rank || g->dims[0] != x->dims[0] || g->dims[rank - 1] != k)
-        return nfail(n, KF_ERR_SHAPE, "grid must be [N, spatial..., %d] for X of rank %d", k, rank);
-    if (!kf_dtype_is_float(g->dtype)) return nfail(n, KF_ERR_SHAPE, "grid must be a float tensor");
+        return kf_node_fail(n, KF_ERR_SHAPE, "grid must be [N, spatial..., %d] for X of rank %d", k, rank);
+    if (!kf_dtype_is_float(g->dtype)) return kf_node_fail(n, KF_ERR_SHAPE, "grid must be a float tensor");
     if (mode != 0 && !is_real(x->dtype))
-        return nfail(n, KF_ERR_UNSUPPORTED, "interpolating %s elements", kf_dtype_name(x->dtype));
+        return kf_node_fail(n, KF_ERR_UNSUPPORTED, "interpolating %s elements", kf_dtype_name(x->dtype));
     int taps1 = mode == 0 ? 1 : (mode == 1 ? 2 : 4);
     int64_t combos = 1;
     for (int d = 0; d < k; d++) combos *= taps1;
-    if (combos > GRID_MAX_TAPS) return nfail(n, KF_ERR_UNSUPPORTED, "%d spatial dims in this mode", k);
+    if (combos > GRID_MAX_TAPS) return kf_node_fail(n, KF_ERR_UNSUPPORTED, "%d spatial dims in this mode", k);
     int64_t dims[KF_MAX_RANK];
     dims[0] = x->dims[0];
     dims[1] = x->dims[1];
     for (int d = 1; d <= k; d++) dims[d + 1] = g->dims[d];
-    KF_TRY(out_alloc(n, &out[0], x->dtype, rank, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, rank, dims));
     int64_t nb = dims[0], nc = dims[1], npts = 1, plane = 1;
     for (int d = 0; d < k; d++) {
         npts *= g->dims[d + 1];
         plane *= x->dims[d + 2];
     }
-    if (plane == 0 && out[0].numel) return nfail(n, KF_ERR_SHAPE, "X has an empty spatial dim");
+    if (plane == 0 && out[0].numel) return kf_node_fail(n, KF_ERR_SHAPE, "X has an empty spatial dim");
     int64_t xs[KF_MAX_RANK];
     kf_strides(k, x->dims + 2, xs);
     int64_t idx[KF_MAX_RANK][4];
@@ -707,14 +681,14 @@ kf_status kf_index_shape_roi_align(const kf_node *n, int nin, const kf_type *con
     }
     out[0].dims[1] = -1;
     if (in[0]->rank >= 0) {
-        if (in[0]->rank != 4) return nfail(n, KF_ERR_SHAPE, "X must be 4-D, not %d-D", in[0]->rank);
+        if (in[0]->rank != 4) return kf_node_fail(n, KF_ERR_SHAPE, "X must be 4-D, not %d-D", in[0]->rank);
         out[0].dims[1] = in[0]->dims[1];
         out[0].syms[1] = in[0]->syms[1];
     }
     out[0].dims[2] = kf_attr_i(n, "output_height", 1);
     out[0].dims[3] = kf_attr_i(n, "output_width", 1);
     if (out[0].dims[2] < 1 || out[0].dims[3] < 1)
-        return nfail(n, KF_ERR_BAD_MODEL, "output_height and output_width must be positive");
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "output_height and output_width must be positive");
     return KF_OK;
 }
 
@@ -766,34 +740,34 @@ kf_status kf_index_eval_roi_align(const kf_node *n, int nin, const kf_tensor *co
     (void)nout;
     const kf_tensor *x = in[0], *rois = in[1], *bi = in[2];
     if (x->rank != 4 || !kf_dtype_is_float(x->dtype))
-        return nfail(n, KF_ERR_SHAPE, "X must be a 4-D float tensor");
+        return kf_node_fail(n, KF_ERR_SHAPE, "X must be a 4-D float tensor");
     if (rois->rank != 2 || rois->dims[1] != 4 || !kf_dtype_is_float(rois->dtype))
-        return nfail(n, KF_ERR_SHAPE, "rois must be a float tensor [num_rois, 4]");
+        return kf_node_fail(n, KF_ERR_SHAPE, "rois must be a float tensor [num_rois, 4]");
     if (bi->rank != 1 || bi->dims[0] != rois->dims[0] || !kf_dtype_is_int(bi->dtype))
-        return nfail(n, KF_ERR_SHAPE, "batch_indices must be an integer tensor [num_rois]");
+        return kf_node_fail(n, KF_ERR_SHAPE, "batch_indices must be an integer tensor [num_rois]");
     const char *ms = kf_attr_s(n, "mode", "avg");
     bool avg = strcmp(ms, "avg") == 0;
-    if (!avg && strcmp(ms, "max") != 0) return nfail(n, KF_ERR_BAD_MODEL, "unknown mode '%s'", ms);
+    if (!avg && strcmp(ms, "max") != 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown mode '%s'", ms);
     /* opset 10 behaves as output_half_pixel; 16 added the attribute, default half_pixel */
     const char *ct = n->opset && n->opset < 16 ? "output_half_pixel"
                                                : kf_attr_s(n, "coordinate_transformation_mode", "half_pixel");
     bool half = strcmp(ct, "half_pixel") == 0;
     if (!half && strcmp(ct, "output_half_pixel") != 0)
-        return nfail(n, KF_ERR_BAD_MODEL, "unknown coordinate_transformation_mode '%s'", ct);
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "unknown coordinate_transformation_mode '%s'", ct);
     int64_t oh = kf_attr_i(n, "output_height", 1), ow = kf_attr_i(n, "output_width", 1);
     int64_t ratio = kf_attr_i(n, "sampling_ratio", 0);
     double sscale = kf_attr_f(n, "spatial_scale", 1.0f);
     if (oh < 1 || ow < 1 || ratio < 0 || ratio > ROI_MAX_SAMPLES)
-        return nfail(n, KF_ERR_BAD_MODEL, "bad output size or sampling_ratio");
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "bad output size or sampling_ratio");
     int64_t nr = rois->dims[0], nc = x->dims[1], h = x->dims[2], w = x->dims[3];
     int64_t dims[4] = {nr, nc, oh, ow};
-    KF_TRY(out_alloc(n, &out[0], x->dtype, 4, dims));
+    KF_TRY(kf_output_prepare(n, &out[0], x->dtype, 4, dims));
     if (out[0].numel == 0) return KF_OK;
-    if (h == 0 || w == 0) return nfail(n, KF_ERR_SHAPE, "X has an empty spatial dim");
+    if (h == 0 || w == 0) return kf_node_fail(n, KF_ERR_SHAPE, "X has an empty spatial dim");
     for (int64_t r = 0; r < nr; r++) {
         int64_t b = kf_get_i64(bi, r);
         if (b < 0 || b >= x->dims[0])
-            return nfail(n, KF_ERR_RUNTIME, "batch index %lld is out of range for batch %lld", (long long)b,
+            return kf_node_fail(n, KF_ERR_RUNTIME, "batch index %lld is out of range for batch %lld", (long long)b,
                          (long long)x->dims[0]);
         double off = half ? 0.5 : 0.0;
         double x0 = kf_get_f64(rois, r * 4) * sscale - off, y0 = kf_get_f64(rois, r * 4 + 1) * sscale - off;
@@ -807,7 +781,7 @@ kf_status kf_index_eval_roi_align(const kf_node *n, int nin, const kf_tensor *co
         int64_t gh = ratio > 0 ? ratio : grid_count(rh / (double)oh);
         int64_t gw = ratio > 0 ? ratio : grid_count(rw / (double)ow);
         if (gh > ROI_MAX_SAMPLES || gw > ROI_MAX_SAMPLES || gh * gw > ROI_MAX_SAMPLES)
-            return nfail(n, KF_ERR_RUNTIME, "roi %lld needs a sampling grid over %lld points", (long long)r,
+            return kf_node_fail(n, KF_ERR_RUNTIME, "roi %lld needs a sampling grid over %lld points", (long long)r,
                          (long long)ROI_MAX_SAMPLES);
         double count = (double)(gh * gw > 1 ? gh * gw : 1);
         for (int64_t c = 0; c < nc; c++) {
@@ -908,20 +882,20 @@ kf_status kf_index_eval_nms(const kf_node *n, int nin, const kf_tensor *const *i
     (void)nout;
     const kf_tensor *boxes = in[0], *scores = in[1];
     if (boxes->rank != 3 || boxes->dims[2] != 4 || !kf_dtype_is_float(boxes->dtype))
-        return nfail(n, KF_ERR_SHAPE, "boxes must be a float tensor [batches, boxes, 4]");
+        return kf_node_fail(n, KF_ERR_SHAPE, "boxes must be a float tensor [batches, boxes, 4]");
     if (scores->rank != 3 || scores->dims[0] != boxes->dims[0] || scores->dims[2] != boxes->dims[1] ||
         !kf_dtype_is_float(scores->dtype))
-        return nfail(n, KF_ERR_SHAPE, "scores must be a float tensor [batches, classes, boxes]");
+        return kf_node_fail(n, KF_ERR_SHAPE, "scores must be a float tensor [batches, classes, boxes]");
     for (int i = 2; i < nin && i < 5; i++)
         if (in[i] && (in[i]->numel != 1 || in[i]->rank > 1))
-            return nfail(n, KF_ERR_SHAPE, "input %d must be a scalar", i);
+            return kf_node_fail(n, KF_ERR_SHAPE, "input %d must be a scalar", i);
     int64_t max_out = nin > 2 && in[2] ? kf_get_i64(in[2], 0) : 0;
     double iou = nin > 3 && in[3] ? kf_get_f64(in[3], 0) : 0;
     bool has_thr = nin > 4 && in[4];
     double thr = has_thr ? kf_get_f64(in[4], 0) : 0;
-    if (!(iou >= 0 && iou <= 1)) return nfail(n, KF_ERR_RUNTIME, "iou_threshold %g is outside [0, 1]", iou);
+    if (!(iou >= 0 && iou <= 1)) return kf_node_fail(n, KF_ERR_RUNTIME, "iou_threshold %g is outside [0, 1]", iou);
     int64_t cpb = kf_attr_i(n, "center_point_box", 0);
-    if (cpb != 0 && cpb != 1) return nfail(n, KF_ERR_BAD_MODEL, "center_point_box must be 0 or 1");
+    if (cpb != 0 && cpb != 1) return kf_node_fail(n, KF_ERR_BAD_MODEL, "center_point_box must be 0 or 1");
     int64_t nb = boxes->dims[0], ncls = scores->dims[1], nbox = boxes->dims[1];
     if (max_out < 0) max_out = 0;
     if (max_out > nbox) max_out = nbox;
@@ -968,7 +942,7 @@ kf_status kf_index_eval_nms(const kf_node *n, int nin, const kf_tensor *const *i
         }
     }
     int64_t dims[2] = {nsel, 3};
-    if ((st = out_alloc(n, &out[0], KF_DT_INT64, 2, dims))) goto done;
+    if ((st = kf_output_prepare(n, &out[0], KF_DT_INT64, 2, dims))) goto done;
     if (nsel) memcpy(out[0].data, sel, sizeof(int64_t) * (size_t)(3 * nsel));
 done:
     kf_free(sel);

@@ -4,6 +4,7 @@
  * shape-like integer inputs and index arithmetic.
  */
 #include <stdarg.h>
+#include <stdio.h>
 #include <string.h>
 
 #include "kf_ref.h"
@@ -180,4 +181,26 @@ kf_status kf_check_dtype(const kf_node *n, const kf_tensor *t, int i, ...) {
     va_end(ap);
     return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): input %d has unsupported dtype %s", kf_node_label(n),
                    n->op_type, i, kf_dtype_name(t->dtype));
+}
+
+kf_status kf_node_fail(const kf_node *n, kf_status code, const char *fmt, ...) {
+    char msg[384];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    return kf_fail(code, "node '%s' (%s): %s", kf_node_label(n), n->op_type, msg);
+}
+
+kf_status kf_output_prepare(const kf_node *n, kf_tensor *t, kf_dtype dt, int rank, const int64_t *dims) {
+    if (rank > KF_MAX_RANK) return kf_node_fail(n, KF_ERR_UNSUPPORTED, "output rank %d exceeds %d", rank, KF_MAX_RANK);
+    if (t->data) {
+        bool same = t->dtype == dt && t->rank == rank;
+        for (int d = 0; same && d < rank; d++) same = t->dims[d] == dims[d];
+        if (same) return KF_OK;
+        return kf_node_fail(n, KF_ERR_INTERNAL, "pre-allocated output disagrees with the kernel's shape");
+    }
+    kf_status st = kf_tensor_alloc(t, dt, rank, dims);
+    if (st) return kf_fail_context(st, "node '%s' (%s) output", kf_node_label(n), n->op_type);
+    return KF_OK;
 }
