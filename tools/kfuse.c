@@ -16,6 +16,7 @@
 #include "kf_onnx.h"
 #include "kf_opt.h"
 #include "kf_ref.h"
+#include "kf_run.h"
 
 enum { EXIT_OK = 0, EXIT_CHECK = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
@@ -29,7 +30,7 @@ static void usage(FILE *f) {
             "usage: kfuse VERB [options]\n"
             "  info M.onnx [--values]          opsets, op histogram, inputs/outputs, parameter bytes\n"
             "                                  (--values: every computed value's inferred type)\n"
-            "  run M.onnx [--backend ref] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
+            "  run M.onnx [--backend ref|opencl] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "                                  run the model; random inputs unless --inputs\n"
             "  conform DIR... [--verbose]      run ONNX backend-test folders, per-op table and summary\n"
             "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
@@ -307,14 +308,50 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
     return st;
 }
 
+/* --backend opencl [--check]: kernels/run.c runs the optimized plan; with
+ * --check the unoptimized model runs on ref first (m is rewritten after)
+ * and every output must match. Exit 1 on mismatch, 3 without a device. */
+static int run_opencl_backend(kf_model *m, const kf_tensor *ins, int nins, kf_tensor *outs, bool check) {
+    uint32_t nout = m->graph->noutputs;
+    kf_tensor *want = check ? calloc(nout + 1, sizeof(kf_tensor)) : NULL;
+    char **names = calloc(nout + 1, sizeof(char *));
+    kf_status st = (check && !want) || !names ? kf_fail(KF_ERR_NOMEM, "out of memory") : KF_OK;
+    for (uint32_t o = 0; !st && o < nout; o++)
+        if (!(names[o] = strdup(m->graph->values[m->graph->outputs[o]].name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
+    const char *tr = getenv("KFUSE_TRACE");
+    kf_run_summary sum;
+    if (!st) st = kf_run_opencl(m, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, &sum);
+    int rc = st ? fail_status(st) : EXIT_OK;
+    if (!st) fprintf(stderr, "kfuse: %u groups on OpenCL (generated), %u on the reference evaluator\n", sum.groups_cl, sum.groups_ref);
+    for (uint32_t o = 0; !st && check && o < nout; o++) {
+        char why[512];
+        if (!kf_run_close(&outs[o], &want[o], why, sizeof why)) {
+            fprintf(stderr, "kfuse: check: output '%s' differs from ref: %s\n", names[o], why);
+            rc = EXIT_CHECK;
+            break;
+        }
+    }
+    if (!st && check && rc == EXIT_OK) fprintf(stderr, "kfuse: check: %u outputs match ref\n", nout);
+    for (uint32_t o = 0; o < nout; o++) {
+        if (want) kf_tensor_release(&want[o]);
+        if (names) free(names[o]);
+    }
+    free(want);
+    free(names);
+    return rc;
+}
+
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *outputs = NULL, *backend = "ref";
+    bool check = false;
     dimbind binds[32];
     int nbinds = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--inputs") && i + 1 < argc) inputs = argv[++i];
         else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) outputs = argv[++i];
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
+        else if (!strcmp(argv[i], "--check")) check = true;
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc && nbinds < 32) {
             char *eq = strchr(argv[++i], '=');
@@ -335,8 +372,9 @@ static int cmd_run(int argc, char **argv) {
         usage(stderr);
         return EXIT_USAGE;
     }
-    if (strcmp(backend, "ref") != 0) {
-        fprintf(stderr, "kfuse: backend '%s' is not available in this build (only 'ref')\n", backend);
+    bool opencl = !strcmp(backend, "opencl");
+    if (strcmp(backend, "ref") != 0 && !opencl) {
+        fprintf(stderr, "kfuse: backend '%s' is not available in this build (only 'ref', 'opencl')\n", backend);
         return EXIT_USAGE;
     }
     kf_model *m;
@@ -360,7 +398,9 @@ static int cmd_run(int argc, char **argv) {
         for (uint32_t i = 0; i < nreal; i++)
             if ((st = random_input(g, &g->values[real[i]], binds, nbinds, &ins[i]))) goto done;
     }
-    if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) goto done;
+    if (opencl) {
+        if ((rc = run_opencl_backend(m, ins, (int)nreal, outs, check)) != EXIT_OK) goto done;
+    } else if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) goto done;
     for (uint32_t o = 0; o < g->noutputs; o++) {
         print_summary(g->values[g->outputs[o]].name, &outs[o]);
         if (outputs) {

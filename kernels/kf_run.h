@@ -1,0 +1,44 @@
+/*
+ * kf_run.h: running a whole model on the opencl backend (`kfuse run
+ * --backend opencl`): optimize, plan, then execute the plan group by group;
+ * groups codegen/ supports run as generated OpenCL kernels, every other
+ * group runs node by node on the reference evaluator. Also the tolerance
+ * comparison `--check` uses (DESIGN.md numerics: fused vs unfused).
+ */
+#ifndef KF_RUN_H
+#define KF_RUN_H
+
+#include <stdio.h>
+
+#include "kf_kernels.h"
+
+/* How the groups of one run were executed. */
+typedef struct kf_run_summary {
+    uint32_t groups_cl;  /* groups run as generated OpenCL kernels */
+    uint32_t groups_ref; /* groups run node by node on the reference evaluator
+                          * (plan-time constant groups included) */
+} kf_run_summary;
+
+/* Runs model m on OpenCL with reference fallback. m is changed in place:
+ * kf_optimize rewrites it and planning infers its shapes.
+ *   inputs[i]  tensors for m's real inputs (graph inputs without
+ *              initializer) in file order AS LOADED, i.e. before the
+ *              rewrite; matched to the optimized graph by name
+ *   outputs    receives m->graph->noutputs tensors (caller releases each);
+ *              the optimizer keeps graph outputs, in order
+ *   trace      when not NULL, one line per group: where it ran and why
+ *   sum        filled with the group counts (may be NULL)
+ * Errors: KF_ERR_NO_DEVICE (OpenCL compiled out or no device; nothing is
+ * run), KF_ERR_INVALID_ARG (input count), errors of the optimizer, the
+ * planner, kernel compiles and reference nodes, naming the node. */
+kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
+                        FILE *trace, kf_run_summary *sum);
+
+/* --check tolerance per dtype: float32/float64 atol 1e-5 rtol 1e-4,
+ * float16/bfloat16 atol 2.5e-3 rtol 1e-3, integers and bool exactly; NaN
+ * matches NaN, an infinity matches the same infinity. Returns true when
+ * got matches want (dtype and shape too); else writes the first differing
+ * element (linear index, both values) into why and returns false. */
+bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t whylen);
+
+#endif
