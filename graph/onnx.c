@@ -1257,7 +1257,53 @@ typedef struct file_sink {
     ProtobufCBuffer base;
     FILE *f;
     bool failed;
+    /* external data: tensors of at least KF_EXTERNAL_MIN_TENSOR bytes go to
+     * ext (file name ext_location beside the model) instead of the model */
+    FILE *ext;
+    const char *ext_location;
+    int64_t ext_off;
 } file_sink;
+
+/* Protobuf messages cannot exceed 2 GiB; a model whose initializers pass
+ * this total keeps its weights in a separate file (ONNX external data),
+ * leaving room for the graph itself. KFUSE_EXTERNAL_DATA=1 forces it. */
+#define KF_EXTERNAL_TOTAL ((int64_t)7 << 28) /* 1.75 GiB */
+/* Smaller tensors stay inline: scalars and shapes are read with the graph. */
+#define KF_EXTERNAL_MIN_TENSOR 1024
+/* Offsets in the data file are aligned so a reader may map tensors. */
+#define KF_EXTERNAL_ALIGN 64
+
+/* Moves initializer tp's raw bytes to the sink's external file. */
+static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp) {
+    size_t len = tp->raw_data.len;
+    while (sink->ext_off % KF_EXTERNAL_ALIGN) {
+        if (fputc(0, sink->ext) == EOF) return false;
+        sink->ext_off++;
+    }
+    if (fwrite(tp->raw_data.data, 1, len, sink->ext) != len) return false;
+    Onnx__StringStringEntryProto **kv = aalloc(a, 3 * sizeof *kv);
+    char num[2][32];
+    snprintf(num[0], sizeof num[0], "%lld", (long long)sink->ext_off);
+    snprintf(num[1], sizeof num[1], "%zu", len);
+    const char *keys[3] = {"location", "offset", "length"};
+    const char *vals[3] = {sink->ext_location, num[0], num[1]};
+    for (int i = 0; kv && i < 3; i++) {
+        if (!(kv[i] = aalloc(a, sizeof *kv[i]))) return false;
+        onnx__string_string_entry_proto__init(kv[i]);
+        kv[i]->key = astr(a, keys[i]);
+        kv[i]->value = astr(a, vals[i]);
+    }
+    if (!kv) return false;
+    sink->ext_off += (int64_t)len;
+    tp->has_raw_data = 0;
+    tp->raw_data.data = NULL;
+    tp->raw_data.len = 0;
+    tp->n_external_data = 3;
+    tp->external_data = kv;
+    tp->has_data_location = 1;
+    tp->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
+    return true;
+}
 
 static void sink_append(ProtobufCBuffer *b, size_t len, const uint8_t *data) {
     file_sink *s = (file_sink *)b;
@@ -1312,6 +1358,11 @@ static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size
         Onnx__TensorProto *tp = tensor_to_proto(&a, val->init, val->name);
         if (!tp) break;
         tp->doc_string = val->doc;
+        if (sink && sink->ext && tp->has_raw_data && tp->raw_data.len >= KF_EXTERNAL_MIN_TENSOR &&
+            !to_external(&a, sink, tp)) {
+            st = kf_fail(KF_ERR_IO, "cannot write external data for tensor '%s'", val->name);
+            goto done;
+        }
         gp.initializer[gp.n_initializer++] = tp;
     }
     gp.n_input = g->ninputs;
@@ -1381,23 +1432,46 @@ static kf_status write_file(const char *path, const void *data, size_t len) {
  * a good one was, even when path is the file the model came from. */
 kf_status kf_model_save(const kf_model *m, const char *path) {
     if (!m || !path) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_save: NULL argument");
-    size_t plen = strlen(path) + 32;
-    char *tmp = kf_malloc(plen);
-    if (!tmp) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    snprintf(tmp, plen, "%s.tmp%ld", path, (long)getpid());
-    FILE *f = fopen(tmp, "wb");
-    if (!f) {
-        kf_status e = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    size_t plen = strlen(path) + 48;
+    char *tmp = kf_malloc(plen), *ext_path = kf_malloc(plen), *ext_tmp = kf_malloc(plen);
+    if (!tmp || !ext_path || !ext_tmp) {
         kf_free(tmp);
-        return e;
+        kf_free(ext_path);
+        kf_free(ext_tmp);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
-    file_sink sink = {{sink_append}, f, false};
-    kf_status st = save_impl(m, &sink, NULL, NULL);
-    bool closed = fclose(f) == 0;
-    if (!st && (sink.failed || !closed)) st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    snprintf(tmp, plen, "%s.tmp%ld", path, (long)getpid());
+    snprintf(ext_path, plen, "%s.data", path);
+    snprintf(ext_tmp, plen, "%s.data.tmp%ld", path, (long)getpid());
+    const char *base = strrchr(ext_path, '/') ? strrchr(ext_path, '/') + 1 : ext_path;
+    int64_t total = 0;
+    for (kf_id v = 1; v < m->graph->nvalues; v++) {
+        const kf_tensor *t = m->graph->values[v].init;
+        if (t && t->dtype != KF_DT_STRING) total += t->numel * (int64_t)kf_dtype_size(t->dtype);
+    }
+    const char *force = getenv("KFUSE_EXTERNAL_DATA");
+    bool external = total > KF_EXTERNAL_TOTAL || (force && force[0] == '1');
+    kf_status st = KF_OK;
+    file_sink sink = {{sink_append}, NULL, false, NULL, base, 0};
+    if (!(sink.f = fopen(tmp, "wb"))) st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    if (!st && external && !(sink.ext = fopen(ext_tmp, "wb")))
+        st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", ext_path, strerror(errno));
+    if (!st) st = save_impl(m, &sink, NULL, NULL);
+    bool closed = !sink.f || fclose(sink.f) == 0;
+    bool ext_closed = !sink.ext || fclose(sink.ext) == 0;
+    if (!st && (sink.failed || !closed || !ext_closed))
+        st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    /* the data file goes into place first: a model never names missing data */
+    if (!st && sink.ext && rename(ext_tmp, ext_path) != 0)
+        st = kf_fail(KF_ERR_IO, "cannot move external data into '%s': %s", ext_path, strerror(errno));
     if (!st && rename(tmp, path) != 0) st = kf_fail(KF_ERR_IO, "cannot move the new model into '%s': %s", path, strerror(errno));
-    if (st) remove(tmp);
+    if (st) {
+        remove(tmp);
+        remove(ext_tmp);
+    }
     kf_free(tmp);
+    kf_free(ext_path);
+    kf_free(ext_tmp);
     return st;
 }
 

@@ -5,6 +5,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "kf_onnx.h"
@@ -127,6 +128,32 @@ Test(ir, save_goes_through_a_temporary_file_and_reports_io_errors) {
     free(disk);
     free(buf);
     remove(path);
+    kf_model_free(back);
+    kf_model_free(m);
+}
+
+Test(ir, large_weights_go_to_external_data_that_loads_back) {
+    setenv("KFUSE_EXTERNAL_DATA", "1", 1); /* as if the weights passed the 2 GiB message limit */
+    kf_model *m;
+    cr_assert_eq(kf_model_load(KF_SOURCE_DIR "/bench/models/tiny_cnn.onnx", &m), KF_OK, "%s", kf_last_error());
+    char dir[] = "/tmp/kfuse_ext_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    char path[256], data[300];
+    snprintf(path, sizeof path, "%s/model.onnx", dir);
+    snprintf(data, sizeof data, "%s.data", path);
+    cr_assert_eq(kf_model_save(m, path), KF_OK, "%s", kf_last_error());
+    struct stat sm, sd;
+    cr_assert_eq(stat(path, &sm), 0);
+    cr_assert_eq(stat(data, &sd), 0, "the weights file exists");
+    cr_assert_gt(sd.st_size, 16000, "the conv and fc weights (about 19 KB) are outside the model");
+    cr_assert_lt(sm.st_size, 4096, "the model keeps only the graph and small constants");
+    kf_model *back;
+    cr_assert_eq(kf_model_load(path, &back), KF_OK, "%s", kf_last_error());
+    char why[256];
+    cr_assert(kf_model_equal(m, back, why, sizeof why), "%s", why);
+    remove(path);
+    remove(data);
+    rmdir(dir);
     kf_model_free(back);
     kf_model_free(m);
 }
