@@ -9,6 +9,7 @@
 
 #include <criterion/criterion.h>
 #include <ctype.h>
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -330,4 +331,36 @@ uint64_t gt_hits(const kf_ruleset *rs, const char *name) {
     for (uint32_t i = 0; i < rs->n; i++)
         if (!strcmp(rs->rules[i]->name, name)) return rs->rules[i]->hits;
     return 0;
+}
+
+int gt_walk_models(const char *dir, void (*fn)(const char *model, const char *data_dir, void *user), void *user) {
+    DIR *d = opendir(dir);
+    if (!d) return 0;
+    int found = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        if (e->d_name[0] == '.') continue;
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
+        size_t n = strlen(e->d_name);
+        if (n <= 5 || strcmp(e->d_name + n - 5, ".onnx")) {
+            found += gt_walk_models(p, fn, user);
+            continue;
+        }
+        char data[1100];
+        const char *use = NULL;
+        static const char *const names[] = {"test_data_set_0", "test_data_0"};
+        for (int k = 0; k < 2 && !use; k++) {
+            snprintf(data, sizeof data, "%s/%s", dir, names[k]);
+            DIR *dd = opendir(data);
+            if (dd) {
+                closedir(dd);
+                use = data;
+            }
+        }
+        fn(p, use, user);
+        found++;
+    }
+    closedir(d);
+    return found;
 }

@@ -32,6 +32,10 @@ kf_ruleset gt_run_rules(kf_model *m, kf_status (*add)(kf_ruleset *));
 const char *gt_reasons(const kf_ruleset *rs, const char *name);
 /* Hits of rule `name` (0 if absent). */
 uint64_t gt_hits(const kf_ruleset *rs, const char *name);
+/* Calls fn for every .onnx file under dir (recursively), with the data
+ * folder beside it (test_data_set_0 or test_data_0) or NULL; returns how
+ * many files it found. */
+int gt_walk_models(const char *dir, void (*fn)(const char *model, const char *data_dir, void *user), void *user);
 /* Deep copy through ONNX serialisation. */
 kf_model *gt_copy(const kf_model *m);
 

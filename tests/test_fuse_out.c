@@ -601,35 +601,7 @@ static void testdata_all(bool stand_in) {
 Test(fuseout_models, testdata_fused_outputs_equal_original, .timeout = 600) { testdata_all(false); }
 Test(fuseout_models, testdata_stand_in_plan_outputs_equal_original, .timeout = 600) { testdata_all(true); }
 
-static void walk_shared(const char *dir, tally *t, int *seen) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        size_t n = strlen(e->d_name);
-        if (n > 5 && !strcmp(e->d_name + n - 5, ".onnx")) {
-            char data[1100];
-            const char *use = NULL;
-            static const char *const names[] = {"test_data_set_0", "test_data_0"};
-            for (int k = 0; k < 2 && !use; k++) {
-                snprintf(data, sizeof data, "%s/%s", dir, names[k]);
-                DIR *dd = opendir(data);
-                if (dd) {
-                    closedir(dd);
-                    use = data;
-                }
-            }
-            check_model(p, use, t);
-            (*seen)++;
-        } else {
-            walk_shared(p, t, seen);
-        }
-    }
-    closedir(d);
-}
+static void check_found(const char *model, const char *data_dir, void *user) { check_model(model, data_dir, user); }
 
 static void shared_all(bool stand_in) {
     use_stand_in = stand_in;
@@ -638,7 +610,7 @@ static void shared_all(bool stand_in) {
     closedir(d);
     tally t = {0};
     int seen = 0;
-    walk_shared(SHARED_MODELS, &t, &seen);
+    seen = gt_walk_models(SHARED_MODELS, check_found, &t);
     cr_log_info("fuse (%s) over shared models: %d models, %d checked, %d with functions (%llu), nodes %llu after "
                 "opt -> %llu after fuse",
                 stand_in ? "stand-in plan" : "planner", seen, t.checked, t.fused_models,

@@ -14,6 +14,7 @@
 
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "graph_text.h"
 #include "test_util.h"
 
 #define TESTDATA "/usr/share/libonnx-testdata/data"
@@ -165,37 +166,7 @@ Test(opt_models, testdata_outputs_unchanged_by_optimization, .timeout = 600) {
     cr_assert_eq(t.failed, 0, "%d models changed under optimization; first: %s", t.failed, t.first);
 }
 
-/* Every .onnx under dir (recursively), with its data folder if one sits
- * beside it (test_data_set_0 or test_data_0), else random inputs. */
-static void walk_shared(const char *dir, tally *t, int *seen) {
-    DIR *d = opendir(dir);
-    if (!d) return;
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (e->d_name[0] == '.') continue;
-        char p[1024];
-        snprintf(p, sizeof p, "%s/%s", dir, e->d_name);
-        size_t n = strlen(e->d_name);
-        if (n > 5 && !strcmp(e->d_name + n - 5, ".onnx")) {
-            char data[1100];
-            const char *use = NULL;
-            static const char *const names[] = {"test_data_set_0", "test_data_0"};
-            for (int k = 0; k < 2 && !use; k++) {
-                snprintf(data, sizeof data, "%s/%s", dir, names[k]);
-                DIR *dd = opendir(data);
-                if (dd) {
-                    closedir(dd);
-                    use = data;
-                }
-            }
-            check_model(p, use, t);
-            (*seen)++;
-        } else {
-            walk_shared(p, t, seen);
-        }
-    }
-    closedir(d);
-}
+static void check_found(const char *model, const char *data_dir, void *user) { check_model(model, data_dir, user); }
 
 Test(opt_models, shared_models_outputs_unchanged_by_optimization, .timeout = 600) {
     DIR *d = opendir(SHARED_MODELS);
@@ -203,7 +174,7 @@ Test(opt_models, shared_models_outputs_unchanged_by_optimization, .timeout = 600
     closedir(d);
     tally t = {0};
     int seen = 0;
-    walk_shared(SHARED_MODELS, &t, &seen);
+    seen = gt_walk_models(SHARED_MODELS, check_found, &t);
     cr_log_info("opt over shared models: %d models, %d checked, nodes %llu -> %llu", seen, t.checked,
                 (unsigned long long)t.nodes_before, (unsigned long long)t.nodes_after);
     cr_assert_eq(t.failed, 0, "%s", t.first);
