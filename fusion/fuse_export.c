@@ -252,7 +252,7 @@ kf_status kf_fuse_apply(kf_model *m, const kf_plan *p, kf_fuse_stats *stats) {
         if (m->ir_version < 8) m->ir_version = 8;
         kf_free(order);
         order = NULL;
-        if ((st = kf_graph_topo(g, &order, &norder))) {
+        if ((st = kf_graph_topo(g, &order, &norder)) && st != KF_ERR_NOMEM) {
             st = kf_fail(KF_ERR_INTERNAL, "a plan group is not convex (its call closes a cycle): %s", kf_last_error());
             goto done;
         }
@@ -496,9 +496,10 @@ void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_f
     fprintf(f,
             "{\"nodes_before\": %u, \"nodes_after\": %u, \"kernels\": %u, \"functions\": %u, "
             "\"modeled_bytes_before\": %lld, \"modeled_bytes_after\": %lld, \"modeled_bytes_lower_bound\": %lld, "
-            "\"groups\": [",
+            "\"arena_bytes\": %lld, \"arena_lower_bound\": %lld, \"groups\": [",
             s->nodes_before, s->nodes_after, p->launches, s->functions, (long long)p->bytes_unfused,
-            (long long)p->bytes_fused, (long long)p->bytes_lower_bound);
+            (long long)p->bytes_fused, (long long)p->bytes_lower_bound, (long long)s->arena_bytes,
+            (long long)s->arena_lower_bound);
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         const kf_group *grp = &p->groups[gi];
         fprintf(f, "%s{\"id\": %u, \"kind\": \"%s\", \"launch\": %u, \"ops\": [", gi ? ", " : "", gi,

@@ -69,11 +69,13 @@ typedef struct kf_fuse_summary {
     uint32_t nodes_before; /* as loaded */
     uint32_t nodes_after;  /* after kf_optimize (what the plan covers) */
     uint32_t functions;    /* from kf_fuse_stats; 0 before kf_fuse_apply */
+    int64_t arena_bytes;       /* kernels/kf_memplan.h: the plan's arena, -1 if sizes unknown */
+    int64_t arena_lower_bound; /* its live-bytes lower bound, -1 if sizes unknown */
 } kf_fuse_summary;
 
 /* One JSON object (one line) with the keys nodes_before, nodes_after,
  * kernels, functions, modeled_bytes_before, modeled_bytes_after,
- * modeled_bytes_lower_bound, groups [{id, kind, launch, ops, nodes,
+ * modeled_bytes_lower_bound, arena_bytes, arena_lower_bound, groups [{id, kind, launch, ops, nodes,
  * bytes_read, bytes_written, flops, inputs, outputs}] and boundaries [{from,
  * to, value, reason}]. Unknown figures are -1. */
 void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_fuse_summary *s);

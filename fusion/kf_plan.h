@@ -28,7 +28,22 @@ typedef struct kf_group {
     uint32_t ninputs;
     kf_id *outputs;     /* values the group writes that are read outside it or are graph outputs */
     uint32_t noutputs;
-    kf_id anchor;       /* the anchor/reduction node, 0 if none */
+    kf_id anchor;       /* the anchor/reduction node, 0 if none; in an anchor
+                         * group the first (upstream) anchor */
+    kf_id anchor2;      /* back-to-back: the second anchor, which reads the
+                         * first one's output rows as its left operand from
+                         * on chip; 0 if none (see KF_PLAN_ONCHIP_BYTES) */
+    kf_id reduction;    /* anchor groups: the row reduction (LayerNorm,
+                         * Softmax, ReduceX over the last axis) fused after an
+                         * anchor, whose rows are that anchor's output rows;
+                         * 0 if none */
+    bool view;          /* metadata only: every node is a pure reshape
+                         * (Reshape/Flatten/Squeeze/Unsqueeze) of a dense
+                         * tensor, so the output is the input's buffer under a
+                         * new shape. No kernel: launch is UINT32_MAX and the
+                         * modeled bytes are 0. A runtime may alias the buffer
+                         * or copy it; both are correct. Never set in a
+                         * disabled plan (the one-kernel-per-node baseline). */
     uint32_t launch;    /* launch index: horizontally batched groups share one */
     int64_t bytes_read, bytes_written; /* modeled DRAM traffic; -1 if shapes unknown */
     int64_t flops;      /* modeled; -1 if shapes unknown */
@@ -82,6 +97,18 @@ typedef struct kf_plan {
  * with a switch; 8 bodies keep the batched kernel text small. */
 #define KF_PLAN_MAX_BATCH 8
 
+/* Back-to-back and row-reduction epilogues keep a whole output row tile of
+ * an anchor on chip: at least KF_PLAN_ROW_TILE_M rows of N elements (N =
+ * the anchor's output row: a GEMM's N, a conv's output channels) in at most
+ * KF_PLAN_ONCHIP_BYTES of shared memory.
+ * 96 KiB is the shared memory every CUDA GPU since Volta (sm_70) can give one
+ * block (A100 gives 164 KiB, H100 228 KiB, so the rest stays free for operand
+ * staging there); 16 rows is the height of one tensor-core MMA fragment
+ * (m16), the smallest tile that keeps the tensor cores busy. So fp32 rows up
+ * to 1536 elements fit (BERT-base's 768 do, its FFN's 3072 do not). */
+#define KF_PLAN_ONCHIP_BYTES ((int64_t)96 * 1024)
+#define KF_PLAN_ROW_TILE_M 16
+
 /* ---- the planner ------------------------------------------------------- */
 
 typedef struct kf_plan_options {
@@ -129,14 +156,55 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  *                  ops: known before anything runs, no kernel (launch
  *                  UINT32_MAX); their outputs are read like weights.
  * TWO_REDUCTIONS, TWO_ANCHORS, ANCHOR_REDUCTION  the lattice rule: a group
- *                  holds at most one "master" (reduction or anchor); the
- *                  rest are elementwise/broadcast/injective ops around it.
- * ANCHOR_PROLOGUE  a GEMM/conv reads its operands through its own tiling
- *                  (cuBLASLt/cuDNN or the tiled template): nothing computed
- *                  in the group may feed the anchor itself.
- * ANCHOR_INJECTIVE anchor epilogues (bias, activation, residual, scale) are
- *                  elementwise/broadcast; a transpose/reshape/slice after a
- *                  GEMM is its own kernel.
+ *                  holds one "master" (reduction or anchor) with
+ *                  elementwise/broadcast/injective ops around it, except the
+ *                  anchor group shapes below; anything else with two masters
+ *                  gets these reasons (two reductions always; two anchors
+ *                  that are siblings or three anchors; a reduction beside an
+ *                  anchor rather than after it).
+ * Anchor group shapes (what a kernel can do with a tiled GEMM/conv):
+ *   prologue       elementwise/broadcast ops and layout ops (Reshape,
+ *                  Flatten, Squeeze, Unsqueeze, Transpose, Split, and
+ *                  Gather of one scalar index: a select) on an operand,
+ *                  applied as the tile is loaded (a load index map plus a
+ *                  per-element function);
+ *   epilogue       elementwise/broadcast ops on the output (bias,
+ *                  activation, residual, scale) and the same layout ops,
+ *                  applied as the tile is stored (a store index map: e.g.
+ *                  QKV written per head);
+ *   row reduction  after the anchor and its epilogue, one row reduction
+ *                  (LayerNorm, RMSNorm, Softmax, LogSoftmax, Hardmax,
+ *                  ReduceX over the last axis) whose rows are the anchor's
+ *                  output rows, then its own epilogue: the block holds whole
+ *                  output rows (GEMM + LayerNorm, QK^T + scale + mask +
+ *                  Softmax);
+ *   back-to-back   anchor -> epilogue [-> row reduction -> epilogue] ->
+ *                  anchor, the second reading the first's output rows as its
+ *                  left operand (its K = the first's N) from on chip:
+ *                  CUTLASS's back-to-back GEMM / 3x3-conv -> 1x1-conv, and
+ *                  FlashAttention's QK^T -> softmax -> xV with whole rows.
+ *                  The second is a MatMul/Gemm (no transA) after a GEMM, or
+ *                  a 1x1 stride-1 unpadded ungrouped Conv after a Conv.
+ * ANCHOR_PROLOGUE  something other than elementwise/layout ops feeds an
+ *                  anchor operand (a reduction with no anchor before it: its
+ *                  rows would be recomputed per output tile).
+ * PROLOGUE_SHARED  a prologue value is also read outside the group: the
+ *                  anchor recomputes it per tile load, it has no single
+ *                  place to be written from.
+ * ANCHOR_INJECTIVE data movement next to an anchor other than the layout
+ *                  ops above (Slice, Gather of an index tensor, Concat, Pad,
+ *                  Expand, Tile...): not an index map a tile load/store
+ *                  can apply.
+ * RED_AXIS         a reduction after an anchor that is not over the last
+ *                  axis, or whose rows are not the anchor's output rows
+ *                  (a layout op or broadcast changed them).
+ * ROW_CAP          the anchor's output row is too long to hold
+ *                  KF_PLAN_ROW_TILE_M rows in KF_PLAN_ONCHIP_BYTES.
+ * B2B_OPERAND      two chained anchors, but the second does not read the
+ *                  first's rows as its left operand only, or is not a GEMM
+ *                  after a GEMM / a 1x1 conv after a conv.
+ * B2B_CAP          the same cap as ROW_CAP, for the first anchor's rows that
+ *                  the second anchor reads from on chip.
  * INPUTS, OUTPUTS, REGS  resource caps (see the limits above); the register
  *                  estimate is 16 + 2 per input/output + 1 per elementwise
  *                  op, 16 per reduction, 96 per anchor.
@@ -146,8 +214,11 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  * SHAPES           the same for two elementwise/anchor groups.
  * SPACE            the element counts provably differ (a broadcast into a
  *                  larger space would recompute the producer per element).
- * H_NO_SHARED      horizontal merging pays only when one input is read once.
- * H_KIND           horizontal merging joins elementwise/injective groups only.
+ * H_NO_SHARED      horizontal merging pays only when one input is read once
+ *                  (a shared plan-time constant does not count).
+ * H_KIND           horizontal merging joins elementwise/injective groups only
+ *                  (sibling GEMMs sharing an input are concatenated by kfuse
+ *                  opt's horizontal-merge pass before planning).
  * DISABLED, FUEL, ROUNDS  not legality: the planner was told to stop
  *                  (KFUSE_DISABLE_FUSION, KFUSE_FUEL) or hit its round cap
  *                  (a safety net; real graphs settle in 2-3 rounds).
@@ -164,8 +235,13 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
 #define KF_REASON_TWO_REDUCTIONS "two reductions in one group"
 #define KF_REASON_TWO_ANCHORS "two anchors in one group"
 #define KF_REASON_ANCHOR_REDUCTION "an anchor and a reduction in one group"
-#define KF_REASON_ANCHOR_PROLOGUE "anchor does not absorb prologues"
-#define KF_REASON_ANCHOR_INJECTIVE "anchor epilogues are elementwise only (no data movement)"
+#define KF_REASON_ANCHOR_PROLOGUE "anchor prologues are elementwise or layout ops only"
+#define KF_REASON_PROLOGUE_SHARED "anchor prologue value is also read outside the group"
+#define KF_REASON_ANCHOR_INJECTIVE "anchor data movement is reshape/transpose/split/select only (load/store index maps)"
+#define KF_REASON_RED_AXIS "reduction after an anchor is not over the anchor's output rows"
+#define KF_REASON_ROW_CAP "row too long for an anchor+reduction epilogue (on-chip row tile cap)"
+#define KF_REASON_B2B_OPERAND "back-to-back anchors: the second must read only the first's rows, as its left operand"
+#define KF_REASON_B2B_CAP "back-to-back anchors: the first anchor's output row is too long to stay on chip"
 #define KF_REASON_INPUTS "group would exceed 16 inputs"
 #define KF_REASON_OUTPUTS "group would exceed 8 outputs"
 #define KF_REASON_REGS "estimated registers exceed the cap"

@@ -210,11 +210,16 @@ static uint32_t union_outputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out)
     return n;
 }
 
+static bool value_const(pl_state *s, kf_id v);
+
+/* Do the groups read one same value that a kernel must load? Plan-time
+ * constants (shape tensors, scalars) shared by many Reshapes do not count:
+ * reading them once saves nothing. */
 static bool share_input(pl_state *s, uint32_t ra, uint32_t rb) {
     uint32_t st = next_vstamp(s);
     for (uint32_t i = 0; i < s->gs[ra].nin; i++) s->vstamp[s->gs[ra].in[i]] = st;
     for (uint32_t i = 0; i < s->gs[rb].nin; i++)
-        if (s->vstamp[s->gs[rb].in[i]] == st) return true;
+        if (s->vstamp[s->gs[rb].in[i]] == st && !value_const(s, s->gs[rb].in[i])) return true;
     return false;
 }
 
@@ -264,6 +269,273 @@ static const char *reaches(pl_state *s, uint32_t src, uint32_t dst) {
     }
 }
 
+/* ---- anchor group shapes ------------------------------------------------------- */
+
+/* Layout ops: an anchor applies them as a tile load/store index map. A
+ * Gather with one scalar index selects one slice along its axis (a fixed
+ * offset, like one output of a Split). */
+bool pl_layout_op(const kf_graph *g, const kf_node *n) {
+    switch (n->op) {
+    case KF_OP_RESHAPE:
+    case KF_OP_FLATTEN:
+    case KF_OP_SQUEEZE:
+    case KF_OP_UNSQUEEZE:
+    case KF_OP_TRANSPOSE:
+    case KF_OP_SPLIT: return true;
+    case KF_OP_GATHER: return n->nin == 2 && n->in[1] && g->values[n->in[1]].type.rank == 0;
+    default: return false;
+    }
+}
+
+/* Pure reshapes: same elements in the same order, only the shape changes. */
+bool pl_view_op(const kf_node *n) {
+    switch (n->op) {
+    case KF_OP_RESHAPE:
+    case KF_OP_FLATTEN:
+    case KF_OP_SQUEEZE:
+    case KF_OP_UNSQUEEZE: return true;
+    default: return false;
+    }
+}
+
+static bool dim_eq(const kf_type *a, int da, const kf_type *b, int db) {
+    return a->dims[da] == b->dims[db] && (a->dims[da] >= 0 || (a->syms[da] && a->syms[da] == b->syms[db]));
+}
+
+/* Does reduction r reduce (or normalize) over exactly the last axis of its
+ * input? Softmax-like ops and norms by their axis attribute; ReduceX by its
+ * shapes (the output drops or keeps-as-1 the last dim only), so axes given
+ * as an input need not be read. */
+static bool last_axis_reduction(const pl_state *s, const kf_node *r) {
+    if (r->nin < 1 || !r->in[0] || r->nout < 1 || !r->out[0]) return false;
+    const kf_type *in = &s->g->values[r->in[0]].type, *out = &s->g->values[r->out[0]].type;
+    int rank = in->rank;
+    if (rank < 1) return false;
+    int64_t a;
+    switch (r->op) {
+    case KF_OP_SOFTMAX:
+    case KF_OP_LOG_SOFTMAX:
+    case KF_OP_HARDMAX: /* before opset 13 rows are coerced to 2-D at axis (default 1) */
+        a = kf_attr_i(r, "axis", kf_model_opset(s->m, "") < 13 ? 1 : -1);
+        return (a < 0 ? a + rank : a) == rank - 1;
+    case KF_OP_LAYER_NORMALIZATION:
+    case KF_OP_RMS_NORMALIZATION: /* normalizes over [axis, rank) */
+        a = kf_attr_i(r, "axis", -1);
+        return (a < 0 ? a + rank : a) == rank - 1;
+    case KF_OP_REDUCE_SUM:
+    case KF_OP_REDUCE_MEAN:
+    case KF_OP_REDUCE_MAX:
+    case KF_OP_REDUCE_MIN:
+    case KF_OP_REDUCE_PROD:
+    case KF_OP_REDUCE_L1:
+    case KF_OP_REDUCE_L2:
+    case KF_OP_REDUCE_LOG_SUM:
+    case KF_OP_REDUCE_LOG_SUM_EXP:
+    case KF_OP_REDUCE_SUM_SQUARE:
+        if (out->rank == rank) {
+            if (out->dims[rank - 1] != 1 || in->dims[rank - 1] == 1) return false;
+        } else if (out->rank != rank - 1) {
+            return false;
+        }
+        for (int d = 0; d < rank - 1; d++)
+            if (!dim_eq(in, d, out, d)) return false;
+        return true;
+    default: return false;
+    }
+}
+
+/* A 1x1, stride-1, unpadded, ungrouped Conv: per pixel a GEMM over the
+ * input channels, so it can read another conv's output rows (one pixel's
+ * channels) from on chip with no halo. */
+static bool conv_1x1(const pl_state *s, const kf_node *n) {
+    if (n->op != KF_OP_CONV || n->nin < 2 || !n->in[1] || kf_attr_i(n, "group", 1) != 1) return false;
+    const kf_type *w = &s->g->values[n->in[1]].type;
+    if (w->rank < 3) return false;
+    for (int d = 2; d < w->rank; d++)
+        if (w->dims[d] != 1) return false;
+    int c = 0;
+    const int64_t *v = kf_attr_ints(n, "strides", &c);
+    for (int i = 0; v && i < c; i++)
+        if (v[i] != 1) return false;
+    v = kf_attr_ints(n, "pads", &c);
+    for (int i = 0; v && i < c; i++)
+        if (v[i] != 0) return false;
+    return true;
+}
+
+/* Does the row tile of an anchor output `v` (rows of `row` elements) fit
+ * KF_PLAN_ROW_TILE_M rows in KF_PLAN_ONCHIP_BYTES? */
+static bool row_fits(const pl_state *s, kf_id v, int64_t row) {
+    int64_t esz = (int64_t)kf_dtype_size(s->g->values[v].type.dtype), b;
+    if (esz <= 0) esz = 4;
+    return row > 0 && kf_mul_ok(row, esz * KF_PLAN_ROW_TILE_M, &b) && b <= KF_PLAN_ONCHIP_BYTES;
+}
+
+/* Masters of a tentative union, as bits in pl_state.up/dn. */
+#define PL_M_X0 1 /* the first anchor (by position) */
+#define PL_M_X1 2 /* the second anchor */
+#define PL_M_R 4  /* the reduction */
+#define PL_M_X (PL_M_X0 | PL_M_X1)
+
+static bool in_union(pl_state *s, kf_id node, uint32_t ra, uint32_t rb) {
+    if (!node || s->pos[node] == UINT32_MAX) return false;
+    uint32_t r = pl_find(s, node);
+    return r == ra || r == rb;
+}
+
+/* Masters upstream of value v inside the union (v's producer included). */
+static uint8_t dep_of(pl_state *s, kf_id v, uint32_t ra, uint32_t rb, const kf_id *X, kf_id R) {
+    kf_id p = v ? s->g->values[v].producer : 0;
+    if (!in_union(s, p, ra, rb)) return 0;
+    uint8_t bit = p == X[0] ? PL_M_X0 : p == X[1] ? PL_M_X1 : p == R ? PL_M_R : 0;
+    return (uint8_t)(s->up[p] | bit);
+}
+
+/* Two chained anchors x1 -> x2 (see "back-to-back" in kf_plan.h). */
+static const char *b2b_reason(pl_state *s, uint32_t ra, uint32_t rb, const kf_id *X, kf_id R) {
+    const kf_node *a = &s->g->nodes[X[0]], *b = &s->g->nodes[X[1]];
+    bool gemm = (a->op == KF_OP_MATMUL || a->op == KF_OP_GEMM) &&
+                (b->op == KF_OP_MATMUL || (b->op == KF_OP_GEMM && !kf_attr_i(b, "transA", 0)));
+    bool conv = a->op == KF_OP_CONV && conv_1x1(s, b);
+    if (!gemm && !conv) return KF_REASON_B2B_OPERAND;
+    if (!(dep_of(s, b->in[0], ra, rb, X, R) & PL_M_X0)) return KF_REASON_B2B_OPERAND;
+    for (int k = 1; k < b->nin; k++)
+        if (dep_of(s, b->in[k], ra, rb, X, R) & PL_M_X0) return KF_REASON_B2B_OPERAND;
+    kf_id ao = a->out[0], bi = b->in[0];
+    pl_same c = pl_space_cmp(s, ao, bi);
+    if (c == PL_UNKNOWN) return KF_REASON_SHAPES;
+    if (c == PL_DIFFERENT) return KF_REASON_B2B_OPERAND;
+    const kf_type *to = &s->g->values[ao].type, *ti = &s->g->values[bi].type;
+    if (to->rank < 2 || ti->rank < 2) return KF_REASON_B2B_OPERAND;
+    int da = gemm ? to->rank - 1 : 1, db = gemm ? ti->rank - 1 : 1;
+    if (to->dims[da] < 0 || ti->dims[db] < 0) return KF_REASON_SHAPES;
+    if (to->dims[da] != ti->dims[db]) return KF_REASON_B2B_OPERAND;
+    return row_fits(s, ao, to->dims[da]) ? NULL : KF_REASON_B2B_CAP;
+}
+
+/* Reduction r after anchor x (see "row reduction" in kf_plan.h). */
+static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
+    const kf_node *an = &s->g->nodes[x], *rn = &s->g->nodes[r];
+    if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM) return KF_REASON_RED_AXIS; /* conv rows are channels: not last in NCHW */
+    if (!last_axis_reduction(s, rn)) return KF_REASON_RED_AXIS;
+    kf_id xo = an->out[0], ri = rn->in[0];
+    pl_same c = pl_space_cmp(s, xo, ri);
+    if (c == PL_UNKNOWN) return KF_REASON_SHAPES_RED;
+    if (c == PL_DIFFERENT) return KF_REASON_RED_AXIS;
+    const kf_type *to = &s->g->values[xo].type, *ti = &s->g->values[ri].type;
+    if (to->rank < 1 || ti->rank < 1) return KF_REASON_SHAPES_RED;
+    int64_t n = to->dims[to->rank - 1];
+    if (n < 0 || ti->dims[ti->rank - 1] < 0) return KF_REASON_SHAPES_RED;
+    if (n != ti->dims[ti->rank - 1]) return KF_REASON_RED_AXIS;
+    return row_fits(s, xo, n) ? NULL : KF_REASON_ROW_CAP;
+}
+
+/* Does the output of non-master node x sit in one of the union's
+ * iteration spaces? Anchor outputs, the reduction's input and output, and
+ * (for prologue ops) the anchors' operands. */
+static const char *node_space(pl_state *s, kf_id x, const kf_id *X, int nx, kf_id R, bool prologue) {
+    const kf_node *n = &s->g->nodes[x];
+    kf_id v = n->nout > 0 ? n->out[0] : 0;
+    kf_id sp[8];
+    int ns = 0;
+    for (int i = 0; i < nx; i++) {
+        const kf_node *a = &s->g->nodes[X[i]];
+        sp[ns++] = a->out[0];
+        if (prologue)
+            for (int k = 0; k < a->nin && k < 2; k++) sp[ns++] = a->in[k];
+    }
+    if (R) {
+        sp[ns++] = s->g->nodes[R].in[0];
+        sp[ns++] = s->g->nodes[R].out[0];
+    }
+    bool unknown = false;
+    for (int i = 0; i < ns; i++) {
+        pl_same c = pl_space_cmp(s, v, sp[i]);
+        if (c == PL_SAME) return NULL;
+        unknown |= c == PL_UNKNOWN;
+    }
+    return unknown ? KF_REASON_SHAPES : KF_REASON_SPACE;
+}
+
+/* Legality of a union holding at least one anchor: the anchor group shapes
+ * of kf_plan.h, checked node by node over the members in topological
+ * order (groups stay small: the register cap bounds them). */
+static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
+    uint32_t n = 0;
+    /* merge the two position-sorted member lists */
+    uint32_t x = s->gs[ra].head, y = s->gs[rb].head;
+    while (x || y) {
+        if (!y || (x && s->pos[x] < s->pos[y])) s->ubuf[n++] = x, x = s->next[x];
+        else s->ubuf[n++] = y, y = s->next[y];
+    }
+    kf_id X[2] = {0, 0}, R = 0;
+    int nx = 0;
+    for (uint32_t i = 0; i < n; i++) {
+        kf_fclass fc = pl_fclass(&s->g->nodes[s->ubuf[i]]);
+        if (fc == KF_FC_ANCHOR) {
+            if (nx == 2) return KF_REASON_TWO_ANCHORS;
+            X[nx++] = s->ubuf[i];
+        } else if (fc == KF_FC_REDUCTION) {
+            R = s->ubuf[i];
+        }
+    }
+    /* masters upstream of each member */
+    for (uint32_t i = 0; i < n; i++) {
+        const kf_node *nd = &s->g->nodes[s->ubuf[i]];
+        uint8_t up = 0;
+        for (int k = 0; k < nd->nin; k++) up |= dep_of(s, nd->in[k], ra, rb, X, R);
+        s->up[s->ubuf[i]] = up;
+    }
+    /* masters downstream, in reverse order */
+    for (uint32_t i = n; i-- > 0;) {
+        const kf_node *nd = &s->g->nodes[s->ubuf[i]];
+        uint8_t dn = 0;
+        for (int j = 0; j < nd->nout; j++) {
+            if (!nd->out[j]) continue;
+            const kf_value *val = &s->g->values[nd->out[j]];
+            for (uint32_t u = 0; u < val->nusers; u++) {
+                kf_id c = val->users[u];
+                if (!in_union(s, c, ra, rb)) continue;
+                dn |= s->dn[c] | (c == X[0] ? PL_M_X0 : c == X[1] ? PL_M_X1 : c == R ? PL_M_R : 0);
+            }
+        }
+        s->dn[s->ubuf[i]] = dn;
+    }
+    if (nx == 2) {
+        if (!(s->up[X[1]] & PL_M_X0)) return KF_REASON_TWO_ANCHORS; /* siblings, not a chain */
+        const char *why = b2b_reason(s, ra, rb, X, R);
+        if (why) return why;
+    }
+    if (R) {
+        uint8_t d = dep_of(s, s->g->nodes[R].in[0], ra, rb, X, R);
+        if (!(d & PL_M_X)) return (s->dn[R] & PL_M_X) ? KF_REASON_ANCHOR_PROLOGUE : KF_REASON_ANCHOR_REDUCTION;
+        const char *why = row_reduction_reason(s, (d & PL_M_X1) ? X[1] : X[0], R);
+        if (why) return why;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        kf_id id = s->ubuf[i];
+        const kf_node *nd = &s->g->nodes[id];
+        kf_fclass fc = pl_fclass(nd);
+        if (fc == KF_FC_ANCHOR || fc == KF_FC_REDUCTION) continue;
+        bool layout = pl_layout_op(s->g, nd);
+        if (fc == KF_FC_INJECTIVE && !layout) return KF_REASON_ANCHOR_INJECTIVE;
+        uint8_t up = s->up[id], dn = s->dn[id];
+        bool prologue = !(up & (PL_M_X | PL_M_R)) && (dn & PL_M_X);
+        if (prologue) { /* recomputed at each tile load: nobody else may read it */
+            for (int j = 0; j < nd->nout; j++)
+                if (nd->out[j] && leaves(s, nd->out[j], ra, rb)) return KF_REASON_PROLOGUE_SHARED;
+        }
+        if (layout) {
+            /* rows between chained anchors stay rows */
+            if (nx == 2 && (up & PL_M_X0) && (dn & PL_M_X1)) return KF_REASON_B2B_OPERAND;
+            continue;
+        }
+        const char *why = node_space(s, id, X, nx, R, prologue);
+        if (why) return why;
+    }
+    return NULL;
+}
+
 /* ---- legality ------------------------------------------------------------------ */
 
 /* See kf_plan_merge_reason. ra/rb are roots; vertical: ra is the producer. */
@@ -278,31 +550,25 @@ const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
         if (A->kind == KF_GROUP_OPAQUE) return KF_REASON_PRODUCER_OPAQUE;
         if (B->kind == KF_GROUP_OPAQUE) return KF_REASON_CONSUMER_OPAQUE;
     }
-    /* the lattice: at most one reduction or anchor ("master") per group */
+    /* the lattice: one reduction; anchors only in the shapes anchor_union allows */
     int nred = A->nred + B->nred, nanc = A->nanchor + B->nanchor;
     if (nred > 1) return KF_REASON_TWO_REDUCTIONS;
-    if (nanc > 1) return KF_REASON_TWO_ANCHORS;
-    if (nred && nanc) return KF_REASON_ANCHOR_REDUCTION;
-    /* anchors take epilogues only: the anchor must read nothing made inside */
-    const pl_group *M = A->master ? A : B->master ? B : NULL;
-    if (M && M->nanchor) {
-        const kf_node *an = &s->g->nodes[M->master];
-        for (int i = 0; i < an->nin; i++) {
-            if (!an->in[i]) continue;
-            uint32_t r = root_of_producer(s, an->in[i]);
-            if (r && (r == ra || r == rb)) return KF_REASON_ANCHOR_PROLOGUE;
-        }
-        if ((M == A ? B : A)->ninj) return KF_REASON_ANCHOR_INJECTIVE;
-    }
-    /* iteration spaces */
-    if (M && M->nred) {
-        const pl_group *E = M == A ? B : A; /* pure elementwise */
-        pl_same a = pl_space_cmp(s, E->space, M->space), b = pl_space_cmp(s, E->space, M->red_out);
-        if (a != PL_SAME && b != PL_SAME) return (a == PL_UNKNOWN || b == PL_UNKNOWN) ? KF_REASON_SHAPES_RED : KF_REASON_SPACE;
+    if (nanc > 2) return KF_REASON_TWO_ANCHORS;
+    if (nanc) {
+        const char *why = anchor_union(s, ra, rb);
+        if (why) return why;
     } else {
-        pl_same c = pl_space_cmp(s, A->space, B->space);
-        if (c == PL_UNKNOWN) return KF_REASON_SHAPES;
-        if (c == PL_DIFFERENT) return KF_REASON_SPACE;
+        /* iteration spaces */
+        const pl_group *M = A->master ? A : B->master ? B : NULL;
+        if (M && M->nred) {
+            const pl_group *E = M == A ? B : A; /* pure elementwise */
+            pl_same a = pl_space_cmp(s, E->space, M->space), b = pl_space_cmp(s, E->space, M->red_out);
+            if (a != PL_SAME && b != PL_SAME) return (a == PL_UNKNOWN || b == PL_UNKNOWN) ? KF_REASON_SHAPES_RED : KF_REASON_SPACE;
+        } else {
+            pl_same c = pl_space_cmp(s, A->space, B->space);
+            if (c == PL_UNKNOWN) return KF_REASON_SHAPES;
+            if (c == PL_DIFFERENT) return KF_REASON_SPACE;
+        }
     }
     /* resource caps */
     uint32_t nin = union_inputs(s, ra, rb, NULL);
@@ -340,6 +606,19 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
     if (B->nnodes > A->nnodes || (B->nnodes == A->nnodes && rb < ra)) keep = rb, gone = ra;
     pl_group *K = &s->gs[keep], *G = &s->gs[gone];
     pl_group m = *K;
+    /* member lists, merged by position */
+    uint32_t x = A->head, y = B->head, head = 0, tail = 0;
+    while (x || y) {
+        uint32_t t;
+        if (!y || (x && s->pos[x] < s->pos[y])) t = x, x = s->next[x];
+        else t = y, y = s->next[y];
+        if (tail) s->next[tail] = t;
+        else head = t;
+        tail = t;
+    }
+    s->next[tail] = 0;
+    m.head = head;
+    m.tail = tail;
     if (!m.master && G->master) {
         m.master = G->master;
         m.space = G->space;
@@ -351,6 +630,24 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
     }
     m.nred = A->nred + B->nred;
     m.nanchor = A->nanchor + B->nanchor;
+    m.red = A->red ? A->red : B->red;
+    m.layout_only = A->layout_only && B->layout_only;
+    if (m.nanchor) { /* anchors by position: the first is the group's master */
+        kf_id an[4] = {0, 0, 0, 0};
+        int na = 0;
+        for (int i = 0; i < A->nanchor && i < 2; i++) an[na++] = A->anc[i];
+        for (int i = 0; i < B->nanchor && i < 2; i++) an[na++] = B->anc[i];
+        for (int i = 1; i < na; i++)
+            for (int j = i; j > 0 && s->pos[an[j - 1]] > s->pos[an[j]]; j--) {
+                kf_id t = an[j]; an[j] = an[j - 1]; an[j - 1] = t;
+            }
+        m.anc[0] = an[0];
+        m.anc[1] = na > 1 ? an[1] : 0;
+        m.master = an[0];
+        m.kind = KF_GROUP_ANCHOR;
+        m.space = s->g->nodes[an[0]].nout > 0 ? s->g->nodes[an[0]].out[0] : 0;
+        m.red_out = 0;
+    }
     m.ninj = A->ninj + B->ninj;
     m.minpos = A->minpos < B->minpos ? A->minpos : B->minpos;
     m.maxpos = A->maxpos > B->maxpos ? A->maxpos : B->maxpos;
@@ -408,9 +705,12 @@ kf_status pl_init_node(pl_state *s, kf_id x) {
     kf_fclass fc = pl_fclass(n);
     if (node_const(s, n)) G->kind = KF_GROUP_CONST;
     else if (fc == KF_FC_OPAQUE) G->kind = KF_GROUP_OPAQUE;
-    else if (fc == KF_FC_REDUCTION) G->kind = KF_GROUP_REDUCTION, G->nred = 1, G->master = x;
-    else if (fc == KF_FC_ANCHOR) G->kind = KF_GROUP_ANCHOR, G->nanchor = 1, G->master = x;
+    else if (fc == KF_FC_REDUCTION) G->kind = KF_GROUP_REDUCTION, G->nred = 1, G->master = x, G->red = x;
+    else if (fc == KF_FC_ANCHOR) G->kind = KF_GROUP_ANCHOR, G->nanchor = 1, G->master = x, G->anc[0] = x;
     else G->kind = KF_GROUP_ELEMWISE, G->ninj = fc == KF_FC_INJECTIVE;
+    G->layout_only = G->kind == KF_GROUP_ELEMWISE && pl_layout_op(s->g, n);
+    G->head = G->tail = x;
+    s->next[x] = 0;
     G->minpos = G->maxpos = s->pos[x];
     G->nnodes = 1;
     G->cost = G->kind == KF_GROUP_CONST ? 0 : node_cost(fc);
@@ -456,6 +756,10 @@ void pl_state_free(pl_state *s) {
     kf_free(s->sc);
     kf_free(s->order);
     kf_free(s->root_of_group);
+    kf_free(s->next);
+    kf_free(s->ubuf);
+    kf_free(s->up);
+    kf_free(s->dn);
     kf_free(s);
 }
 

@@ -367,6 +367,10 @@ static kf_status order_groups(pl_state *s, kf_plan *p) {
         kf_group *G = &p->groups[k];
         G->kind = s->gs[r].kind;
         G->anchor = s->gs[r].master;
+        if (s->gs[r].nanchor) {
+            G->anchor2 = s->gs[r].nanchor > 1 ? s->gs[r].anc[1] : 0;
+            G->reduction = s->gs[r].red;
+        }
         G->level = gs[k].level;
         G->nodes = kf_malloc((size_t)s->gs[r].nnodes * sizeof *G->nodes);
         if (!G->nodes) {
@@ -391,8 +395,10 @@ out:
     return st;
 }
 
-/* Inputs and outputs in first-use order, bytes and FLOPs of group k. */
-static kf_status fill_group(pl_state *s, kf_plan *p, uint32_t k) {
+/* Inputs and outputs in first-use order, bytes and FLOPs of group k; with
+ * `views`, whether it is a view (kf_group.view). The disabled plan has no
+ * views: it is the one-kernel-per-node baseline. */
+static kf_status fill_group(pl_state *s, kf_plan *p, uint32_t k, bool views) {
     const kf_graph *g = s->g;
     kf_group *G = &p->groups[k];
     uint32_t nin = 0, nout = 0;
@@ -429,10 +435,24 @@ static kf_status fill_group(pl_state *s, kf_plan *p, uint32_t k) {
         if (G->kind != KF_GROUP_CONST) acc_add(&G->flops, node_flops(g, n));
     }
     G->bytes_read = G->bytes_written = 0;
-    if (G->kind == KF_GROUP_CONST) return KF_OK;
+    G->view = views && G->kind == KF_GROUP_ELEMWISE;
+    for (uint32_t i = 0; i < G->nnodes && G->view; i++) G->view = pl_view_op(&g->nodes[G->nodes[i]]);
+    if (G->kind == KF_GROUP_CONST || G->view) return KF_OK; /* no kernel: no traffic */
     for (uint32_t i = 0; i < G->ninputs; i++) acc_add(&G->bytes_read, read_bytes(g, p->group_of, k, G->inputs[i]));
     for (uint32_t i = 0; i < G->noutputs; i++) acc_add(&G->bytes_written, value_bytes(g, G->outputs[i]));
     return KF_OK;
+}
+
+/* The value a view group's output shows (views are followed back to the
+ * buffer some kernel or the caller wrote): what the lower bound counts. */
+static kf_id view_source(const pl_state *s, const kf_plan *p, kf_id v) {
+    for (;;) {
+        kf_id pr = s->g->values[v].producer;
+        if (!pr || s->pos[pr] == UINT32_MAX || !p->groups[p->group_of[pr]].view) return v;
+        const kf_node *n = &s->g->nodes[pr];
+        if (n->nin < 1 || !n->in[0]) return v;
+        v = n->in[0];
+    }
 }
 
 /* Plan-wide byte figures (see kf_plan). */
@@ -462,17 +482,22 @@ static void totals(pl_state *s, kf_plan *p) {
         if (G->kind == KF_GROUP_CONST) continue;
         acc_add(&p->bytes_fused, G->bytes_read);
         acc_add(&p->bytes_fused, G->bytes_written);
+        if (G->view) continue; /* its readers count what it shows */
         for (uint32_t i = 0; i < G->ninputs; i++) {
-            kf_id v = G->inputs[i], pr = g->values[v].producer;
+            kf_id v = view_source(s, p, G->inputs[i]), pr = g->values[v].producer;
             bool outside = !pr || s->pos[pr] == UINT32_MAX || p->groups[p->group_of[pr]].kind == KF_GROUP_CONST;
             if (!outside || s->vstamp[v] == st) continue;
             s->vstamp[v] = st;
-            acc_add(&p->bytes_lower_bound, read_bytes(g, p->group_of, k, v));
+            acc_add(&p->bytes_lower_bound, v == G->inputs[i] ? read_bytes(g, p->group_of, k, v) : value_bytes(g, v));
         }
     }
     for (uint32_t i = 0; i < g->noutputs; i++) {
-        kf_id v = g->outputs[i];
+        kf_id v = view_source(s, p, g->outputs[i]), pr = g->values[v].producer;
         if (s->vstamp[v] == st) continue;
+        /* a view of an input or weight: no kernel touches it, the caller's
+         * buffer is the output */
+        if (v != g->outputs[i] && (!pr || s->pos[pr] == UINT32_MAX || p->groups[p->group_of[pr]].kind == KF_GROUP_CONST))
+            continue;
         s->vstamp[v] = st;
         acc_add(&p->bytes_lower_bound, value_bytes(g, v));
     }
@@ -484,7 +509,7 @@ static void launches(kf_plan *p, bool disable) {
     uint32_t next = 0, open_launch = 0, open_level = UINT32_MAX, open_count = 0;
     for (uint32_t k = 0; k < p->ngroups; k++) {
         kf_group *G = &p->groups[k];
-        if (G->kind == KF_GROUP_CONST) {
+        if (G->kind == KF_GROUP_CONST || G->view) {
             G->launch = UINT32_MAX;
             continue;
         }
@@ -562,8 +587,13 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     s->stack = kf_malloc(nn * sizeof *s->stack);
     s->vstamp = kf_calloc(nv, sizeof *s->vstamp);
     s->sc = kf_malloc(nv * sizeof *s->sc);
+    s->next = kf_calloc(nn, sizeof *s->next);
+    s->ubuf = kf_malloc(nn * sizeof *s->ubuf);
+    s->up = kf_calloc(nn, sizeof *s->up);
+    s->dn = kf_calloc(nn, sizeof *s->dn);
     p->group_of = kf_malloc(nn * sizeof *p->group_of);
-    if (!s->parent || !s->pos || !s->gs || !s->stamp || !s->stack || !s->vstamp || !s->sc || !p->group_of) {
+    if (!s->parent || !s->pos || !s->gs || !s->stamp || !s->stack || !s->vstamp || !s->sc || !p->group_of || !s->next ||
+        !s->ubuf || !s->up || !s->dn) {
         st = NOMEM();
         goto fail;
     }
@@ -585,7 +615,7 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     p->merges = run.merges;
     if ((st = order_groups(s, p))) goto fail;
     for (uint32_t k = 0; k < p->ngroups; k++)
-        if ((st = fill_group(s, p, k))) goto fail;
+        if ((st = fill_group(s, p, k, !o->disable))) goto fail;
     totals(s, p);
     launches(p, o->disable);
     if ((st = boundaries(s, p, o, &run))) goto fail;

@@ -15,7 +15,12 @@ typedef struct pl_group {
     kf_group_kind kind;
     int nred, nanchor;     /* reductions / anchors inside (the lattice allows one) */
     uint32_t ninj;         /* injective (data-movement) nodes inside */
-    kf_id master;          /* the reduction or anchor node, 0 if none */
+    kf_id master;          /* the reduction or anchor node, 0 if none; with an
+                            * anchor, the first (upstream) anchor */
+    kf_id anc[2];          /* the anchors inside (nanchor of them), by position */
+    kf_id red;             /* the reduction inside, 0 if none */
+    bool layout_only;      /* every node is a layout op (see pl_layout_op) */
+    uint32_t head, tail;   /* member nodes: a list through pl_state.next */
     uint32_t minpos, maxpos; /* first/last topological position of its nodes */
     uint32_t nnodes;
     int64_t cost;          /* sum of node register costs */
@@ -45,10 +50,16 @@ struct kf_plan_state {
     uint32_t *vstamp, vstampv; /* per value: dedupe marks */
     uint32_t *stack;
     uint32_t *root_of_group;   /* final group index -> root */
+    uint32_t *next;    /* per node: next member of its group's list, 0 at the end */
+    kf_id *ubuf;       /* scratch: the members of a tentative union */
+    uint8_t *up, *dn;  /* scratch per node: masters upstream / downstream inside
+                        * a tentative union (PL_M_* bits) */
 };
 typedef struct kf_plan_state pl_state;
 
 kf_fclass pl_fclass(const kf_node *n);
+bool pl_layout_op(const kf_graph *g, const kf_node *n);
+bool pl_view_op(const kf_node *n);
 pl_same pl_space_cmp(const pl_state *s, kf_id a, kf_id b);
 void pl_space_classes(pl_state *s);
 uint32_t pl_find(pl_state *s, uint32_t x);

@@ -383,11 +383,12 @@ Test(fuseout_report, json_table_and_dot_show_groups_and_reasons) {
     p->bytes_unfused = 1000;
     p->bytes_fused = 400;
     p->bytes_lower_bound = 300;
-    kf_fuse_summary s = {7, 5, 1};
+    kf_fuse_summary s = {7, 5, 1, 4096, 3072};
     char *j = capture(json_fn, m, p, &s);
     static const char *const keys[] = {"\"nodes_before\": 7", "\"nodes_after\": 5", "\"kernels\": 2",
                                        "\"modeled_bytes_before\": 1000", "\"modeled_bytes_after\": 400",
-                                       "\"modeled_bytes_lower_bound\": 300",
+                                       "\"modeled_bytes_lower_bound\": 300", "\"arena_bytes\": 4096",
+                                       "\"arena_lower_bound\": 3072",
                                        "\"ops\": [\"Add\", \"Sigmoid\", \"Mul\", \"Add\"]",
                                        "\"inputs\": [", "\"outputs\": [", "\"bytes_read\": -1",
                                        "{\"from\": 0, \"to\": 1, \"value\": \"t\", \"reason\": \"reason b\"}"};

@@ -374,55 +374,93 @@ Test(plan_reason, does_not_put_two_reductions_in_one_group) {
     kf_model_free(m);
 }
 
-Test(plan_reason, does_not_put_two_anchors_in_one_group) {
+Test(plan_reason, does_not_put_two_sibling_anchors_in_one_group) {
+    /* two GEMMs of one input summed: neither reads the other's rows */
     kf_model *m = gt_parse("opset 17\n"
                            "input x float[4, 8]\n"
                            "const w float[8, 8] = random\n"
                            "const v float[8, 8] = random\n"
                            "y = MatMul(x, w)\n"
-                           "z = MatMul(y, v)\n"
-                           "output z\n");
+                           "z = MatMul(x, v)\n"
+                           "s = Add(y, z)\n"
+                           "output s\n");
     kf_plan *p = plan(m);
-    cr_expect_str_eq(breason(m, p, "y", "z"), KF_REASON_TWO_ANCHORS);
+    check_invariants(m, p);
+    cr_expect_eq(p->ngroups, 2);
+    uint32_t gs = grp(m, p, "s");
+    const char *why = grp(m, p, "y") == gs ? breason(m, p, "z", "s") : breason(m, p, "y", "s");
+    cr_expect_str_eq(why, KF_REASON_TWO_ANCHORS);
+    cr_expect_str_eq(why, "two anchors in one group");
     kf_plan_free(p);
     kf_model_free(m);
 }
 
-Test(plan_reason, does_not_put_an_anchor_and_a_reduction_in_one_group) {
+Test(plan_reason, does_not_chain_three_anchors) {
     kf_model *m = gt_parse("opset 17\n"
                            "input x float[4, 8]\n"
                            "const w float[8, 8] = random\n"
                            "y = MatMul(x, w)\n"
-                           "z = Softmax(y) {axis=-1}\n"
-                           "output z\n");
+                           "z = MatMul(y, w)\n"
+                           "u = MatMul(z, w)\n"
+                           "output u\n");
     kf_plan *p = plan(m);
-    cr_expect_str_eq(breason(m, p, "y", "z"), KF_REASON_ANCHOR_REDUCTION);
+    check_invariants(m, p);
+    cr_expect_eq(p->ngroups, 2);
+    cr_expect_eq(grp(m, p, "y"), grp(m, p, "z"), "the first pair is back-to-back");
+    cr_expect_str_eq(breason(m, p, "z", "u"), KF_REASON_TWO_ANCHORS);
     kf_plan_free(p);
     kf_model_free(m);
 }
 
-Test(plan_reason, does_not_give_an_anchor_a_prologue) {
+Test(plan_reason, does_not_put_a_reduction_beside_an_anchor) {
+    /* the row mean of another tensor is added to the GEMM output: it is
+     * neither after the anchor nor feeding it */
+    kf_model *m = gt_parse("opset 17\n"
+                           "input x float[4, 8]\n"
+                           "input q float[4, 8]\n"
+                           "const w float[8, 8] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "r = ReduceMean(q) {axes=[1], keepdims=1}\n"
+                           "z = Add(y, r)\n"
+                           "output z\n");
+    kf_plan *p = plan(m);
+    check_invariants(m, p);
+    cr_expect_eq(grp(m, p, "y"), grp(m, p, "z"));
+    cr_expect_str_eq(breason(m, p, "r", "z"), KF_REASON_ANCHOR_REDUCTION);
+    cr_expect_str_eq(breason(m, p, "r", "z"), "an anchor and a reduction in one group");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(plan_reason, does_not_give_an_anchor_a_reduction_prologue) {
     kf_model *m = gt_parse("opset 17\n"
                            "input x float[4, 8]\n"
                            "const w float[8, 8] = random\n"
-                           "r = Relu(x)\n"
+                           "r = Softmax(x) {axis=-1}\n"
                            "y = MatMul(r, w)\n"
                            "output y\n");
     kf_plan *p = plan(m);
+    check_invariants(m, p);
     cr_expect_str_eq(breason(m, p, "r", "y"), KF_REASON_ANCHOR_PROLOGUE);
+    cr_expect_str_eq(breason(m, p, "r", "y"), "anchor prologues are elementwise or layout ops only");
     kf_plan_free(p);
     kf_model_free(m);
 }
 
-Test(plan_reason, does_not_give_an_anchor_a_data_movement_epilogue) {
+Test(plan_reason, does_not_give_an_anchor_a_slice_epilogue) {
     kf_model *m = gt_parse("opset 17\n"
                            "input x float[4, 8]\n"
                            "const w float[8, 8] = random\n"
+                           "const st int64[1] = 1\n"
+                           "const en int64[1] = 3\n"
                            "y = MatMul(x, w)\n"
-                           "t = Transpose(y) {perm=[1, 0]}\n"
+                           "t = Slice(y, st, en)\n"
                            "output t\n");
     kf_plan *p = plan(m);
+    check_invariants(m, p);
     cr_expect_str_eq(breason(m, p, "y", "t"), KF_REASON_ANCHOR_INJECTIVE);
+    cr_expect_str_eq(breason(m, p, "y", "t"),
+                     "anchor data movement is reshape/transpose/split/select only (load/store index maps)");
     kf_plan_free(p);
     kf_model_free(m);
 }

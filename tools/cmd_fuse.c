@@ -11,6 +11,7 @@
 
 #include "kf_codegen.h"
 #include "kf_fuse.h"
+#include "kf_memplan.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
 
@@ -146,8 +147,17 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         kf_model_free(m);
         return fail(st);
     }
+    kf_memplan mp; /* the arena figures; unknown (-1) while symbolic dims are not fixed with --dim */
+    sum.arena_bytes = sum.arena_lower_bound = -1;
+    if (!(st = kf_memplan_build(m, p, KF_MEMPLAN_ALIGN, &mp))) {
+        sum.arena_bytes = mp.arena_bytes;
+        sum.arena_lower_bound = mp.live_lower_bound;
+        kf_memplan_release(&mp);
+    } else if (st == KF_ERR_SHAPE) {
+        st = KF_OK;
+    }
     bool svg = false;
-    if (emit) st = emit_kernels(emit, m, p);
+    if (emit && !st) st = emit_kernels(emit, m, p);
     if (dot && !st) st = kf_fuse_write_dot(dot, m, p, &svg);
     kf_fuse_stats fs = {0};
     if (!st) st = kf_fuse_apply(m, p, &fs);
@@ -164,10 +174,27 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         printf("%s: %u nodes -> %u after opt -> %u kernel groups, %u launches; %u functions (ai.kfuse), %u nodes "
                "in %s\n",
                model, sum.nodes_before, sum.nodes_after, p->ngroups, p->launches, fs.functions, fs.nodes_after, out);
+        uint32_t rowred = 0, b2b = 0, views = 0;
+        for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+            rowred += p->groups[gi].kind == KF_GROUP_ANCHOR && p->groups[gi].reduction;
+            b2b += p->groups[gi].anchor2 != 0;
+            views += p->groups[gi].view;
+        }
+        if (rowred || b2b || views)
+            printf("anchor groups with a row reduction: %u; back-to-back anchors: %u; views (reshapes, no kernel): %u\n",
+                   rowred, b2b, views);
         if (dot && svg) printf("picture: %s and %s.svg\n", dot, dot);
         else if (dot) printf("picture: %s (no svg: dot is not installed)\n", dot);
     }
-    if (report) kf_fuse_write_report(json ? stderr : stdout, m, p);
+    if (report) {
+        kf_fuse_write_report(json ? stderr : stdout, m, p);
+        if (sum.arena_bytes < 0)
+            fprintf(json ? stderr : stdout, "arena: unknown (symbolic dimensions; fix them with --dim)\n");
+        else
+            fprintf(json ? stderr : stdout, "arena: %lld bytes for intermediates (live lower bound %lld, ratio %.3f)\n",
+                    (long long)sum.arena_bytes, (long long)sum.arena_lower_bound,
+                    sum.arena_lower_bound ? (double)sum.arena_bytes / (double)sum.arena_lower_bound : 1.0);
+    }
     free_plan(p);
     kf_model_free(m);
     return EXIT_OK;
