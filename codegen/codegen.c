@@ -1,10 +1,10 @@
 /*
  * codegen.c: fusion group -> kernel text in the portable dialect. Sits after
  * the planner (fusion/) and before kernels/, which compiles the text with
- * NVRTC or OpenCL. This file writes elementwise/broadcast groups: one
- * grid-stride loop, operands loaded through broadcast index arithmetic over
- * static shapes, each node one `const` line built from its op's cg_expr.
- * Everything else is declined with a reason (kf_cg_unsupported).
+ * NVRTC or OpenCL. Elementwise groups (with injective ops through index
+ * maps) and row-reduction groups with fused prologue/epilogue; each value
+ * one `const` line, from its op's cg_expr or a template here. Everything
+ * else is declined with a reason naming the node (kf_cg_unsupported).
  */
 #include <ctype.h>
 #include <math.h>
@@ -113,7 +113,40 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_RESTRICT __restrict__\n"
                       "#define KF_GLOBAL_ID (blockIdx.x * blockDim.x + threadIdx.x)\n"
                       "#define KF_GLOBAL_SIZE (gridDim.x * blockDim.x)\n"
-                      "typedef long long kf_i64;\n");
+                      "typedef long long kf_i64;\n"
+                      "#define KF_SHARED __shared__\n"
+                      "#define KF_BARRIER __syncthreads()\n"
+                      "#define KF_LOCAL_ID ((int)threadIdx.x)\n"
+                      "#define KF_LOCAL_SIZE ((int)blockDim.x)\n"
+                      "#define KF_MAX_BLOCK 1024\n" /* CUDA's threads per block */
+                      "#define KF_GROUP_ID blockIdx.x\n"
+                      "#define KF_NUM_GROUPS gridDim.x\n"
+                      "#define KF_INF __int_as_float(0x7f800000)\n"
+                      /* float16 storage: PTX converts (NVRTC has no include path for cuda_fp16.h) */
+                      "#define KF_HALF unsigned short\n"
+                      "__device__ inline float kf_h2f(unsigned short h) { float f; asm(\"cvt.f32.f16 %0, %1;\" : \"=f\"(f) : \"h\"(h)); return f; }\n"
+                      "__device__ inline unsigned short kf_f2h(float f) { unsigned short h; asm(\"cvt.rn.f16.f32 %0, %1;\" : \"=h\"(h) : \"f\"(f)); return h; }\n"
+                      "#define KF_LOAD_HALF(p, i) kf_h2f((p)[i])\n"
+                      "#define KF_STORE_HALF(p, i, v) ((p)[i] = kf_f2h(v))\n"
+                      "#define KF_ROUND_HALF(x) kf_h2f(kf_f2h(x))\n"
+                      /* 128-bit access: float4 of vector_types.h, which NVRTC always has */
+                      "#define KF_F4 float4\n"
+                      "#define KF_VLOAD4(p, q) (((const float4 *)(p))[q])\n"
+                      "#define KF_VSTORE4(p, q, a, b, c, d) (((float4 *)(p))[q] = make_float4((a), (b), (c), (d)))\n"
+                      /* block reduce: shuffles within each warp, then warp results through
+                       * shared memory; every lane returns the block's result; n is a
+                       * multiple of 32 (launches use whole warps) */
+                      "#define KF_DEF_BLOCK(name, OP) \\\n"
+                      "__device__ float name(float v, float *s, int n) { \\\n"
+                      "    for (int o = 16; o > 0; o /= 2) v = OP(v, __shfl_xor_sync(0xffffffffu, v, o)); \\\n"
+                      "    const int t = (int)threadIdx.x; \\\n"
+                      "    __syncthreads(); \\\n"
+                      "    if ((t & 31) == 0) s[t / 32] = v; \\\n"
+                      "    __syncthreads(); \\\n"
+                      "    v = s[0]; \\\n"
+                      "    for (int w = 1; w < n / 32; w++) v = OP(v, s[w]); \\\n"
+                      "    return v; \\\n"
+                      "}\n");
     } else {
         kf_cg_puts(s, "/* kfuse prelude: OpenCL C 1.2 */\n"
                       "#define KF_KERNEL __kernel void\n"
@@ -121,30 +154,102 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_RESTRICT restrict\n"
                       "#define KF_GLOBAL_ID get_global_id(0)\n"
                       "#define KF_GLOBAL_SIZE get_global_size(0)\n"
-                      "typedef long kf_i64;\n");
+                      "typedef long kf_i64;\n"
+                      "#define KF_SHARED __local\n"
+                      "#define KF_BARRIER barrier(CLK_LOCAL_MEM_FENCE)\n"
+                      "#define KF_LOCAL_ID ((int)get_local_id(0))\n"
+                      "#define KF_LOCAL_SIZE ((int)get_local_size(0))\n"
+                      /* 4096: the largest work-group PoCL's CPU device forms when the
+                       * launcher leaves the size to it; 16 KiB, half of OpenCL's
+                       * guaranteed local memory */
+                      "#define KF_MAX_BLOCK 4096\n"
+                      "#define KF_GROUP_ID get_group_id(0)\n"
+                      "#define KF_NUM_GROUPS get_num_groups(0)\n"
+                      "#define KF_INF INFINITY\n"
+                      /* float16 storage: vload_half/vstore_half need no cl_khr_fp16 */
+                      "#define KF_HALF half\n"
+                      "#define KF_LOAD_HALF(p, i) vload_half((i), (p))\n"
+                      "#define KF_STORE_HALF(p, i, v) vstore_half_rte((v), (i), (p))\n"
+                      "float kf_round_half(float x) { ushort u; vstore_half_rte(x, 0, (__private half *)&u); "
+                      "return vload_half(0, (const __private half *)&u); }\n"
+                      "#define KF_ROUND_HALF(x) kf_round_half(x)\n"
+                      "#define KF_F4 float4\n"
+                      "#define KF_VLOAD4(p, q) vload4((q), (p))\n"
+                      "#define KF_VSTORE4(p, q, a, b, c, d) vstore4((float4)((a), (b), (c), (d)), (q), (p))\n"
+                      /* block reduce: a tree in local memory over any group size n
+                       * (folded to a power of two first); every lane returns the result */
+                      "#define KF_DEF_BLOCK(name, OP) \\\n"
+                      "float name(float v, __local float *s, int n) { \\\n"
+                      "    const int t = (int)get_local_id(0); \\\n"
+                      "    barrier(CLK_LOCAL_MEM_FENCE); \\\n"
+                      "    s[t] = v; \\\n"
+                      "    barrier(CLK_LOCAL_MEM_FENCE); \\\n"
+                      "    int p = 1; \\\n"
+                      "    while (p < n) p *= 2; \\\n"
+                      "    for (int h = p / 2; h > 0; h /= 2) { \\\n"
+                      "        if (t < h && t + h < n) s[t] = OP(s[t], s[t + h]); \\\n"
+                      "        barrier(CLK_LOCAL_MEM_FENCE); \\\n"
+                      "    } \\\n"
+                      "    return s[0]; \\\n"
+                      "}\n");
     }
     for (size_t i = 0; i < NMATH; i++) {
         kf_cg_puts(s, "#define KF_");
         upper(s, k_math[i].c99);
         kf_cg_printf(s, " %s\n", t == KF_CG_CUDA ? k_math[i].cuda : k_math[i].c99);
     }
+    kf_cg_puts(s, "#define KF_OP_SUM(a, b) ((a) + (b))\n"
+                  "#define KF_OP_PROD(a, b) ((a) * (b))\n"
+                  "KF_DEF_BLOCK(kf_block_sum, KF_OP_SUM)\n"
+                  "KF_DEF_BLOCK(kf_block_prod, KF_OP_PROD)\n"
+                  "KF_DEF_BLOCK(kf_block_max, KF_FMAX)\n"
+                  "KF_DEF_BLOCK(kf_block_min, KF_FMIN)\n");
     kf_cg_puts(s, "\n");
+}
+
+/* ---- dtypes ------------------------------------------------------------------ */
+
+/* Storage types this slice reads and writes: float16 is kept as 16 bits in
+ * memory and computed in float (DESIGN numerics: fp16 tolerance covers the
+ * unrounded intermediates), bool is one byte, integers compute as they are. */
+static bool dtype_ok(kf_dtype dt) {
+    return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BOOL || dt == KF_DT_INT32 || dt == KF_DT_INT64;
+}
+static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16; }
+
+/* The register type values of dt compute in. */
+static const char *ctype(kf_dtype dt) {
+    switch (dt) {
+    case KF_DT_BOOL:
+    case KF_DT_INT32: return "int";
+    case KF_DT_INT64: return "kf_i64";
+    default: return "float";
+    }
+}
+
+/* The element type of a buffer of dt. */
+static const char *mtype(kf_dtype dt) {
+    switch (dt) {
+    case KF_DT_BOOL: return "unsigned char";
+    case KF_DT_FLOAT16: return "KF_HALF";
+    case KF_DT_INT32: return "int";
+    case KF_DT_INT64: return "kf_i64";
+    default: return "float";
+    }
 }
 
 /* ---- checks --------------------------------------------------------------- */
 
 static const char *kind_reason(kf_group_kind k) {
     switch (k) {
-    case KF_GROUP_ELEMWISE: return NULL;
-    case KF_GROUP_REDUCTION: return "reduction groups are not generated yet";
+    case KF_GROUP_ELEMWISE:
+    case KF_GROUP_REDUCTION: return NULL;
     case KF_GROUP_ANCHOR: return "anchor (GEMM/conv) groups are not generated yet";
     case KF_GROUP_OPAQUE: return "opaque ops are not generated (they run on the reference evaluator)";
     case KF_GROUP_CONST: return "plan-time constant groups launch no kernel";
     }
     return "unknown group kind";
 }
-
-static bool dtype_ok(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_BOOL; }
 
 static bool same_dims(const kf_type *a, const kf_type *b) {
     if (a->rank != b->rank) return false;
@@ -153,11 +258,17 @@ static bool same_dims(const kf_type *a, const kf_type *b) {
     return true;
 }
 
+static int64_t numel_of(const kf_type *t) {
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++) n *= t->dims[d];
+    return n;
+}
+
 /* The expression template of node n (its cg_expr), or NULL with a reason. */
 static const char *node_expr(const kf_node *n, char *why, size_t whylen) {
     const kf_op_info *oi = kf_op_get(n->op);
     if (!oi || !oi->cg_expr) {
-        snprintf(why, whylen, "node '%s': op %s has no codegen expression yet", kf_node_label(n),
+        snprintf(why, whylen, "node '%s': op %s has no codegen expression or template yet", kf_node_label(n),
                  n->op_type);
         return NULL;
     }
@@ -180,90 +291,78 @@ static const char *node_expr(const kf_node *n, char *why, size_t whylen) {
     return oi->cg_expr;
 }
 
-const char *kf_cg_unsupported(const kf_model *m, const kf_plan *p, uint32_t gi, char *why,
-                              size_t whylen) {
-    if (gi >= p->ngroups) {
-        snprintf(why, whylen, "no group %u", gi);
-        return why;
-    }
-    const kf_group *g = &p->groups[gi];
-    const kf_graph *gr = m->graph;
-    const char *r = kind_reason(g->kind);
-    if (r) {
-        snprintf(why, whylen, "%s", r);
-        return why;
-    }
-    if (!g->noutputs || !g->nnodes) {
-        snprintf(why, whylen, "group writes nothing");
-        return why;
-    }
-    const kf_type *space = &gr->values[g->outputs[0]].type;
-    if (!kf_type_is_static(space)) {
-        snprintf(why, whylen, "value '%s' has a symbolic or unknown shape: kernels are generated per static shape",
-                 gr->values[g->outputs[0]].name);
-        return why;
-    }
-    for (uint32_t k = 0; k < g->nnodes; k++) {
-        const kf_node *n = &gr->nodes[g->nodes[k]];
-        if (!node_expr(n, why, whylen)) return why;
-        for (int j = 0; j < n->nout; j++) {
-            if (!n->out[j]) continue;
-            const kf_value *v = &gr->values[n->out[j]];
-            if (!dtype_ok(v->type.dtype)) {
-                snprintf(why, whylen, "value '%s' is %s: only float32 and bool are generated yet", v->name,
-                         kf_dtype_name(v->type.dtype));
-                return why;
-            }
-            if (!same_dims(&v->type, space)) {
-                snprintf(why, whylen,
-                         "value '%s' does not span the group's iteration space (a shape change inside the "
-                         "group is not generated yet)",
-                         v->name);
-                return why;
-            }
-        }
-        for (int i = 0; i < n->nin; i++) {
-            const kf_value *v = &gr->values[n->in[i]];
-            if (!dtype_ok(v->type.dtype)) {
-                snprintf(why, whylen, "value '%s' is %s: only float32 and bool are generated yet", v->name,
-                         kf_dtype_name(v->type.dtype));
-                return why;
-            }
-            if (!kf_type_is_static(&v->type) || v->type.rank > space->rank) {
-                snprintf(why, whylen, "value '%s' has no static shape that broadcasts into the group's space",
-                         v->name);
-                return why;
-            }
-        }
-        if (n->op == KF_OP_WHERE && gr->values[n->in[0]].type.dtype != KF_DT_BOOL) {
-            snprintf(why, whylen, "node '%s': Where condition is not bool", kf_node_label(n));
-            return why;
-        }
-    }
-    return NULL;
-}
+/* ---- generation: index maps ---------------------------------------------------
+ *
+ * The body is written by demand: each group output asks for its value at a
+ * multi-index of its own shape, and every value asks its operands at the
+ * index its op maps to (broadcast drops dims, Transpose permutes, Reshape
+ * goes through the linear index, Slice scales and shifts, ...). A value
+ * computed once at an index is remembered, so each is one `const` line. */
 
-/* ---- generation ------------------------------------------------------------- */
+/* 24: "v" or "t" and two 32-bit numbers, or a 64-bit literal; every compound
+ * index is bound to a temporary so components stay this short */
+#define NAMELEN 24
 
-/* Per-kernel state: every value the body names gets vN in first-use order. */
+typedef struct ix {
+    int rank;
+    char c[KF_MAX_RANK][NAMELEN]; /* identifier or non-negative literal per dim */
+    char lin[NAMELEN];            /* row-major linear index when known, else "" */
+} ix;
+
+typedef struct memo {
+    kf_id v;
+    ix at;
+    char name[NAMELEN];
+} memo;
+
+typedef enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_LOGSUM, RK_LOGSUMEXP,
+                     RK_SUMSQ, RK_SOFTMAX, RK_LOGSOFTMAX, RK_LAYERNORM } rkind;
+
 typedef struct gen {
     const kf_graph *g;
+    const kf_plan *p;
+    uint32_t gi;
     const kf_group *grp;
-    kf_id *vals;   /* vals[k] = value named v<k> */
+    kf_cg_kernel *k;
+    const char *ity;     /* index type: "int" or "kf_i64" */
+    kf_cg_str *s;        /* where lines go */
+    const char *ind;     /* indentation of the current block */
+    memo *memo;
+    uint32_t nmemo, capmemo;
+    kf_id *vals;         /* vals[n]: value shown as v<n> */
     uint32_t nvals;
-    const char *ity; /* index type: "int" or "kf_i64" */
+    uint32_t *uses;      /* instances of v<n> written so far */
+    int ntemp;
+    int lane;            /* vector path: lane 0..3 whose operands come from w<n>; -1 otherwise */
+    /* reductions */
+    const kf_node *red;  /* the reduction node; NULL in elementwise kernels */
+    rkind rk;
+    bool mask[KF_MAX_RANK]; /* reduced dims of red's input */
+    char stat[2][NAMELEN];  /* row statistics (max and sum, or mean and 1/std) */
+    bool stats;             /* stat[] hold the current row's figures */
+    ix row;                 /* the current row's index into red's input (row dims only) */
     char *why;
     size_t whylen;
+    bool oom;               /* failed for memory (KF_ERR_NOMEM), not unsupported */
 } gen;
 
-static int var_of(const gen *st, kf_id v) {
-    for (uint32_t k = 0; k < st->nvals; k++)
-        if (st->vals[k] == v) return (int)k;
-    return -1;
+static bool fail(gen *st, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 2, 3)))
+#endif
+    ;
+static bool fail(gen *st, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->why, st->whylen, fmt, ap);
+    va_end(ap);
+    return false;
 }
 
-static const char *ctype(kf_dtype dt) { return dt == KF_DT_BOOL ? "int" : "float"; }
-static const char *mtype(kf_dtype dt) { return dt == KF_DT_BOOL ? "unsigned char" : "float"; }
+static bool fail_oom(gen *st) {
+    st->oom = true;
+    return fail(st, "out of memory");
+}
 
 /* Writes a float literal that reads back to exactly f (9 significant digits
  * round-trip any float). False for non-finite values. */
@@ -278,7 +377,7 @@ static bool put_float(kf_cg_str *s, double f) {
 }
 
 /* Expands template e for node n with operand texts ops[0..nops). */
-static bool expand(gen *st, kf_cg_str *s, const kf_node *n, const char *e, char ops[][24], int nops) {
+static bool expand(gen *st, kf_cg_str *s, const kf_node *n, const char *e, char ops[][NAMELEN], int nops) {
     for (const char *c = e; *c;) {
         if (isalpha((unsigned char)*c) || *c == '_') {
             const char *b = c;
@@ -339,72 +438,1015 @@ static bool expand(gen *st, kf_cg_str *s, const kf_node *n, const char *e, char 
     return true;
 }
 
-/* The right-hand side of node n into rhs: its template over operand names.
- * Variadic ops fold left, f(f(x0, x1), x2), through temporaries written to
- * pre (one line each), so every operand stays a plain name (templates may
- * read an operand twice). */
-static bool node_rhs(gen *st, kf_cg_str *pre, kf_cg_str *rhs, const kf_node *n) {
+
+static int var_of(const gen *st, kf_id v) {
+    for (uint32_t k = 0; k < st->nvals; k++)
+        if (st->vals[k] == v) return (int)k;
+    return -1;
+}
+
+/* A fresh name for one instance of value v: v<n>, then v<n>_1, ... */
+static void value_name(gen *st, kf_id v, char *name) {
+    int n = var_of(st, v);
+    uint32_t u = n >= 0 ? st->uses[n]++ : 0;
+    if (u == 0) snprintf(name, NAMELEN, "v%d", n);
+    else snprintf(name, NAMELEN, "v%d_%u", n, u);
+}
+
+/* Binds index expression expr to a fresh temporary named into out; plain
+ * identifiers and literals are used as they are. */
+static void bind(gen *st, char *out, const char *expr) {
+    bool plain = true;
+    for (const char *c = expr; *c; c++)
+        if (!isalnum((unsigned char)*c) && *c != '_') plain = false;
+    if (plain && strlen(expr) < NAMELEN) {
+        snprintf(out, NAMELEN, "%s", expr);
+        return;
+    }
+    snprintf(out, NAMELEN, "t%d", st->ntemp++);
+    kf_cg_printf(st->s, "%sconst %s %s = %s;\n", st->ind, st->ity, out, expr);
+}
+
+static bool ix_eq(const ix *a, const ix *b) {
+    if (a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++)
+        if (strcmp(a->c[d], b->c[d])) return false;
+    return true;
+}
+
+static const char *memo_find(const gen *st, kf_id v, const ix *at) {
+    for (uint32_t i = st->nmemo; i-- > 0;)
+        if (st->memo[i].v == v && (ix_eq(&st->memo[i].at, at) ||
+                                   (at->lin[0] && at->rank == st->memo[i].at.rank && !strcmp(at->lin, st->memo[i].at.lin))))
+            return st->memo[i].name; /* the same linear index of one value is the same element */
+    return NULL;
+}
+
+static bool memo_add(gen *st, kf_id v, const ix *at, const char *name) {
+    if (st->nmemo == st->capmemo) {
+        uint32_t cap = st->capmemo ? st->capmemo * 2 : 32; /* 32: a typical group's values, doubling after */
+        memo *p = kf_realloc(st->memo, (size_t)cap * sizeof *p);
+        if (!p) return fail_oom(st);
+        st->memo = p;
+        st->capmemo = cap;
+    }
+    memo *e = &st->memo[st->nmemo++];
+    e->v = v;
+    e->at = *at;
+    snprintf(e->name, NAMELEN, "%s", name);
+    return true;
+}
+
+/* Row-major offset of index at in a buffer of type t, bound to a name. */
+static void offset_of(gen *st, const kf_type *t, const ix *at, char *out) {
+    if (at->lin[0]) {
+        snprintf(out, NAMELEN, "%s", at->lin);
+        return;
+    }
+    kf_cg_str e = {0};
+    int64_t stride = 1;
+    for (int d = t->rank - 1; d >= 0; d--) {
+        if (t->dims[d] != 1 && strcmp(at->c[d], "0")) {
+            if (e.len) kf_cg_puts(&e, " + ");
+            if (stride == 1) kf_cg_puts(&e, at->c[d]);
+            else kf_cg_printf(&e, "%s * %lld", at->c[d], (long long)stride);
+        }
+        stride *= t->dims[d];
+    }
+    bind(st, out, e.p ? e.p : "0");
+    if (e.oom) st->s->oom = true; /* the kernel text is incomplete: kf_cg_take reports it */
+    kf_cg_str_release(&e);
+}
+
+/* Index of an operand of type in that broadcasts into a value of type out
+ * (numpy rules: trailing dims align, dims of 1 read element 0). */
+static void bcast_ix(const ix *at, const kf_type *out, const kf_type *in, ix *res) {
+    int shift = out->rank - in->rank;
+    res->rank = in->rank;
+    for (int d = 0; d < in->rank; d++)
+        snprintf(res->c[d], NAMELEN, "%s", in->dims[d] == 1 ? "0" : at->c[d + shift]);
+    snprintf(res->lin, NAMELEN, "%s", same_dims(out, in) ? at->lin : "");
+}
+
+/* Index into a value of type in with the same elements in the same row-major
+ * order as a value of type out (Reshape and its family): through the linear
+ * index, split by in's strides. */
+static void reshape_ix(gen *st, const ix *at, const kf_type *out, const kf_type *in, ix *res) {
+    char lin[NAMELEN];
+    offset_of(st, out, at, lin);
+    res->rank = in->rank;
+    snprintf(res->lin, NAMELEN, "%s", lin);
+    int first = -1;
+    for (int d = 0; d < in->rank; d++)
+        if (in->dims[d] != 1) {
+            first = d;
+            break;
+        }
+    int64_t stride = 1;
+    for (int d = in->rank - 1; d >= 0; d--) {
+        char e[96]; /* "(name / 20 digits) % 20 digits" */
+        if (in->dims[d] == 1) snprintf(e, sizeof e, "0");
+        else if (stride == 1 && d == first) snprintf(e, sizeof e, "%s", lin);
+        else if (stride == 1) snprintf(e, sizeof e, "%s %% %lld", lin, (long long)in->dims[d]);
+        else if (d == first) snprintf(e, sizeof e, "%s / %lld", lin, (long long)stride);
+        else snprintf(e, sizeof e, "(%s / %lld) %% %lld", lin, (long long)stride, (long long)in->dims[d]);
+        bind(st, res->c[d], e);
+        stride *= in->dims[d];
+    }
+}
+
+static int param_of(const gen *st, kf_id v) {
+    for (uint32_t i = 0; i < st->k->nins; i++)
+        if (st->k->ins[i].value == v) return (int)i;
+    return -1;
+}
+
+/* A constant input's integers (an initializer), or false with a reason. */
+static bool const_ints(gen *st, const kf_node *n, int slot, int64_t *vals, int *count, int cap) {
+    kf_id v = slot < n->nin ? n->in[slot] : 0;
+    const kf_tensor *t = v ? st->g->values[v].init : NULL;
+    if (!t || !kf_dtype_is_int(t->dtype) || t->numel > cap)
+        return fail(st, "node '%s': input %d of %s is not a small constant integer tensor", kf_node_label(n), slot,
+                    n->op_type);
+    for (int64_t i = 0; i < t->numel; i++) vals[i] = kf_get_i64(t, i);
+    *count = (int)t->numel;
+    return true;
+}
+
+static bool emit(gen *st, kf_id v, const ix *at, char *name);
+
+/* Writes `const T name = rhs;` for value v (emit remembers it). */
+static bool define(gen *st, kf_id v, char *name, const char *rhs) {
+    value_name(st, v, name);
+    kf_dtype dt = st->g->values[v].type.dtype;
+    if (dt == KF_DT_FLOAT16) /* a float16 value holds what 16 bits hold, as unfused */
+        kf_cg_printf(st->s, "%sconst float %s = KF_ROUND_HALF(%s);\n", st->ind, name, rhs);
+    else kf_cg_printf(st->s, "%sconst %s %s = %s;\n", st->ind, ctype(dt), name, rhs);
+    return true;
+}
+
+/* Elementwise/broadcast node from its cg_expr. Variadic ops fold left
+ * through temporaries, so every operand stays a plain name. */
+static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     const char *e = node_expr(n, st->why, st->whylen);
     if (!e) return false;
+    const kf_type *ot = &st->g->values[v].type;
+    bool ints = !is_real(ot->dtype) && ot->dtype != KF_DT_BOOL;
+    for (int i = 0; i < n->nin; i++) {
+        kf_dtype dt = st->g->values[n->in[i]].type.dtype;
+        if (!is_real(dt) && dt != KF_DT_BOOL) ints = true;
+    }
+    if (ints && n->op != KF_OP_WHERE && n->op != KF_OP_EQUAL && n->op != KF_OP_LESS && n->op != KF_OP_GREATER &&
+        n->op != KF_OP_LESS_OR_EQUAL && n->op != KF_OP_GREATER_OR_EQUAL)
+        return fail(st, "node '%s': %s on integers is not generated (float templates)", kf_node_label(n),
+                    n->op_type);
+    if (n->op == KF_OP_WHERE && st->g->values[n->in[0]].type.dtype != KF_DT_BOOL)
+        return fail(st, "node '%s': Where condition is not bool", kf_node_label(n));
+    if (n->opset > 0 && n->opset < 7 && (n->op == KF_OP_PRELU || kf_attr_i(n, "broadcast", 0)))
+        return fail(st, "node '%s': legacy broadcast (opset %lld < 7) is not generated", kf_node_label(n),
+                    (long long)n->opset);
+    for (int i = 0; i < n->nin; i++) {
+        const kf_type *it = &st->g->values[n->in[i]].type;
+        bool fits = it->rank <= ot->rank;
+        for (int d = 0; fits && d < it->rank; d++)
+            fits = it->dims[d] == 1 || it->dims[d] == ot->dims[d + ot->rank - it->rank];
+        if (!fits)
+            return fail(st, "node '%s': input %d does not broadcast into the output (numpy rules)", kf_node_label(n), i);
+    }
+    char (*ops)[NAMELEN] = kf_calloc((size_t)n->nin + 1, sizeof *ops);
+    if (!ops) return fail_oom(st);
+    bool ok = true;
+    for (int i = 0; ok && i < n->nin; i++) {
+        ix a;
+        bcast_ix(at, ot, &st->g->values[n->in[i]].type, &a);
+        ok = emit(st, n->in[i], &a, ops[i]);
+    }
+    kf_cg_str rhs = {0};
     const kf_op_info *oi = kf_op_get(n->op);
-    int self = var_of(st, n->out[0]);
-    char ops[2][24]; /* "v" or "t<n>_<n>" with 32-bit numbers */
-    if (oi->in_max >= 0) {
-        char (*all)[24] = kf_calloc((size_t)n->nin + 1, sizeof *all);
-        if (!all) {
-            snprintf(st->why, st->whylen, "out of memory");
+    if (ok && (oi->in_max >= 0 || n->nin == 1)) {
+        if (oi->in_max >= 0) ok = expand(st, &rhs, n, e, ops, n->nin);
+        else kf_cg_puts(&rhs, ops[0]); /* variadic with one operand: identity */
+    } else if (ok) {
+        char pair[2][NAMELEN];
+        snprintf(pair[0], NAMELEN, "%s", ops[0]);
+        for (int i = 1; ok && i < n->nin; i++) {
+            snprintf(pair[1], NAMELEN, "%s", ops[i]);
+            if (i + 1 == n->nin) {
+                ok = expand(st, &rhs, n, e, pair, 2);
+                break;
+            }
+            kf_cg_str fold = {0};
+            ok = expand(st, &fold, n, e, pair, 2);
+            /* a fresh temporary: the same node may be emitted several times
+             * in one scope (vector lanes, a prologue replayed per output) */
+            snprintf(pair[0], NAMELEN, "t%d", st->ntemp++);
+            kf_cg_printf(st->s, "%sconst %s %s = %s;\n", st->ind, ctype(ot->dtype), pair[0], fold.p ? fold.p : "");
+            kf_cg_str_release(&fold);
+        }
+    }
+    if (ok) define(st, v, name, rhs.p ? rhs.p : "");
+    kf_cg_str_release(&rhs);
+    kf_free(ops);
+    return ok;
+}
+
+/* Cast/CastLike between the storage types above. */
+static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    char x[NAMELEN];
+    if (!emit(st, n->in[0], at, x)) return false;
+    kf_dtype to = st->g->values[v].type.dtype;
+    char rhs[96]; /* a cast of one name */
+    if (to == KF_DT_BOOL) snprintf(rhs, sizeof rhs, "(%s != 0)", x);
+    else snprintf(rhs, sizeof rhs, "(%s)%s", ctype(to), x);
+    return define(st, v, name, rhs);
+}
+
+static bool emit_transpose(gen *st, const kf_node *n, const ix *at, char *name) {
+    const kf_type *it = &st->g->values[n->in[0]].type;
+    int r = it->rank, cnt = 0;
+    const int64_t *perm = kf_attr_ints(n, "perm", &cnt);
+    ix a = {.rank = r};
+    bool seen[KF_MAX_RANK] = {0};
+    for (int d = 0; d < r; d++) {
+        int64_t pd = perm && cnt == r ? perm[d] : r - 1 - d;
+        if (pd < 0 || pd >= r || seen[pd]) return fail(st, "node '%s': Transpose perm is not a permutation", kf_node_label(n));
+        seen[pd] = true;
+        snprintf(a.c[pd], NAMELEN, "%s", at->c[d]);
+    }
+    return emit(st, n->in[0], &a, name);
+}
+
+/* Slice with constant starts/axes/steps: in[axis] = start + out[axis] * step. */
+static bool emit_slice(gen *st, const kf_node *n, const ix *at, char *name) {
+    const kf_type *it = &st->g->values[n->in[0]].type;
+    int r = it->rank;
+    int64_t starts[KF_MAX_RANK], axes[KF_MAX_RANK], steps[KF_MAX_RANK];
+    int ns = 0, na = 0, nst = 0;
+    if (n->opset > 0 && n->opset < 10) {
+        const int64_t *s = kf_attr_ints(n, "starts", &ns), *a = kf_attr_ints(n, "axes", &na);
+        if (!s || ns > KF_MAX_RANK || na > KF_MAX_RANK) return fail(st, "node '%s': Slice without starts", kf_node_label(n));
+        memcpy(starts, s, (size_t)ns * sizeof *s);
+        if (a) memcpy(axes, a, (size_t)na * sizeof *a);
+        else na = 0;
+    } else {
+        if (!const_ints(st, n, 1, starts, &ns, KF_MAX_RANK)) return false;
+        if (n->nin > 3 && n->in[3] && !const_ints(st, n, 3, axes, &na, KF_MAX_RANK)) return false;
+        if (n->nin > 4 && n->in[4] && !const_ints(st, n, 4, steps, &nst, KF_MAX_RANK)) return false;
+    }
+    if (!na) {
+        na = ns;
+        for (int k = 0; k < ns; k++) axes[k] = k;
+    }
+    if (na != ns || (nst && nst != ns)) return fail(st, "node '%s': Slice inputs disagree in length", kf_node_label(n));
+    ix a = *at;
+    a.lin[0] = 0;
+    for (int k = 0; k < ns; k++) {
+        int64_t ax = axes[k] < 0 ? axes[k] + r : axes[k];
+        int64_t step = nst ? steps[k] : 1, dim = ax >= 0 && ax < r ? it->dims[ax] : 0, s = starts[k];
+        if (ax < 0 || ax >= r || step == 0) return fail(st, "node '%s': Slice axis or step out of range", kf_node_label(n));
+        if (s < 0) s += dim;
+        if (step > 0) s = s < 0 ? 0 : s > dim ? dim : s;
+        else s = s < 0 ? 0 : s > dim - 1 ? dim - 1 : s;
+        char e[96]; /* "name * step + start" */
+        if (!strcmp(at->c[ax], "0")) snprintf(e, sizeof e, "%lld", (long long)s);
+        else if (step == 1 && s == 0) snprintf(e, sizeof e, "%s", at->c[ax]);
+        else if (step == 1) snprintf(e, sizeof e, "%s + %lld", at->c[ax], (long long)s);
+        else snprintf(e, sizeof e, "%s * %lld + %lld", at->c[ax], (long long)step, (long long)s);
+        bind(st, a.c[ax], e);
+    }
+    return emit(st, n->in[0], &a, name);
+}
+
+/* Clamps index expression e into [0, dim) and binds it. */
+static void clamp_bind(gen *st, char *out, const char *e, int64_t dim) {
+    char t[NAMELEN];
+    bind(st, t, e);
+    char c[128]; /* two names and two numbers */
+    snprintf(c, sizeof c, "(%s < 0 ? 0 : (%s > %lld ? %lld : %s))", t, t, (long long)(dim - 1), (long long)(dim - 1), t);
+    bind(st, out, c);
+}
+
+/* Concat: every operand is read at a clamped index (never out of its
+ * bounds), then the one whose range holds the index is selected. */
+static bool emit_concat(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    const kf_type *ot = &st->g->values[v].type;
+    int r = ot->rank;
+    int64_t axis = kf_attr_i(n, "axis", 0);
+    if (axis < 0) axis += r;
+    if (axis < 0 || axis >= r) return fail(st, "node '%s': Concat axis out of range", kf_node_label(n));
+    kf_cg_str sel = {0};
+    int64_t off = 0;
+    int open = 0;
+    for (int i = 0; i < n->nin; i++) {
+        int64_t dk = st->g->values[n->in[i]].type.dims[axis];
+        if (dk == 0) continue;
+        ix a = *at;
+        a.lin[0] = 0;
+        char e[96]; /* "name - offset" */
+        snprintf(e, sizeof e, "%s - %lld", at->c[axis], (long long)off);
+        if (!strcmp(at->c[axis], "0")) snprintf(e, sizeof e, "%s", "0");
+        clamp_bind(st, a.c[axis], off ? e : at->c[axis], dk);
+        char x[NAMELEN];
+        if (!emit(st, n->in[i], &a, x)) {
+            kf_cg_str_release(&sel);
             return false;
         }
-        for (int i = 0; i < n->nin; i++) snprintf(all[i], sizeof all[i], "v%d", var_of(st, n->in[i]));
-        bool ok = expand(st, rhs, n, e, all, n->nin);
-        kf_free(all);
-        return ok;
+        off += dk;
+        if (off < ot->dims[axis]) {
+            kf_cg_printf(&sel, "(%s < %lld ? %s : ", at->c[axis], (long long)off, x);
+            open++;
+        } else kf_cg_puts(&sel, x);
     }
-    snprintf(ops[0], sizeof ops[0], "v%d", var_of(st, n->in[0]));
-    if (n->nin == 1) { /* variadic with one operand: identity */
-        kf_cg_puts(rhs, ops[0]);
+    for (int i = 0; i < open; i++) kf_cg_puts(&sel, ")");
+    bool ok = !sel.oom && sel.p && define(st, v, name, sel.p);
+    kf_cg_str_release(&sel);
+    return ok || fail(st, "node '%s': Concat has no elements", kf_node_label(n));
+}
+
+/* Gather along axis with a runtime or constant index tensor. A negative
+ * index counts from the end; an index still out of range is clamped to the
+ * nearest element (a defined result, never a read out of bounds; the
+ * reference evaluator reports such an index as an error). */
+static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
+    const kf_type *dt = &st->g->values[n->in[0]].type, *it = &st->g->values[n->in[1]].type;
+    int r = dt->rank, q = it->rank;
+    int64_t axis = kf_attr_i(n, "axis", 0);
+    if (axis < 0) axis += r;
+    if (axis < 0 || axis >= r) return fail(st, "node '%s': Gather axis out of range", kf_node_label(n));
+    if (it->dtype != KF_DT_INT32 && it->dtype != KF_DT_INT64)
+        return fail(st, "node '%s': Gather indices are %s", kf_node_label(n), kf_dtype_name(it->dtype));
+    ix ia = {.rank = q};
+    for (int d = 0; d < q; d++) snprintf(ia.c[d], NAMELEN, "%s", at->c[axis + d]);
+    char idx[NAMELEN], e[128]; /* a cast and a compare of one name */
+    if (!emit(st, n->in[1], &ia, idx)) return false;
+    int64_t dim = dt->dims[axis];
+    snprintf(e, sizeof e, "(%s)(%s < 0 ? %s + %lld : %s)", st->ity, idx, idx, (long long)dim, idx);
+    ix a = {.rank = r};
+    for (int d = 0; d < r; d++) {
+        if (d < axis) snprintf(a.c[d], NAMELEN, "%s", at->c[d]);
+        else if (d > axis) snprintf(a.c[d], NAMELEN, "%s", at->c[d + q - 1]);
+    }
+    if (dim == 1) snprintf(a.c[axis], NAMELEN, "0");
+    else clamp_bind(st, a.c[axis], e, dim);
+    return emit(st, n->in[0], &a, name);
+}
+
+/* Pad, constant mode: the value where the index falls outside the input,
+ * else the input read at the (clamped, so always valid) shifted index. */
+static bool emit_pad(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    const kf_type *it = &st->g->values[n->in[0]].type, *ot = &st->g->values[v].type;
+    int r = it->rank, np = 0;
+    int64_t pads[2 * KF_MAX_RANK];
+    double value = 0;
+    if (strcmp(kf_attr_s(n, "mode", "constant"), "constant"))
+        return fail(st, "node '%s': Pad mode '%s' is not generated (constant only)", kf_node_label(n),
+                    kf_attr_s(n, "mode", "constant"));
+    if (n->opset > 0 && n->opset < 11) {
+        const int64_t *p = kf_attr_ints(n, "pads", &np);
+        if (!p || np != 2 * r) return fail(st, "node '%s': Pad pads do not match the rank", kf_node_label(n));
+        memcpy(pads, p, (size_t)np * sizeof *p);
+        value = kf_attr_f(n, "value", 0);
+    } else {
+        if (n->nin > 3 && n->in[3]) return fail(st, "node '%s': Pad with an axes input is not generated", kf_node_label(n));
+        if (!const_ints(st, n, 1, pads, &np, 2 * KF_MAX_RANK)) return false;
+        if (np != 2 * r) return fail(st, "node '%s': Pad pads do not match the rank", kf_node_label(n));
+        if (n->nin > 2 && n->in[2]) {
+            const kf_tensor *t = st->g->values[n->in[2]].init;
+            if (!t || t->numel != 1) return fail(st, "node '%s': Pad value is not a constant scalar", kf_node_label(n));
+            value = kf_get_f64(t, 0);
+        }
+    }
+    ix a = {.rank = r};
+    kf_cg_str cond = {0};
+    for (int d = 0; d < r; d++) {
+        if (pads[d] == 0 && it->dims[d] == ot->dims[d]) {
+            snprintf(a.c[d], NAMELEN, "%s", at->c[d]);
+            continue;
+        }
+        char e[96], t[NAMELEN]; /* "name - (number)" */
+        snprintf(e, sizeof e, "%s - (%lld)", at->c[d], (long long)pads[d]);
+        bind(st, t, e);
+        kf_cg_printf(&cond, "%s(%s >= 0 && %s < %lld)", cond.len ? " && " : "", t, t, (long long)it->dims[d]);
+        if (it->dims[d] == 0) {
+            kf_cg_str_release(&cond);
+            return fail(st, "node '%s': Pad of an empty dim is not generated", kf_node_label(n));
+        }
+        clamp_bind(st, a.c[d], t, it->dims[d]);
+    }
+    char x[NAMELEN];
+    if (!emit(st, n->in[0], &a, x)) {
+        kf_cg_str_release(&cond);
+        return false;
+    }
+    kf_cg_str rhs = {0}, lit = {0};
+    if (is_real(ot->dtype)) {
+        if (!put_float(&lit, value)) {
+            kf_cg_str_release(&cond);
+            return fail(st, "node '%s': Pad value is not finite", kf_node_label(n));
+        }
+    } else kf_cg_printf(&lit, "%lld", (long long)value);
+    if (cond.len) kf_cg_printf(&rhs, "(%s) ? %s : %s", cond.p, x, lit.p);
+    else kf_cg_puts(&rhs, x);
+    bool ok = !rhs.oom && define(st, v, name, rhs.p);
+    kf_cg_str_release(&rhs);
+    kf_cg_str_release(&lit);
+    kf_cg_str_release(&cond);
+    return ok || fail_oom(st);
+}
+
+/* The value of the reduction node at index at, from the row statistics. */
+static bool emit_red_value(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    if (!st->stats || v != n->out[0])
+        return fail(st, "node '%s': %s result is read outside its row (not generated)", kf_node_label(n), n->op_type);
+    /* the statistics are the current row's: an epilogue that reads the result
+     * at another row (a Transpose moving a row dim, say) would get the wrong
+     * ones. Index names are compared, so this may decline a read that is in
+     * the row after all, never accept one that is not. */
+    for (int d = 0; d < at->rank && d < st->row.rank; d++)
+        if (!st->mask[d] && strcmp(at->c[d], st->row.c[d]))
+            return fail(st, "node '%s': %s result is read at another row than the one reduced (not generated)",
+                        kf_node_label(n), n->op_type);
+    char x[NAMELEN], rhs[256]; /* a few names and KF_ calls */
+    if (st->rk == RK_SOFTMAX || st->rk == RK_LOGSOFTMAX || st->rk == RK_LAYERNORM) {
+        if (!emit(st, n->in[0], at, x)) return false;
+    }
+    switch (st->rk) {
+    case RK_SOFTMAX: snprintf(rhs, sizeof rhs, "KF_EXP(%s - %s) / %s", x, st->stat[0], st->stat[1]); break;
+    case RK_LOGSOFTMAX: snprintf(rhs, sizeof rhs, "%s - %s - KF_LOG(%s)", x, st->stat[0], st->stat[1]); break;
+    case RK_LAYERNORM: {
+        const kf_type *xt = &st->g->values[n->in[0]].type;
+        char sc[NAMELEN], bi[NAMELEN] = "";
+        ix a;
+        bcast_ix(at, xt, &st->g->values[n->in[1]].type, &a);
+        if (!emit(st, n->in[1], &a, sc)) return false;
+        if (n->nin > 2 && n->in[2]) {
+            bcast_ix(at, xt, &st->g->values[n->in[2]].type, &a);
+            if (!emit(st, n->in[2], &a, bi)) return false;
+        }
+        snprintf(rhs, sizeof rhs, "(%s - %s) * %s * %s%s%s", x, st->stat[0], st->stat[1], sc, bi[0] ? " + " : "", bi);
+        break;
+    }
+    default:
+        return fail(st, "node '%s': %s result is read outside its row (not generated)", kf_node_label(n), n->op_type);
+    }
+    return define(st, v, name, rhs);
+}
+
+static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    bool ln_stats = st->red && n == st->red && st->rk == RK_LAYERNORM; /* Mean, InvStdDev come from the row */
+    if (n->nout > 1 && !ln_stats)
+        for (int j = 1; j < n->nout; j++)
+            if (n->out[j] && st->g->values[n->out[j]].nusers + st->g->values[n->out[j]].is_output)
+                return fail(st, "node '%s': %s output %d is used (only the first output is generated)",
+                            kf_node_label(n), n->op_type, j);
+    if (st->red && n == st->red) return emit_red_value(st, n, v, at, name);
+    const kf_type *ot = &st->g->values[v].type;
+    switch (n->op) {
+    case KF_OP_CAST:
+    case KF_OP_CAST_LIKE: return emit_cast(st, n, v, at, name);
+    case KF_OP_IDENTITY:
+    case KF_OP_RESHAPE:
+    case KF_OP_FLATTEN:
+    case KF_OP_SQUEEZE:
+    case KF_OP_UNSQUEEZE:
+    case KF_OP_DROPOUT: {
+        if (n->op == KF_OP_DROPOUT && n->nin > 2 && n->in[2] &&
+            !(st->g->values[n->in[2]].init && kf_get_i64(st->g->values[n->in[2]].init, 0) == 0))
+            return fail(st, "node '%s': Dropout in training mode is not generated", kf_node_label(n));
+        /* same dims (Identity, a no-op reshape): the same index, no
+         * linearise/unravel round trip (the 128-bit path relies on it: its
+         * lane indices are names that are never declared) */
+        const kf_type *it = &st->g->values[n->in[0]].type;
+        ix a;
+        if (same_dims(ot, it)) a = *at;
+        else reshape_ix(st, at, ot, it, &a);
+        return emit(st, n->in[0], &a, name);
+    }
+    case KF_OP_EXPAND: {
+        ix a;
+        bcast_ix(at, ot, &st->g->values[n->in[0]].type, &a);
+        return emit(st, n->in[0], &a, name);
+    }
+    case KF_OP_TRANSPOSE: return emit_transpose(st, n, at, name);
+    case KF_OP_SLICE: return emit_slice(st, n, at, name);
+    case KF_OP_CONCAT: return emit_concat(st, n, v, at, name);
+    case KF_OP_GATHER: return emit_gather(st, n, at, name);
+    case KF_OP_PAD: return emit_pad(st, n, v, at, name);
+    default: return emit_expr(st, n, v, at, name);
+    }
+}
+
+static bool emit(gen *st, kf_id v, const ix *at, char *name) {
+    const char *hit = memo_find(st, v, at);
+    if (hit) {
+        snprintf(name, NAMELEN, "%s", hit);
         return true;
     }
-    for (int i = 1; i < n->nin; i++) {
-        snprintf(ops[1], sizeof ops[1], "v%d", var_of(st, n->in[i]));
-        if (i + 1 == n->nin) return expand(st, rhs, n, e, ops, 2);
-        kf_cg_printf(pre, "        const %s t%d_%d = ", ctype(st->g->values[n->out[0]].type.dtype), self, i);
-        if (!expand(st, pre, n, e, ops, 2)) return false;
-        kf_cg_puts(pre, ";\n");
-        snprintf(ops[0], sizeof ops[0], "t%d_%d", self, i);
+    const kf_value *val = &st->g->values[v];
+    if (!dtype_ok(val->type.dtype))
+        return fail(st, "value '%s' is %s: float32, float16, int32, int64 and bool are generated", val->name,
+                    kf_dtype_name(val->type.dtype));
+    if (!kf_type_is_static(&val->type))
+        return fail(st, "value '%s' has a symbolic or unknown shape: kernels are generated per static shape", val->name);
+    if (val->type.rank != at->rank) return fail(st, "value '%s' read at an index of another rank (internal)", val->name);
+    kf_id pn = val->producer;
+    if (pn && st->p->group_of[pn] == st->gi) {
+        if (!emit_node(st, &st->g->nodes[pn], v, at, name)) return false;
+    } else {
+        int pi = param_of(st, v);
+        if (pi < 0) return fail(st, "value '%s' is read but is no group input", val->name);
+        /* a lane of the 128-bit path reads its quad's register; anything
+         * else computes the element's offset (a lane's index is a name that
+         * is never declared, so it must not reach offset_of) */
+        bool quad = st->lane >= 0 && st->k->ins[pi].numel > 1;
+        char off[NAMELEN] = "";
+        if (!quad) offset_of(st, &val->type, at, off);
+        value_name(st, v, name);
+        kf_dtype dt = val->type.dtype;
+        kf_cg_printf(st->s, "%sconst %s %s = ", st->ind, ctype(dt), name);
+        if (quad) kf_cg_printf(st->s, "w%d.%c;\n", pi, "xyzw"[st->lane]);
+        else if (dt == KF_DT_FLOAT16) kf_cg_printf(st->s, "KF_LOAD_HALF(in%d, %s);\n", pi, off);
+        else if (dt == KF_DT_BOOL) kf_cg_printf(st->s, "in%d[%s] != 0;\n", pi, off);
+        else kf_cg_printf(st->s, "in%d[%s];\n", pi, off);
+    }
+    return memo_add(st, v, at, name);
+}
+
+/* Writes value v (output o) at index at of its own shape. */
+static bool store(gen *st, uint32_t o, const ix *at) {
+    kf_id v = st->k->outs[o].value;
+    const kf_type *t = &st->g->values[v].type;
+    char x[NAMELEN], off[NAMELEN];
+    if (!emit(st, v, at, x)) return false;
+    offset_of(st, t, at, off);
+    if (t->dtype == KF_DT_FLOAT16) kf_cg_printf(st->s, "%sKF_STORE_HALF(out%u, %s, %s);\n", st->ind, o, off, x);
+    else if (t->dtype == KF_DT_BOOL) kf_cg_printf(st->s, "%sout%u[%s] = (unsigned char)(%s != 0);\n", st->ind, o, off, x);
+    else kf_cg_printf(st->s, "%sout%u[%s] = %s;\n", st->ind, o, off, x);
+    return true;
+}
+
+/* Splits linear index `lin` of the dims selected by sel (in order) into
+ * names prefix<d>; unselected dims are left alone. dims of 1 read "0". */
+static void split_index(gen *st, const char *lin, const kf_type *t, const bool *sel, bool want, const char *prefix,
+                        ix *res) {
+    int first = -1;
+    for (int d = 0; d < t->rank; d++)
+        if (sel[d] == want && t->dims[d] != 1) {
+            first = d;
+            break;
+        }
+    int64_t stride = 1;
+    for (int d = t->rank - 1; d >= 0; d--) {
+        if (sel[d] != want) continue;
+        if (t->dims[d] == 1) {
+            snprintf(res->c[d], NAMELEN, "0");
+            continue;
+        }
+        snprintf(res->c[d], NAMELEN, "%s%d", prefix, d);
+        kf_cg_printf(st->s, "%sconst %s %s = ", st->ind, st->ity, res->c[d]);
+        if (stride == 1 && d == first) kf_cg_printf(st->s, "%s;\n", lin);
+        else if (stride == 1) kf_cg_printf(st->s, "%s %% %lld;\n", lin, (long long)t->dims[d]);
+        else if (d == first) kf_cg_printf(st->s, "%s / %lld;\n", lin, (long long)stride);
+        else kf_cg_printf(st->s, "(%s / %lld) %% %lld;\n", lin, (long long)stride, (long long)t->dims[d]);
+        stride *= t->dims[d];
+    }
+}
+
+/* ---- templates ---------------------------------------------------------------- */
+
+/* Does text use identifier tok (not as part of a longer name)? */
+static bool uses_token(const char *text, const char *tok) {
+    size_t n = strlen(tok);
+    for (const char *c = text; (c = strstr(c, tok)); c += n) {
+        bool before = c > text && (isalnum((unsigned char)c[-1]) || c[-1] == '_');
+        bool after = isalnum((unsigned char)c[n]) || c[n] == '_';
+        if (!before && !after) return true;
+    }
+    return false;
+}
+
+static void header(gen *st, kf_cg_str *s, const char *what) {
+    const kf_cg_param *sp = &st->k->outs[0];
+    kf_cg_printf(s, "/* kfuse %s kernel: %u op%s, out0 [", what, st->grp->nnodes, st->grp->nnodes == 1 ? "" : "s");
+    for (int d = 0; d < sp->rank; d++) kf_cg_printf(s, "%s%lld", d ? ", " : "", (long long)sp->dims[d]);
+    kf_cg_printf(s, "] %s\n", kf_dtype_name(sp->dtype));
+    for (uint32_t j = 0; j < st->grp->nnodes; j++) {
+        const kf_node *n = &st->g->nodes[st->grp->nodes[j]];
+        kf_cg_printf(s, " *   v%d = %s(", var_of(st, n->out[0]), n->op_type);
+        for (int i = 0, c = 0; i < n->nin; i++)
+            if (n->in[i]) kf_cg_printf(s, "%sv%d", c++ ? ", " : "", var_of(st, n->in[i]));
+        kf_cg_puts(s, ")\n");
+    }
+    kf_cg_puts(s, " */\n");
+    kf_cg_printf(s, "KF_KERNEL %s(", st->k->name);
+    for (uint32_t i = 0; i < st->k->nins; i++)
+        kf_cg_printf(s, "%sconst KF_GLOBAL %s *KF_RESTRICT in%u", i ? ", " : "", mtype(st->k->ins[i].dtype), i);
+    for (uint32_t o = 0; o < st->k->nouts; o++)
+        kf_cg_printf(s, "%sKF_GLOBAL %s *KF_RESTRICT out%u", st->k->nins || o ? ", " : "", mtype(st->k->outs[o].dtype), o);
+    kf_cg_puts(s, ")\n{\n");
+}
+
+/* Can the group take the 128-bit path? Every value float32; every node
+ * output and every output spans the space; inputs span it too or are one
+ * element. Buffers start aligned (each parameter is its own allocation:
+ * OpenCL aligns to CL_DEVICE_MEM_BASE_ADDR_ALIGN, cudaMalloc to 256 bytes),
+ * so quad q of each is 16-byte aligned. */
+static bool vector_ok(const gen *st, const kf_type *space) {
+    if (numel_of(space) < 8) return false; /* 8: at least two quads, else the scalar loop is all there is */
+    for (uint32_t i = 0; i < st->k->nins; i++) {
+        const kf_type *t = &st->g->values[st->k->ins[i].value].type;
+        if (t->dtype != KF_DT_FLOAT || (numel_of(t) != 1 && !same_dims(t, space))) return false;
+    }
+    for (uint32_t j = 0; j < st->grp->nnodes; j++) {
+        const kf_node *n = &st->g->nodes[st->grp->nodes[j]];
+        const kf_op_info *oi = kf_op_get(n->op);
+        if (!oi || !oi->cg_expr || n->nout != 1) return false;
+        const kf_type *t = &st->g->values[n->out[0]].type;
+        if (t->dtype != KF_DT_FLOAT || !same_dims(t, space)) return false;
     }
     return true;
 }
 
-/* Offset expression of input param pr inside the space (rank R, dims d):
- * "i" when it walks the space contiguously, "0" when it has one element,
- * else a sum of i<d> * stride over its non-broadcast dims. Sets need[d]. */
-static void offset_expr(const kf_cg_param *pr, int R, const int64_t *dims, bool *need, kf_cg_str *s) {
-    if (pr->numel == 1) {
-        kf_cg_puts(s, "0");
-        return;
+/* The 128-bit loop: each work-item takes quad q, loads every full-size
+ * input with KF_VLOAD4, runs the body once per lane and stores with
+ * KF_VSTORE4; the last numel % 4 elements go through the scalar loop. */
+static bool gen_vector_quads(gen *st, kf_cg_str *s, const kf_type *space) {
+    int64_t nq = numel_of(space) / 4;
+    kf_cg_str body = {0};
+    st->s = &body;
+    st->ind = "        ";
+    for (uint32_t i = 0; i < st->k->nins; i++)
+        if (st->k->ins[i].numel > 1) kf_cg_printf(&body, "        const KF_F4 w%u = KF_VLOAD4(in%u, q);\n", i, i);
+    char names[KF_PLAN_MAX_OUTPUTS][4][NAMELEN];
+    bool ok = st->k->nouts <= KF_PLAN_MAX_OUTPUTS;
+    uint32_t mark = st->nmemo;
+    for (int l = 0; ok && l < 4; l++) {
+        st->lane = l;
+        ix at = {.rank = space->rank};
+        for (int d = 0; d < space->rank; d++) snprintf(at.c[d], NAMELEN, "lane%d", l); /* distinct per lane; never printed */
+        snprintf(at.lin, NAMELEN, "lane%d", l);
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++) ok = emit(st, st->k->outs[o].value, &at, names[o][l]);
     }
-    int shift = R - pr->rank;
-    bool contiguous = true;
-    for (int d = 0; d < R; d++)
-        if (dims[d] != 1 && (d < shift || pr->dims[d - shift] != dims[d])) contiguous = false;
-    if (contiguous) {
-        kf_cg_puts(s, "i");
-        return;
+    st->lane = -1;
+    st->nmemo = mark;
+    for (uint32_t o = 0; ok && o < st->k->nouts; o++)
+        kf_cg_printf(&body, "        KF_VSTORE4(out%u, q, %s, %s, %s, %s);\n", o, names[o][0], names[o][1], names[o][2],
+                     names[o][3]);
+    if (ok) {
+        kf_cg_printf(s, "    for (%s q = (%s)KF_GLOBAL_ID; q < %lld; q += (%s)KF_GLOBAL_SIZE) {\n", st->ity, st->ity,
+                     (long long)nq, st->ity);
+        kf_cg_puts(s, body.p ? body.p : "");
+        kf_cg_puts(s, "    }\n");
     }
-    int64_t stride = 1;
-    bool first = true;
-    for (int a = pr->rank - 1; a >= 0; a--) {
-        if (pr->dims[a] != 1) {
-            need[a + shift] = true;
-            if (!first) kf_cg_puts(s, " + ");
-            if (stride == 1) kf_cg_printf(s, "i%d", a + shift);
-            else kf_cg_printf(s, "i%d * %lld", a + shift, (long long)stride);
-            first = false;
-        }
-        stride *= pr->dims[a];
-    }
+    if (body.oom) s->oom = true;
+    kf_cg_str_release(&body);
+    return ok;
 }
+
+/* Elementwise/broadcast/injective: one grid-stride loop over out0's
+ * elements; every output with the same element count is written at the
+ * same linear index (through Reshape's map when its dims differ). */
+static bool gen_elementwise(gen *st, kf_cg_str *s) {
+    const kf_type *space = &st->g->values[st->k->outs[0].value].type;
+    int R = space->rank;
+    bool vec = vector_ok(st, space);
+    int64_t first_i = vec ? numel_of(space) / 4 * 4 : 0; /* the scalar loop's first element */
+    kf_cg_str vbody = {0};
+    if (vec && !gen_vector_quads(st, &vbody, space)) {
+        kf_cg_str_release(&vbody);
+        return false;
+    }
+    kf_cg_str body = {0};
+    st->s = &body;
+    st->ind = "        ";
+    ix sp = {.rank = R};
+    for (int d = 0; d < R; d++) snprintf(sp.c[d], NAMELEN, space->dims[d] == 1 ? "0" : "i%d", d);
+    snprintf(sp.lin, NAMELEN, "i");
+    bool ok = true;
+    for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+        const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+        if (same_dims(t, space)) ok = store(st, o, &sp);
+        else if (numel_of(t) == numel_of(space)) {
+            ix a;
+            reshape_ix(st, &sp, space, t, &a);
+            ok = store(st, o, &a);
+        } else
+            ok = fail(st, "value '%s' has another element count than the group's space (not generated)",
+                      st->g->values[st->k->outs[o].value].name);
+    }
+    if (ok) {
+        header(st, s, vec ? "elementwise (128-bit)" : "elementwise");
+        kf_cg_puts(s, vbody.p ? vbody.p : "");
+        if (first_i)
+            kf_cg_printf(s, "    for (%s i = %lld + (%s)KF_GLOBAL_ID; i < %lld; i += (%s)KF_GLOBAL_SIZE) {\n", st->ity,
+                         (long long)first_i, st->ity, (long long)numel_of(space), st->ity);
+        else
+            kf_cg_printf(s, "    for (%s i = (%s)KF_GLOBAL_ID; i < %lld; i += (%s)KF_GLOBAL_SIZE) {\n", st->ity, st->ity,
+                         (long long)numel_of(space), st->ity);
+        int64_t stride = 1;
+        int first = -1;
+        for (int d = 0; d < R; d++)
+            if (space->dims[d] != 1) {
+                first = d;
+                break;
+            }
+        for (int d = R - 1; d >= 0; d--) {
+            char tok[NAMELEN];
+            snprintf(tok, NAMELEN, "i%d", d);
+            if (space->dims[d] != 1 && body.p && uses_token(body.p, tok)) {
+                kf_cg_printf(s, "        const %s %s = ", st->ity, tok);
+                if (stride == 1 && d == first) kf_cg_puts(s, "i;\n");
+                else if (stride == 1) kf_cg_printf(s, "i %% %lld;\n", (long long)space->dims[d]);
+                else if (d == first) kf_cg_printf(s, "i / %lld;\n", (long long)stride);
+                else kf_cg_printf(s, "(i / %lld) %% %lld;\n", (long long)stride, (long long)space->dims[d]);
+            }
+            stride *= space->dims[d];
+        }
+        kf_cg_puts(s, body.p ? body.p : "");
+        kf_cg_puts(s, "    }\n}\n");
+    }
+    if (body.oom || vbody.oom) s->oom = true;
+    kf_cg_str_release(&body);
+    kf_cg_str_release(&vbody);
+    if (vec) st->k->numel = numel_of(space) / 4; /* work-items: one per quad; they also cover the tail */
+    return ok;
+}
+
+/* Which dims node n reduces (st->mask) and its kind; false with a reason. */
+static bool red_setup(gen *st, const kf_node *n) {
+    const kf_type *xt = &st->g->values[n->in[0]].type;
+    int r = xt->rank;
+    int64_t opset = n->opset > 0 ? n->opset : 21; /* 21: the newest the op table implements */
+    memset(st->mask, 0, sizeof st->mask);
+    if (!is_real(xt->dtype)) return fail(st, "node '%s': %s over %s is not generated", kf_node_label(n), n->op_type, kf_dtype_name(xt->dtype));
+    switch (n->op) {
+    case KF_OP_SOFTMAX:
+    case KF_OP_LOG_SOFTMAX:
+    case KF_OP_LAYER_NORMALIZATION: {
+        bool ln = n->op == KF_OP_LAYER_NORMALIZATION;
+        int64_t axis = kf_attr_i(n, "axis", ln || opset >= 13 ? -1 : 1);
+        if (axis < 0) axis += r;
+        if (axis < 0 || axis >= r) return fail(st, "node '%s': axis out of range", kf_node_label(n));
+        for (int d = (int)axis; d < r; d++) st->mask[d] = ln || opset < 13 || d == axis;
+        st->rk = ln ? RK_LAYERNORM : n->op == KF_OP_SOFTMAX ? RK_SOFTMAX : RK_LOGSOFTMAX;
+        return true;
+    }
+    default: break;
+    }
+    static const struct {
+        kf_op op;
+        rkind rk;
+    } kinds[] = {{KF_OP_REDUCE_SUM, RK_SUM},       {KF_OP_REDUCE_MEAN, RK_MEAN},
+                 {KF_OP_REDUCE_MAX, RK_MAX},       {KF_OP_REDUCE_MIN, RK_MIN},
+                 {KF_OP_REDUCE_PROD, RK_PROD},     {KF_OP_REDUCE_L1, RK_L1},
+                 {KF_OP_REDUCE_L2, RK_L2},         {KF_OP_REDUCE_LOG_SUM, RK_LOGSUM},
+                 {KF_OP_REDUCE_LOG_SUM_EXP, RK_LOGSUMEXP}, {KF_OP_REDUCE_SUM_SQUARE, RK_SUMSQ}};
+    size_t ki = 0;
+    while (ki < sizeof kinds / sizeof *kinds && kinds[ki].op != n->op) ki++;
+    if (ki == sizeof kinds / sizeof *kinds)
+        return fail(st, "node '%s': %s has no reduction template yet", kf_node_label(n), n->op_type);
+    st->rk = kinds[ki].rk;
+    int64_t from = n->op == KF_OP_REDUCE_SUM ? 13 : 18; /* opsets where axes became an input */
+    int64_t axes[KF_MAX_RANK];
+    int na = 0;
+    if (opset >= from) {
+        if (n->nin > 1 && n->in[1] && !const_ints(st, n, 1, axes, &na, KF_MAX_RANK)) return false;
+    } else {
+        const int64_t *a = kf_attr_ints(n, "axes", &na);
+        if (na > KF_MAX_RANK) return fail(st, "node '%s': too many axes", kf_node_label(n));
+        if (a) memcpy(axes, a, (size_t)na * sizeof *a);
+        else na = 0;
+    }
+    if (!na && opset >= from && kf_attr_i(n, "noop_with_empty_axes", 0))
+        return fail(st, "node '%s': %s with noop_with_empty_axes is a copy (not generated)", kf_node_label(n), n->op_type);
+    for (int k = 0; k < na; k++) {
+        int64_t a = axes[k] < 0 ? axes[k] + r : axes[k];
+        if (a < 0 || a >= r) return fail(st, "node '%s': axis %lld out of range", kf_node_label(n), (long long)axes[k]);
+        st->mask[a] = true;
+    }
+    if (!na)
+        for (int d = 0; d < r; d++) st->mask[d] = true;
+    return true;
+}
+
+/* One statistics pass over the current row: acc = fold(map(x)) over the
+ * reduced dims, then across the work-group. */
+static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *rowix, const char *acc, const char *init,
+                     const char *fold, const char *map, const char *map2, const char *blockfn, uint32_t block,
+                     int64_t K, bool tail) {
+    kf_cg_printf(st->s, "        float %s = %s;\n", acc, init);
+    if (block) kf_cg_printf(st->s, "        for (%s j = (%s)KF_LOCAL_ID; j < %lld; j += (%s)KF_LOCAL_SIZE) {\n", st->ity, st->ity, (long long)K, st->ity);
+    else kf_cg_printf(st->s, "        for (%s j = 0; j < %lld; j++) {\n", st->ity, (long long)K);
+    const char *outer = st->ind;
+    st->ind = "            ";
+    uint32_t mark = st->nmemo;
+    ix full = *rowix;
+    split_index(st, "j", xt, st->mask, true, "j", &full);
+    if (tail) {
+        char e[96]; /* "row * K + j" */
+        snprintf(e, sizeof e, "row * %lld + j", (long long)K);
+        bind(st, full.lin, e);
+    }
+    char x[NAMELEN];
+    if (!emit(st, n->in[0], &full, x)) return false;
+    /* map and fold are positional formats: map(%1$s = x, %2$s = map2),
+     * fold(%1$s = acc, %2$s = mapped) */
+    char m[160], f[400]; /* a KF_ call over two names; a fold over that */
+    snprintf(m, sizeof m, map, x, map2 ? map2 : x);
+    snprintf(f, sizeof f, fold, acc, m);
+    kf_cg_printf(st->s, "            %s = %s;\n        }\n", acc, f);
+    st->nmemo = mark;
+    st->ind = outer;
+    if (block) kf_cg_printf(st->s, "        %s = %s(%s, kf_red, KF_LOCAL_SIZE);\n", acc, blockfn, acc);
+    return true;
+}
+
+/* Smallest work-group that reduces a row in one sweep, as a power of two
+ * between a warp (32: the shuffle reduce needs whole warps) and 256 (the
+ * local-memory tree's array; 256 threads per row saturate memory on GPUs
+ * and keep 4+ groups per SM). */
+static uint32_t block_for(int64_t K) {
+    uint32_t b = 32;
+    while (b < 256 && b < K) b *= 2;
+    return b;
+}
+
+/* Rows shorter than a warp run one work-item per row: a work-group per row
+ * would leave most of its lanes idle, and a serial loop of < 32 elements
+ * is as short as the block reduce's own shuffle steps. */
+#define KF_CG_ROW_PER_ITEM 32
+
+/* Row reduction: rows are the kept dims of the reduction's input, in
+ * order; the reduced dims (any set, not only trailing) are walked through
+ * the index map inside each row. Prologue ops run inside the row passes,
+ * epilogue ops after the statistics: on the output's space (one lane per
+ * row) or back on the input's space (a last pass over the row). */
+static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
+    if (!red_setup(st, n)) return false;
+    const kf_type *xt = &st->g->values[n->in[0]].type, *ot = &st->g->values[n->out[0]].type;
+    if (!kf_type_is_static(xt) || !kf_type_is_static(ot))
+        return fail(st, "node '%s': shapes are not static", kf_node_label(n));
+    int r = xt->rank;
+    int64_t nrows = 1, K = 1;
+    for (int d = 0; d < r; d++) {
+        if (st->mask[d]) K *= xt->dims[d];
+        else nrows *= xt->dims[d];
+    }
+    if (K == 0) return fail(st, "node '%s': %s over zero elements is not generated", kf_node_label(n), n->op_type);
+    bool tail = true, seen_red = false;
+    for (int d = 0; d < r; d++) {
+        if (xt->dims[d] == 1) continue;
+        if (st->mask[d]) seen_red = true;
+        else if (seen_red) tail = false;
+    }
+    uint32_t block = K < KF_CG_ROW_PER_ITEM ? 0 : block_for(K);
+    st->k->block = block;
+    st->k->numel = block ? nrows * block : nrows;
+    kf_free(st->k->name);
+    st->k->name = kf_strdup("kf_reduce");
+    if (!st->k->name) return fail_oom(st);
+
+    kf_cg_str body = {0};
+    st->s = &body;
+    st->ind = "        ";
+    ix rowix = {.rank = r};
+    split_index(st, "row", xt, st->mask, false, "r", &rowix);
+    st->row = rowix;
+    bool ok = true;
+    char m[NAMELEN] = "", sum[NAMELEN] = "";
+    const char *bsum = "kf_block_sum";
+    char eps[48] = "", kf[48]; /* float literals */
+    kf_cg_str lit = {0};
+    put_float(&lit, (double)K);
+    snprintf(kf, sizeof kf, "%s", lit.p ? lit.p : "1.0f");
+    kf_cg_str_release(&lit);
+    switch (st->rk) {
+    case RK_SUM:
+    case RK_MEAN:
+    case RK_LOGSUM: ok = red_pass(st, n, xt, &rowix, "acc", "0.0f", "%1$s + %2$s", "%1$s", NULL, bsum, block, K, tail); break;
+    case RK_L1: ok = red_pass(st, n, xt, &rowix, "acc", "0.0f", "%1$s + %2$s", "KF_FABS(%1$s)", NULL, bsum, block, K, tail); break;
+    case RK_L2:
+    case RK_SUMSQ: ok = red_pass(st, n, xt, &rowix, "acc", "0.0f", "%1$s + %2$s", "%1$s * %1$s", NULL, bsum, block, K, tail); break;
+    case RK_MAX: ok = red_pass(st, n, xt, &rowix, "acc", "-KF_INF", "KF_FMAX(%1$s, %2$s)", "%1$s", NULL, "kf_block_max", block, K, tail); break;
+    case RK_MIN: ok = red_pass(st, n, xt, &rowix, "acc", "KF_INF", "KF_FMIN(%1$s, %2$s)", "%1$s", NULL, "kf_block_min", block, K, tail); break;
+    case RK_PROD: ok = red_pass(st, n, xt, &rowix, "acc", "1.0f", "%1$s * %2$s", "%1$s", NULL, "kf_block_prod", block, K, tail); break;
+    case RK_LOGSUMEXP:
+    case RK_SOFTMAX:
+    case RK_LOGSOFTMAX:
+        ok = red_pass(st, n, xt, &rowix, "rmax", "-KF_INF", "KF_FMAX(%1$s, %2$s)", "%1$s", NULL, "kf_block_max", block, K, tail) &&
+             red_pass(st, n, xt, &rowix, "rsum", "0.0f", "%1$s + %2$s", "KF_EXP(%1$s - %2$s)", "rmax", bsum, block, K, tail);
+        snprintf(m, NAMELEN, "rmax");
+        snprintf(sum, NAMELEN, "rsum");
+        break;
+    case RK_LAYERNORM: {
+        lit = (kf_cg_str){0};
+        if (!put_float(&lit, kf_attr_f(n, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(n));
+        snprintf(eps, sizeof eps, "%s", lit.p ? lit.p : "0.0f");
+        kf_cg_str_release(&lit);
+        ok = ok && red_pass(st, n, xt, &rowix, "rsum", "0.0f", "%1$s + %2$s", "%1$s", NULL, bsum, block, K, tail);
+        if (ok) kf_cg_printf(&body, "        const float rmean = rsum / %s;\n", kf);
+        ok = ok && red_pass(st, n, xt, &rowix, "rvar", "0.0f", "%1$s + %2$s", "(%1$s - %2$s) * (%1$s - %2$s)", "rmean", bsum, block, K, tail);
+        if (ok) kf_cg_printf(&body, "        const float rstd = 1.0f / KF_SQRT(rvar / %s + %s);\n", kf, eps);
+        snprintf(m, NAMELEN, "rmean");
+        snprintf(sum, NAMELEN, "rstd");
+        break;
+    }
+    }
+    /* the statistics as values: Reduce* gives its output at the row's index */
+    ix outix = {.rank = ot->rank};
+    snprintf(outix.lin, NAMELEN, "row");
+    bool reduce_kind = st->rk <= RK_SUMSQ;
+    if (ok && reduce_kind) {
+        if (ot->rank == r)
+            for (int d = 0; d < r; d++) snprintf(outix.c[d], NAMELEN, "%s", st->mask[d] ? "0" : rowix.c[d]);
+        else
+            for (int d = 0, o = 0; d < r && o < ot->rank; d++)
+                if (!st->mask[d]) snprintf(outix.c[o++], NAMELEN, "%s", rowix.c[d]);
+        char rhs[96], name[NAMELEN]; /* a KF_ call of two names */
+        switch (st->rk) {
+        case RK_MEAN: snprintf(rhs, sizeof rhs, "acc / %s", kf); break;
+        case RK_L2: snprintf(rhs, sizeof rhs, "KF_SQRT(acc)"); break;
+        case RK_LOGSUM: snprintf(rhs, sizeof rhs, "KF_LOG(acc)"); break;
+        case RK_LOGSUMEXP: snprintf(rhs, sizeof rhs, "rmax + KF_LOG(rsum)"); break;
+        default: snprintf(rhs, sizeof rhs, "acc"); break;
+        }
+        ok = define(st, n->out[0], name, rhs) && memo_add(st, n->out[0], &outix, name);
+    } else if (ok) {
+        snprintf(st->stat[0], NAMELEN, "%s", m);
+        snprintf(st->stat[1], NAMELEN, "%s", sum);
+        st->stats = true;
+    }
+    /* LayerNormalization's Mean and InvStdDev: the row statistics, on the
+     * input's dims with the normalized ones set to 1 */
+    kf_type stat_t = *xt;
+    for (int d = 0; d < r; d++)
+        if (st->mask[d]) stat_t.dims[d] = 1;
+    bool ln_stats = false;
+    if (ok && st->rk == RK_LAYERNORM) {
+        ot = &stat_t;
+        outix.rank = r;
+        for (int d = 0; d < r; d++) snprintf(outix.c[d], NAMELEN, "%s", st->mask[d] ? "0" : rowix.c[d]);
+        for (int j = 1; ok && j < 3 && j < n->nout; j++)
+            if (n->out[j]) {
+                kf_dtype dt = st->g->values[n->out[j]].type.dtype;
+                if (dt != KF_DT_FLOAT) ok = fail(st, "node '%s': LayerNormalization statistics are %s", kf_node_label(n), kf_dtype_name(dt));
+                else ok = memo_add(st, n->out[j], &outix, j == 1 ? "rmean" : "rstd");
+                ln_stats = true;
+            }
+    }
+    bool out_space = reduce_kind || ln_stats;
+    /* outputs on the reduction's output space: one lane per row */
+    bool any_in = false, any_out = false;
+    for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+        const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+        if (out_space && same_dims(t, ot)) any_out = true;
+        else if (same_dims(t, xt)) any_in = true;
+        else ok = fail(st, "value '%s' spans neither the input nor the output of '%s' (not generated)",
+                       st->g->values[st->k->outs[o].value].name, kf_node_label(n));
+    }
+    if (ok && any_out) {
+        if (block) {
+            kf_cg_puts(&body, "        if (KF_LOCAL_ID == 0) {\n");
+            st->ind = "            ";
+        }
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++)
+            if (same_dims(&st->g->values[st->k->outs[o].value].type, ot)) ok = store(st, o, &outix);
+        if (block) kf_cg_puts(&body, "        }\n");
+        st->ind = "        ";
+    }
+    if (ok && any_in) {
+        if (block) kf_cg_printf(&body, "        for (%s j = (%s)KF_LOCAL_ID; j < %lld; j += (%s)KF_LOCAL_SIZE) {\n", st->ity, st->ity, (long long)K, st->ity);
+        else kf_cg_printf(&body, "        for (%s j = 0; j < %lld; j++) {\n", st->ity, (long long)K);
+        st->ind = "            ";
+        ix full = rowix;
+        split_index(st, "j", xt, st->mask, true, "j", &full);
+        if (tail) {
+            char e[96]; /* "row * K + j" */
+            snprintf(e, sizeof e, "row * %lld + j", (long long)K);
+            bind(st, full.lin, e);
+        }
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++)
+            if (!(out_space && same_dims(&st->g->values[st->k->outs[o].value].type, ot))) ok = store(st, o, &full);
+        kf_cg_puts(&body, "        }\n");
+    }
+    if (ok) {
+        header(st, s, "reduction");
+        if (block) kf_cg_puts(s, "    KF_SHARED float kf_red[KF_MAX_BLOCK];\n");
+        if (block)
+            kf_cg_printf(s, "    for (%s row = (%s)KF_GROUP_ID; row < %lld; row += (%s)KF_NUM_GROUPS) {\n", st->ity, st->ity,
+                         (long long)nrows, st->ity);
+        else
+            kf_cg_printf(s, "    for (%s row = (%s)KF_GLOBAL_ID; row < %lld; row += (%s)KF_GLOBAL_SIZE) {\n", st->ity,
+                         st->ity, (long long)nrows, st->ity);
+        kf_cg_puts(s, body.p ? body.p : "");
+        kf_cg_puts(s, "    }\n}\n");
+    }
+    if (body.oom) s->oom = true;
+    kf_cg_str_release(&body);
+    return ok;
+}
+
+/* ---- entry points ---------------------------------------------------------- */
 
 static void set_param(kf_cg_param *pr, const kf_graph *g, kf_id v) {
     const kf_type *t = &g->values[v].type;
@@ -418,90 +1460,6 @@ static void set_param(kf_cg_param *pr, const kf_graph *g, kf_id v) {
     }
 }
 
-static kf_status generate(gen *st, kf_cg_kernel *k) {
-    const kf_group *g = st->grp;
-    const kf_graph *gr = st->g;
-    const kf_cg_param *sp = &k->outs[0];
-    int R = sp->rank;
-    kf_cg_str s = {0}, loads = {0};
-
-    /* header: the ops, one line each, in the names the body uses */
-    kf_cg_printf(&s, "/* kfuse elementwise kernel: %u op%s over [", g->nnodes, g->nnodes == 1 ? "" : "s");
-    for (int d = 0; d < R; d++) kf_cg_printf(&s, "%s%lld", d ? ", " : "", (long long)sp->dims[d]);
-    kf_cg_puts(&s, "] float32\n");
-    for (uint32_t j = 0; j < g->nnodes; j++) {
-        const kf_node *n = &gr->nodes[g->nodes[j]];
-        kf_cg_printf(&s, " *   v%d = %s(", var_of(st, n->out[0]), n->op_type);
-        for (int i = 0; i < n->nin; i++) kf_cg_printf(&s, "%sv%d", i ? ", " : "", var_of(st, n->in[i]));
-        kf_cg_puts(&s, ")\n");
-    }
-    kf_cg_puts(&s, " */\n");
-
-    /* signature */
-    kf_cg_printf(&s, "KF_KERNEL %s(", k->name);
-    for (uint32_t i = 0; i < k->nins; i++)
-        kf_cg_printf(&s, "%sconst KF_GLOBAL %s *KF_RESTRICT in%u", i ? ", " : "", mtype(k->ins[i].dtype), i);
-    for (uint32_t o = 0; o < k->nouts; o++)
-        kf_cg_printf(&s, ", KF_GLOBAL %s *KF_RESTRICT out%u", mtype(k->outs[o].dtype), o);
-    kf_cg_puts(&s, ")\n{\n");
-    kf_cg_printf(&s, "    for (%s i = (%s)KF_GLOBAL_ID; i < %lld; i += (%s)KF_GLOBAL_SIZE) {\n", st->ity, st->ity,
-                 (long long)sp->numel, st->ity);
-
-    /* loads (written aside first: they decide which multi-index dims exist) */
-    bool need[KF_MAX_RANK] = {0};
-    for (uint32_t i = 0; i < k->nins; i++) {
-        const kf_cg_param *pr = &k->ins[i];
-        kf_cg_printf(&loads, "        const %s v%d = in%u[", ctype(pr->dtype), var_of(st, pr->value), i);
-        offset_expr(pr, R, sp->dims, need, &loads);
-        kf_cg_puts(&loads, pr->dtype == KF_DT_BOOL ? "] != 0;\n" : "];\n");
-    }
-    int dmin = R;
-    for (int d = 0; d < R; d++)
-        if (need[d]) {
-            dmin = d;
-            break;
-        }
-    if (dmin < R) {
-        kf_cg_printf(&s, "        %s r = i;\n", st->ity);
-        for (int d = R - 1; d >= dmin; d--) {
-            kf_cg_puts(&s, "        const ");
-            if (d == 0) kf_cg_printf(&s, "%s i0 = r;\n", st->ity);
-            else if (d == dmin) kf_cg_printf(&s, "%s i%d = r %% %lld;\n", st->ity, d, (long long)sp->dims[d]);
-            else
-                kf_cg_printf(&s, "%s i%d = r %% %lld; r /= %lld;\n", st->ity, d, (long long)sp->dims[d],
-                             (long long)sp->dims[d]);
-        }
-    }
-    kf_cg_puts(&s, loads.p ? loads.p : "");
-    kf_cg_str_release(&loads);
-
-    /* one line per node */
-    for (uint32_t j = 0; j < g->nnodes; j++) {
-        const kf_node *n = &gr->nodes[g->nodes[j]];
-        kf_cg_str pre = {0}, rhs = {0};
-        bool ok = node_rhs(st, &pre, &rhs, n);
-        if (ok) {
-            kf_cg_puts(&s, pre.p ? pre.p : "");
-            kf_cg_printf(&s, "        const %s v%d = %s;\n", ctype(gr->values[n->out[0]].type.dtype),
-                         var_of(st, n->out[0]), rhs.p ? rhs.p : "");
-        }
-        kf_cg_str_release(&pre);
-        kf_cg_str_release(&rhs);
-        if (!ok) {
-            kf_cg_str_release(&s);
-            return kf_fail(KF_ERR_UNSUPPORTED, "%s", st->why);
-        }
-    }
-    for (uint32_t o = 0; o < k->nouts; o++) {
-        int v = var_of(st, k->outs[o].value);
-        if (k->outs[o].dtype == KF_DT_BOOL) kf_cg_printf(&s, "        out%u[i] = (unsigned char)(v%d != 0);\n", o, v);
-        else kf_cg_printf(&s, "        out%u[i] = v%d;\n", o, v);
-    }
-    kf_cg_puts(&s, "    }\n}\n");
-    k->body = kf_cg_take(&s);
-    return k->body ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory writing a kernel");
-}
-
 void kf_cg_kernel_release(kf_cg_kernel *k) {
     kf_free(k->name);
     kf_free(k->body);
@@ -510,40 +1468,119 @@ void kf_cg_kernel_release(kf_cg_kernel *k) {
     *k = (kf_cg_kernel){0};
 }
 
-kf_status kf_cg_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_kernel *k) {
+/* Writes group gi's kernel into k. KF_OK; KF_ERR_UNSUPPORTED with the
+ * reason in why (no kf_fail: kf_cg_unsupported is a question); or
+ * KF_ERR_NOMEM. On error k is released. */
+static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_kernel *k, char *why, size_t whylen) {
     *k = (kf_cg_kernel){0};
-    char why[512];
-    if (kf_cg_unsupported(m, p, gi, why, sizeof why)) return kf_fail(KF_ERR_UNSUPPORTED, "group %u: %s", gi, why);
+    if (gi >= p->ngroups) {
+        snprintf(why, whylen, "no group %u", gi);
+        return KF_ERR_UNSUPPORTED;
+    }
     const kf_group *g = &p->groups[gi];
     const kf_graph *gr = m->graph;
-    /* one name per value: inputs first (parameter order), then node outputs */
-    kf_id *vals = kf_calloc((size_t)g->ninputs + g->nnodes + 1, sizeof *vals);
+    const char *r = kind_reason(g->kind);
+    if (r) {
+        snprintf(why, whylen, "%s", r);
+        return KF_ERR_UNSUPPORTED;
+    }
+    if (!g->noutputs || !g->nnodes) {
+        snprintf(why, whylen, "group writes nothing");
+        return KF_ERR_UNSUPPORTED;
+    }
+    for (uint32_t o = 0; o < g->noutputs; o++) {
+        const kf_value *v = &gr->values[g->outputs[o]];
+        if (!kf_type_is_static(&v->type)) {
+            snprintf(why, whylen, "value '%s' has a symbolic or unknown shape: kernels are generated per static shape",
+                     v->name);
+            return KF_ERR_UNSUPPORTED;
+        }
+        if (!dtype_ok(v->type.dtype)) {
+            snprintf(why, whylen, "value '%s' is %s: float32, float16, int32, int64 and bool are generated", v->name,
+                     kf_dtype_name(v->type.dtype));
+            return KF_ERR_UNSUPPORTED;
+        }
+    }
+    const kf_node *red = NULL;
+    if (g->kind == KF_GROUP_REDUCTION) {
+        for (uint32_t j = 0; j < g->nnodes; j++) {
+            const kf_node *n = &gr->nodes[g->nodes[j]];
+            const kf_op_info *oi = kf_op_get(n->op);
+            if (oi && oi->fclass == KF_FC_REDUCTION) red = n;
+        }
+        if (!red) {
+            snprintf(why, whylen, "reduction group without a reduction node");
+            return KF_ERR_UNSUPPORTED;
+        }
+    }
+    uint32_t nv = g->ninputs;
+    for (uint32_t j = 0; j < g->nnodes; j++) nv += (uint32_t)gr->nodes[g->nodes[j]].nout;
+    kf_id *vals = kf_calloc((size_t)nv + 1, sizeof *vals);
+    uint32_t *uses = kf_calloc((size_t)nv + 1, sizeof *uses);
     k->name = kf_strdup("kf_ew");
     k->ins = kf_calloc(g->ninputs + 1, sizeof *k->ins);
     k->outs = kf_calloc(g->noutputs, sizeof *k->outs);
-    if (!vals || !k->name || !k->ins || !k->outs) {
+    if (!vals || !uses || !k->name || !k->ins || !k->outs) {
         kf_free(vals);
+        kf_free(uses);
         kf_cg_kernel_release(k);
-        return kf_fail(KF_ERR_NOMEM, "out of memory generating group %u", gi);
+        return KF_ERR_NOMEM;
     }
-    gen st = {gr, g, vals, 0, "int", why, sizeof why};
+    gen st = {.g = gr, .p = p, .gi = gi, .grp = g, .k = k, .ity = "int", .lane = -1, .vals = vals, .uses = uses,
+              .red = red, .why = why, .whylen = whylen};
     for (uint32_t i = 0; i < g->ninputs; i++) {
         set_param(&k->ins[i], gr, g->inputs[i]);
         vals[st.nvals++] = g->inputs[i];
     }
-    for (uint32_t j = 0; j < g->nnodes; j++) vals[st.nvals++] = gr->nodes[g->nodes[j]].out[0];
+    for (uint32_t j = 0; j < g->nnodes; j++) {
+        const kf_node *n = &gr->nodes[g->nodes[j]];
+        for (int o = 0; o < n->nout; o++) vals[st.nvals++] = n->out[o];
+    }
     for (uint32_t o = 0; o < g->noutputs; o++) set_param(&k->outs[o], gr, g->outputs[o]);
     k->nins = g->ninputs;
     k->nouts = g->noutputs;
     k->numel = k->outs[0].numel;
-    /* 32-bit indices are cheaper on GPUs; 64-bit only when a buffer needs them */
+    /* 32-bit indices are cheaper on GPUs; 64-bit only when a buffer needs them
+     * (/2: i += global size must not overflow) */
     for (uint32_t i = 0; i < k->nins; i++)
         if (k->ins[i].numel > INT32_MAX / 2) st.ity = "kf_i64";
-    if (k->numel > INT32_MAX / 2) st.ity = "kf_i64"; /* /2: i += global size must not overflow */
-    kf_status rc = generate(&st, k);
+    for (uint32_t o = 0; o < k->nouts; o++)
+        if (k->outs[o].numel > INT32_MAX / 2) st.ity = "kf_i64";
+    kf_cg_str s = {0};
+    bool ok = red ? gen_reduction(&st, &s, red) : gen_elementwise(&st, &s);
+    if (red && k->numel > INT32_MAX / 2 && !strcmp(st.ity, "int")) {
+        snprintf(why, whylen, "reduction launch of %lld work-items needs 64-bit indices (not generated)", (long long)k->numel);
+        ok = false;
+    }
+    kf_free(st.memo);
     kf_free(vals);
+    kf_free(uses);
+    kf_status rc = KF_OK;
+    if (!ok) rc = st.oom ? KF_ERR_NOMEM : KF_ERR_UNSUPPORTED;
+    else if (!(k->body = kf_cg_take(&s))) rc = KF_ERR_NOMEM;
+    kf_cg_str_release(&s);
     if (rc) kf_cg_kernel_release(k);
     return rc;
+}
+
+const char *kf_cg_unsupported(const kf_model *m, const kf_plan *p, uint32_t gi, char *why, size_t whylen) {
+    kf_cg_kernel k;
+    char buf[512]; /* a reason names one node or value */
+    kf_status st = build(m, p, gi, &k, buf, sizeof buf);
+    if (st == KF_OK) {
+        kf_cg_kernel_release(&k);
+        return NULL;
+    }
+    snprintf(why, whylen, "%s", st == KF_ERR_NOMEM ? "out of memory generating the kernel" : buf);
+    return why;
+}
+
+kf_status kf_cg_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_kernel *k) {
+    char why[512]; /* a reason names one node or value */
+    kf_status st = build(m, p, gi, k, why, sizeof why);
+    if (st == KF_ERR_NOMEM) return kf_fail(KF_ERR_NOMEM, "out of memory generating group %u", gi);
+    if (st) return kf_fail(KF_ERR_UNSUPPORTED, "group %u: %s", gi, why);
+    return KF_OK;
 }
 
 kf_status kf_cg_source(const kf_cg_kernel *k, kf_cg_target t, char **text) {

@@ -99,7 +99,15 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     for (uint32_t i = 0; i < res->rules.n; i++) {
         kf_rule *r = res->rules.rules[i];
         if (listed(o->disable, r->name)) {
-            if ((st = kf_grow((void **)&off.rules, &off.cap, off.n + 1, sizeof(kf_rule *)))) return st;
+            if ((st = kf_grow((void **)&off.rules, &off.cap, off.n + 1, sizeof(kf_rule *)))) {
+                /* put the set back whole (keep + off.n == i), so the
+                 * caller's kf_rules_free frees each rule once */
+                for (uint32_t k = 0; k < off.n; k++) res->rules.rules[keep++] = off.rules[k];
+                kf_free(off.rules);
+                for (; i < res->rules.n; i++) res->rules.rules[keep++] = res->rules.rules[i];
+                res->rules.n = keep;
+                return st;
+            }
             off.rules[off.n++] = r;
         } else {
             res->rules.rules[keep++] = r;

@@ -79,7 +79,7 @@ static bool is_reshaping(kf_op op) {
 /* A Reshape whose target shape is a constant free of 0 (or with allowzero)
  * depends on its input only through the element count, which every
  * reshaping op keeps: it may read the chain's input directly. */
-static bool reshape_reads_count_only(const kf_model *m, const kf_node *n) {
+static bool reshape_reads_count_only(const kf_model *m, const kf_node *n, bool *oom) {
     if (n->op != KF_OP_RESHAPE) return false;
     bool allowzero = opset_of(n) >= 14 && kf_attr_i(n, "allowzero", 0) != 0;
     if (allowzero) return true;
@@ -93,8 +93,10 @@ static bool reshape_reads_count_only(const kf_model *m, const kf_node *n) {
         return true;
     }
     const kf_tensor *t = n->nin > 1 ? fixed(m, n->in[1]) : NULL;
-    if (!t || kf_read_ints(n, t, "shape", &shape, &cnt) != KF_OK) {
-        kf_clear_error();
+    kf_status st = t ? kf_read_ints(n, t, "shape", &shape, &cnt) : KF_ERR_BAD_MODEL;
+    if (st) {
+        if (st == KF_ERR_NOMEM) *oom = true; /* an error, not a decline */
+        else kf_clear_error();
         return false;
     }
     bool ok = true;
@@ -125,11 +127,13 @@ static kf_status collapse_reshape_chain(kf_model *m, kf_id node, void *user, boo
         *why = "the inner node has no input";
         return KF_OK;
     }
-    if (reshape_reads_count_only(m, n)) {
+    bool oom = false;
+    if (reshape_reads_count_only(m, n, &oom)) {
         KF_TRY(kf_graph_set_input(g, node, 0, x));
         *applied = true;
         return KF_OK;
     }
+    if (oom) return KF_ERR_NOMEM;
     const kf_type *y = &g->values[n->out[0]].type;
     if (!kf_type_is_static(y)) {
         *why = "the result's shape is not static and the outer node is not a Reshape by a constant shape free of 0";

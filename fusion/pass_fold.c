@@ -129,14 +129,18 @@ static bool fits_after(const kf_node *n, const kf_tensor *outs, int64_t cap) {
 }
 
 /* Runs node on in[] and commits. *done says whether it folded; evaluation
- * errors (unsupported version, a training-mode Dropout...) only decline. */
+ * errors (unsupported version, a training-mode Dropout...) only decline;
+ * running out of memory is returned. */
 static kf_status eval_and_commit(kf_graph *g, kf_id node, const kf_tensor **in, int64_t cap, bool *done) {
     kf_node *n = &g->nodes[node];
     *done = false;
     kf_tensor *outs = kf_calloc((size_t)n->nout + 1, sizeof(kf_tensor));
     if (!outs) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    kf_status st = KF_OK;
-    if (kf_eval_node(n, n->nin, in, outs) != KF_OK) {
+    kf_status st = kf_eval_node(n, n->nin, in, outs);
+    if (st == KF_ERR_NOMEM) {
+        /* out of memory is an error, not a reason to decline */
+    } else if (st != KF_OK) {
+        st = KF_OK;
         kf_clear_error();
     } else if (fits_after(n, outs, cap)) {
         st = commit(g, node, outs);

@@ -59,6 +59,10 @@ static kf_status forward(kf_model *m, kf_id node, kf_id x, bool *applied, const 
     return KF_OK;
 }
 
+/* int_list's reason when it ran out of memory: callers turn it into
+ * KF_ERR_NOMEM instead of declining (compared by address). */
+static const char int_list_oom[] = "out of memory";
+
 /* An integer list given as attribute `attr` below opset `input_from`, else
  * as input idx. *vals is malloc'ed (caller frees; NULL when absent). Returns
  * false with *why when the list is present but not a fixed constant. */
@@ -72,7 +76,7 @@ static bool int_list(const kf_model *m, const kf_node *n, int idx, const char *a
         if (!a) return true;
         *vals = kf_malloc(sizeof(int64_t) * ((size_t)cnt + 1));
         if (!*vals) {
-            *why = "out of memory";
+            *why = int_list_oom;
             return false;
         }
         memcpy(*vals, a, sizeof(int64_t) * (size_t)cnt);
@@ -81,10 +85,11 @@ static bool int_list(const kf_model *m, const kf_node *n, int idx, const char *a
     }
     if (idx >= n->nin || !n->in[idx]) return true;
     const kf_tensor *t = fixed(m, n->in[idx]);
-    if (!t || kf_read_ints(n, t, attr, vals, count) != KF_OK) {
-        kf_clear_error();
+    kf_status st = t ? kf_read_ints(n, t, attr, vals, count) : KF_ERR_BAD_MODEL;
+    if (st) {
         *vals = NULL;
-        *why = "a parameter input is not a constant of the model";
+        *why = st == KF_ERR_NOMEM ? int_list_oom : "a parameter input is not a constant of the model";
+        if (st != KF_ERR_NOMEM) kf_clear_error();
         return false;
     }
     return true;
@@ -213,7 +218,8 @@ static kf_status remove_zero_pad(kf_model *m, kf_id node, void *user, bool *appl
     int64_t cnt;
     /* Pad-1 calls the attribute `paddings`, 2-10 `pads`, 11 on an input */
     const char *attr = opset_of(n) < 2 ? "paddings" : "pads";
-    if (!int_list(m, n, 1, attr, 11, &pads, &cnt, why)) return KF_OK;
+    if (!int_list(m, n, 1, attr, 11, &pads, &cnt, why))
+        return *why == int_list_oom ? kf_fail(KF_ERR_NOMEM, "out of memory") : KF_OK;
     bool zero = pads != NULL;
     for (int64_t i = 0; i < cnt && zero; i++) zero = pads[i] == 0;
     kf_free(pads);
@@ -275,7 +281,8 @@ done:
 static kf_status remove_full_slice(kf_model *m, kf_id node, void *user, bool *applied, const char **why) {
     (void)user;
     const kf_node *n = &m->graph->nodes[node];
-    if ((*why = slice_takes_all(m, n))) return KF_OK;
+    if ((*why = slice_takes_all(m, n)))
+        return *why == int_list_oom ? kf_fail(KF_ERR_NOMEM, "out of memory") : KF_OK;
     return forward(m, node, n->in[0], applied, why);
 }
 

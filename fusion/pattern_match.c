@@ -35,6 +35,7 @@ typedef struct mctx {
     const kf_model *m;
     char why[256];   /* reason of the failure that got furthest */
     int why_depth;
+    bool oom;        /* the search ran out of memory: not a decline */
 } mctx;
 
 static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, const char *b) {
@@ -119,7 +120,10 @@ static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
     if (s->ngoals + pn->nargs > MAX_GOALS) return false;
     if (comm) {
         mstate *alt = kf_malloc(sizeof *alt);
-        if (!alt) return false;
+        if (!alt) {
+            c->oom = true;
+            return false;
+        }
         *alt = *s;
         s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[0]};
         s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[1]};
@@ -410,13 +414,17 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     const kf_pat_node *root = &r->src[r->nsrc - 1];
     if (strcmp(root->op, n->op_type) || !same_domain(root->domain, n->domain)) return KF_OK;
-    mctx c = {r, g, m, "", -1};
+    mctx c = {r, g, m, "", -1, false};
     mstate *s = kf_calloc(1, sizeof *s);
     if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
     s->goals[s->ngoals++] = (goal){&root_arg, n->out[0]};
     kf_status st = KF_OK;
     if (!n->out[0] || !solve(&c, s)) {
+        if (c.oom) {
+            st = kf_fail(KF_ERR_NOMEM, "out of memory matching rule '%s'", r->name);
+            goto done;
+        }
         near_miss(r, n, c.why[0] ? c.why : "structure differs");
         goto done;
     }

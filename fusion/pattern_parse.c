@@ -56,14 +56,23 @@ static void next(lexer *lx) {
         t->kind = T_IDENT;
     } else if (isdigit((unsigned char)*s) || ((*s == '-' || *s == '+' || *s == '.') && lx->p + 1 < lx->end &&
                                               (isdigit((unsigned char)s[1]) || s[1] == '.'))) {
-        char *e;
+        /* strtod reads until a non-number character, which may lie past
+         * len: the text need not end in NUL, so parse a bounded copy (63
+         * characters hold any number worth writing in a rule) */
+        char num[64], *e;
+        size_t k = 0;
+        while (s + k < lx->end && k < sizeof num - 1 &&
+               (isalnum((unsigned char)s[k]) || s[k] == '.' || s[k] == '+' || s[k] == '-'))
+            k++;
+        memcpy(num, s, k);
+        num[k] = 0;
         errno = 0;
-        t->num = strtod(s, &e);
+        t->num = strtod(num, &e);
         t->is_int = true;
-        for (const char *q = s; q < e; q++)
+        for (const char *q = num; q < e; q++)
             if (*q == '.' || *q == 'e' || *q == 'E' || *q == 'n' || *q == 'i') t->is_int = false;
-        t->ival = t->is_int ? strtoll(s, NULL, 10) : 0;
-        lx->p = e > s ? e : s + 1;
+        t->ival = t->is_int ? strtoll(num, NULL, 10) : 0;
+        lx->p = e > num ? s + (e - num) : s + 1;
         t->kind = T_NUM;
     } else if (*s == '"') {
         lx->p++;
@@ -360,6 +369,7 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
     if (r->nguards >= KF_PAT_MAX_GUARDS) return perr(lx, "too many guards%s", "");
     kf_pat_guard *g = &r->guards[r->nguards];
     memset(g, 0, sizeof *g);
+    r->nguards++; /* counted now, so rule_free releases a half-parsed guard */
     g->line = lx->line;
     g->var2 = -1;
     char kw[256];
@@ -442,7 +452,6 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
             return perr(lx, "unknown guard '%s' (const, scalar, single_use, dtype, rank, same_shape, attr, last_axis)", kw);
         }
     }
-    r->nguards++;
     return lx->t.kind == T_END ? KF_OK : perr(lx, "unexpected '%s' at the end of the guard", lx->t.text);
 }
 
@@ -595,6 +604,10 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
             }
             r->name = kf_strdup(lx.t.text);
             r->file = kf_strdup(lx.file);
+            if (!r->name || !r->file) {
+                st = kf_fail(KF_ERR_NOMEM, "out of memory");
+                break;
+            }
             r->line = lx.line;
             r->result_var = -1;
             nsyms = 0;

@@ -78,14 +78,48 @@ void kf_assert_fail(const char *file, int line, const char *msg) { assert_hook(f
 
 /* ---- allocation -------------------------------------------------------- */
 
-void *kf_malloc(size_t n) { return malloc(n ? n : 1); }
+/* Fault injection for tests (kf_alloc_fault_*). Per thread, so one test
+ * thread failing its allocations never disturbs another; all zero (off)
+ * until a test arms it, which costs one thread-local load per allocation. */
+static _Thread_local uint64_t fault_count; /* allocations since arming */
+static _Thread_local uint64_t fault_at;    /* 1-based call to fail; 0 off */
+static _Thread_local bool fault_sticky;    /* fail every call from fault_at on */
+static _Thread_local bool fault_fired;
+static _Thread_local void (*fault_hook)(uint64_t nth);
+
+static bool fault_now(void) {
+    if (!fault_at) return false;
+    uint64_t k = ++fault_count;
+    if (k == fault_at || (fault_sticky && k > fault_at)) {
+        fault_fired = true;
+        if (fault_hook) fault_hook(k);
+        return true;
+    }
+    return false;
+}
+
+void kf_alloc_fault_set(uint64_t nth, bool sticky) {
+    fault_count = 0;
+    fault_at = nth;
+    fault_sticky = sticky;
+    fault_fired = false;
+}
+
+void kf_alloc_fault_hook(void (*fn)(uint64_t nth)) { fault_hook = fn; }
+
+uint64_t kf_alloc_fault_count(void) { return fault_count; }
+
+bool kf_alloc_fault_fired(void) { return fault_fired; }
+
+void *kf_malloc(size_t n) { return fault_now() ? NULL : malloc(n ? n : 1); }
 
 void *kf_calloc(size_t count, size_t size) {
     if (size && count > SIZE_MAX / size) return NULL;
+    if (fault_now()) return NULL;
     return calloc(count ? count : 1, size ? size : 1);
 }
 
-void *kf_realloc(void *p, size_t n) { return realloc(p, n ? n : 1); }
+void *kf_realloc(void *p, size_t n) { return fault_now() ? NULL : realloc(p, n ? n : 1); }
 
 void kf_free(void *p) { free(p); }
 

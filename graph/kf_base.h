@@ -82,4 +82,17 @@ char *kf_strndup(const char *s, size_t n);
 /* Grows *arr (element size esz) so it holds at least need elements. */
 kf_status kf_grow(void **arr, uint32_t *cap, uint32_t need, size_t esz);
 
+/* Fault injection, for tests only (internal like everything here, so not
+ * exported from libkfuse.so). Arms this thread's allocation counter: the
+ * nth kf_malloc/kf_calloc/kf_realloc call from now returns NULL (and, when
+ * sticky, every call after it too); nth = 0 turns it off. Other threads are
+ * never affected. kf_alloc_fault_count: calls counted since arming;
+ * kf_alloc_fault_fired: whether a failure was injected. */
+void kf_alloc_fault_set(uint64_t nth, bool sticky);
+uint64_t kf_alloc_fault_count(void);
+/* Called (this thread) with the call's number each time a failure is
+ * injected, e.g. to print where; NULL removes it. */
+void kf_alloc_fault_hook(void (*fn)(uint64_t nth));
+bool kf_alloc_fault_fired(void);
+
 #endif

@@ -33,6 +33,12 @@ static kf_status merge(kf_model *m, const kf_node *n, kf_id v, kf_type *dec, con
         dec->dtype = inf->dtype;
     }
     if (inf->rank < 0) return KF_OK;
+    /* the loader refuses such a type, so inference must not write one */
+    int64_t known = 1;
+    for (int d = 0; d < inf->rank; d++)
+        if (inf->dims[d] >= 0 && !kf_mul_ok(known, inf->dims[d], &known))
+            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' would have more elements than fit in 64 bits",
+                           kf_node_label(n), n->op_type, vname);
     if (dec->rank < 0) {
         kf_type keep = *dec;
         *dec = *inf;

@@ -10,7 +10,7 @@
 
 #include <stdio.h>
 
-#include "kf_kernels.h"
+#include "kf_exec.h"
 
 /* How the groups of one run were executed. */
 typedef struct kf_run_summary {
@@ -19,8 +19,9 @@ typedef struct kf_run_summary {
                           * (plan-time constant groups included) */
 } kf_run_summary;
 
-/* Runs model m on OpenCL with reference fallback. m is changed in place:
- * kf_optimize rewrites it and planning infers its shapes.
+/* Runs model m once on OpenCL with reference fallback, through a compiled
+ * plan (kf_exec) made for this call: a copy of m is optimized and planned;
+ * m itself is not changed.
  *   inputs[i]  tensors for m's real inputs (graph inputs without
  *              initializer) in file order AS LOADED, i.e. before the
  *              rewrite; matched to the optimized graph by name
@@ -33,6 +34,11 @@ typedef struct kf_run_summary {
  * planner, kernel compiles and reference nodes, naming the node. */
 kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
                         FILE *trace, kf_run_summary *sum);
+/* The same on backend b (KF_EXEC_CUDA: KF_ERR_NO_DEVICE "no CUDA device:
+ * ..." without driver or device; KF_EXEC_REF: every group on ref);
+ * groups_cl counts the groups run as generated kernels on b. */
+kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
+                         FILE *trace, kf_run_summary *sum);
 
 /* --check tolerance per dtype: float32/float64 atol 1e-5 rtol 1e-4,
  * float16/bfloat16 atol 2.5e-3 rtol 1e-3, integers and bool exactly; NaN

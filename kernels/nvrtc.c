@@ -9,7 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kf_kernels.h"
+#include "kf_exec.h"
 
 #ifndef KF_HAVE_NVRTC
 
@@ -20,6 +20,14 @@ kf_status kf_nvrtc_compile(const char *src, const char *arch, kf_nvrtc_report *r
     return kf_fail(KF_ERR_NO_DEVICE, "%s", kf_nvrtc_unavailable());
 }
 
+void kf_nvrtc_version(char *buf, size_t len) { snprintf(buf, len, "nvrtc none"); }
+
+kf_status kf_nvrtc_cubin(const char *src, const char *arch, void **cubin, size_t *len, kf_nvrtc_report *r) {
+    (void)src, (void)arch, (void)r;
+    *cubin = NULL, *len = 0;
+    return kf_fail(KF_ERR_NO_DEVICE, "%s", kf_nvrtc_unavailable());
+}
+
 #else
 
 #include <nvrtc.h>
@@ -27,6 +35,12 @@ kf_status kf_nvrtc_compile(const char *src, const char *arch, kf_nvrtc_report *r
 const char *kf_nvrtc_unavailable(void) {
     int major = 0, minor = 0;
     return nvrtcVersion(&major, &minor) == NVRTC_SUCCESS ? NULL : "NVRTC is linked but does not answer";
+}
+
+void kf_nvrtc_version(char *buf, size_t len) {
+    int major = 0, minor = 0;
+    nvrtcVersion(&major, &minor);
+    snprintf(buf, len, "nvrtc %d.%d", major, minor);
 }
 
 /* Sums every "N bytes spill stores/loads" and takes the largest "Used N
@@ -48,7 +62,8 @@ static void parse_ptxas(const char *log, kf_nvrtc_report *r) {
         }
 }
 
-kf_status kf_nvrtc_compile(const char *src, const char *arch, kf_nvrtc_report *r) {
+/* The compile both entry points share; cubin NULL: size only. */
+static kf_status compile(const char *src, const char *arch, void **cubin, kf_nvrtc_report *r) {
     *r = (kf_nvrtc_report){0, -1, -1, -1, ""};
     char archopt[64];
     snprintf(archopt, sizeof archopt, "--gpu-architecture=%s", arch);
@@ -70,8 +85,28 @@ kf_status kf_nvrtc_compile(const char *src, const char *arch, kf_nvrtc_report *r
         st = kf_fail(KF_ERR_COMPILE, "NVRTC (%s) failed: %s\n%s", arch, nvrtcGetErrorString(ce), log ? log : "");
     else if ((e = nvrtcGetCUBINSize(prog, &r->binary_bytes)) != NVRTC_SUCCESS)
         st = kf_fail(KF_ERR_COMPILE, "NVRTC (%s): no CUBIN: %s", arch, nvrtcGetErrorString(e));
+    else if (cubin) {
+        if (!(*cubin = malloc(r->binary_bytes ? r->binary_bytes : 1)))
+            st = kf_fail(KF_ERR_NOMEM, "out of memory for a %zu-byte CUBIN", r->binary_bytes);
+        else if ((e = nvrtcGetCUBIN(prog, *cubin)) != NVRTC_SUCCESS) {
+            free(*cubin);
+            *cubin = NULL;
+            st = kf_fail(KF_ERR_COMPILE, "NVRTC (%s): nvrtcGetCUBIN: %s", arch, nvrtcGetErrorString(e));
+        }
+    }
     kf_free(log);
     nvrtcDestroyProgram(&prog);
+    return st;
+}
+
+kf_status kf_nvrtc_compile(const char *src, const char *arch, kf_nvrtc_report *r) {
+    return compile(src, arch, NULL, r);
+}
+
+kf_status kf_nvrtc_cubin(const char *src, const char *arch, void **cubin, size_t *len, kf_nvrtc_report *r) {
+    *cubin = NULL;
+    kf_status st = compile(src, arch, cubin, r);
+    *len = st ? 0 : r->binary_bytes;
     return st;
 }
 

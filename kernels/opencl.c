@@ -1,14 +1,17 @@
 /*
- * opencl.c: the OpenCL backend of kernels/: takes a kernel codegen/ wrote,
- * prepends the OpenCL prelude, builds it through the ICD loader (PoCL on
- * the CPU in CI, any GPU driver elsewhere) and runs it on host tensors.
- * This slice creates a context per run (no cache, no plan); that is the
- * correctness path the tests drive, not the fast one.
+ * opencl.c: the OpenCL backend of kernels/, through the ICD loader (PoCL on
+ * the CPU in CI, any GPU driver elsewhere). Two ways in: kf_cl_run_kernel
+ * builds and runs one generated kernel on host tensors with a context per
+ * call (the codegen tests' correctness path), and kf_cl_dev_open gives the
+ * kf_dev a compiled plan (exec.c) runs on: one context, program binaries
+ * for the kernel cache, a queue per run slot, sub-buffers of the arena.
  */
+#include <pthread.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
-#include "kf_kernels.h"
+#include "kf_exec.h"
 
 #ifndef KF_HAVE_OPENCL
 
@@ -17,6 +20,11 @@ const char *kf_cl_unavailable(void) { return "kfuse was built without OpenCL (no
 kf_status kf_cl_run_kernel(const kf_cg_kernel *k, const kf_tensor *const *in, kf_tensor *out) {
     (void)k, (void)in, (void)out;
     return kf_fail(KF_ERR_NO_DEVICE, "%s", kf_cl_unavailable());
+}
+
+kf_status kf_cl_dev_open(kf_dev **out) {
+    *out = NULL;
+    return kf_fail(KF_ERR_NO_DEVICE, "no OpenCL device: %s", kf_cl_unavailable());
 }
 
 #else
@@ -139,7 +147,9 @@ static kf_status run_kernel(run *r, const kf_cg_kernel *k, const kf_tensor *cons
     }
     if (k->numel > 0) {
         size_t global = k->numel < KF_CL_MAX_GLOBAL ? (size_t)k->numel : KF_CL_MAX_GLOBAL;
-        e = clEnqueueNDRangeKernel(r->q, r->kern, 1, NULL, &global, NULL, 0, NULL, NULL);
+        size_t local = k->block; /* codegen's preferred work-group size; numel is a multiple */
+        if (local) global -= global % local;
+        e = clEnqueueNDRangeKernel(r->q, r->kern, 1, NULL, &global, local ? &local : NULL, 0, NULL, NULL);
         if (e != CL_SUCCESS) return cl_err("clEnqueueNDRangeKernel", e);
     }
     for (uint32_t o = 0; o < k->nouts; o++) {
@@ -161,6 +171,219 @@ kf_status kf_cl_run_kernel(const kf_cg_kernel *k, const kf_tensor *const *in, kf
     if (st)
         for (uint32_t o = 0; o < k->nouts; o++) kf_tensor_release(&out[o]);
     return st;
+}
+
+/* ---- the kf_dev of a compiled plan (exec.c) ------------------------------
+ * One context for the device; each run slot has its own in-order queue. A
+ * cl_kernel's arguments are state shared by every thread, so setting them
+ * and enqueueing is one critical section per kernel (enqueue captures the
+ * arguments; the kernel runs outside the lock). */
+
+typedef struct cl_state {
+    cl_platform_id pf;
+    cl_device_id dev;
+    cl_context ctx;
+} cl_state;
+
+typedef struct cl_kern {
+    cl_program prog;
+    cl_kernel kern;
+    pthread_mutex_t mu;
+} cl_kern;
+
+static cl_state *cst(kf_dev *d) { return d->state; }
+
+static kf_status dev_build(kf_dev *d, const char *src, const char *entry, void **bin, size_t *len, char **log) {
+    (void)entry;
+    *bin = NULL, *len = 0, *log = NULL;
+    cl_int e = CL_SUCCESS;
+    cl_program prog = clCreateProgramWithSource(cst(d)->ctx, 1, &src, NULL, &e);
+    if (!prog) return cl_err("clCreateProgramWithSource", e);
+    e = clBuildProgram(prog, 1, &cst(d)->dev, d->options, NULL, NULL);
+    *log = build_log(prog, cst(d)->dev);
+    kf_status st = KF_OK;
+    if (e != CL_SUCCESS)
+        st = kf_fail(KF_ERR_COMPILE, "OpenCL build of %s failed (error %d):\n%s", entry, (int)e, *log ? *log : "(no log)");
+    size_t n = 0;
+    if (!st && (e = clGetProgramInfo(prog, CL_PROGRAM_BINARY_SIZES, sizeof n, &n, NULL)) != CL_SUCCESS)
+        st = cl_err("clGetProgramInfo(CL_PROGRAM_BINARY_SIZES)", e);
+    if (!st && n == 0) st = kf_fail(KF_ERR_COMPILE, "OpenCL build of %s gave no program binary", entry);
+    unsigned char *b = NULL;
+    if (!st && !(b = malloc(n))) st = kf_fail(KF_ERR_NOMEM, "out of memory for a %zu-byte program binary", n);
+    if (!st && (e = clGetProgramInfo(prog, CL_PROGRAM_BINARIES, sizeof b, &b, NULL)) != CL_SUCCESS)
+        st = cl_err("clGetProgramInfo(CL_PROGRAM_BINARIES)", e);
+    clReleaseProgram(prog);
+    if (st) {
+        free(b);
+        return st;
+    }
+    *bin = b, *len = n;
+    return KF_OK;
+}
+
+static kf_status dev_load(kf_dev *d, const void *bin, size_t len, const char *entry, void **kern) {
+    cl_int e = CL_SUCCESS, be = CL_SUCCESS;
+    const unsigned char *b = bin;
+    cl_kern *k = kf_calloc(1, sizeof *k);
+    if (!k) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    k->prog = clCreateProgramWithBinary(cst(d)->ctx, 1, &cst(d)->dev, &len, &b, &be, &e);
+    kf_status st = KF_OK;
+    if (!k->prog || be != CL_SUCCESS)
+        st = kf_fail(KF_ERR_COMPILE, "OpenCL refused the program binary of %s (error %d/%d)", entry, (int)e, (int)be);
+    else if ((e = clBuildProgram(k->prog, 1, &cst(d)->dev, d->options, NULL, NULL)) != CL_SUCCESS)
+        st = kf_fail(KF_ERR_COMPILE, "OpenCL build of the binary of %s failed (error %d)", entry, (int)e);
+    else if (!(k->kern = clCreateKernel(k->prog, entry, &e)))
+        st = cl_err("clCreateKernel", e);
+    if (st) {
+        if (k->prog) clReleaseProgram(k->prog);
+        kf_free(k);
+        return st;
+    }
+    pthread_mutex_init(&k->mu, NULL);
+    *kern = k;
+    return KF_OK;
+}
+
+static void dev_unload(kf_dev *d, void *kern) {
+    (void)d;
+    cl_kern *k = kern;
+    if (!k) return;
+    clReleaseKernel(k->kern);
+    clReleaseProgram(k->prog);
+    pthread_mutex_destroy(&k->mu);
+    kf_free(k);
+}
+
+static kf_status dev_stream_new(kf_dev *d, void **s) {
+    cl_int e = CL_SUCCESS;
+    cl_command_queue q = clCreateCommandQueue(cst(d)->ctx, cst(d)->dev, 0, &e);
+    if (!q) return cl_err("clCreateCommandQueue", e);
+    *s = q;
+    return KF_OK;
+}
+
+static void dev_stream_free(kf_dev *d, void *s) {
+    (void)d;
+    if (s) clReleaseCommandQueue((cl_command_queue)s);
+}
+
+static kf_status dev_alloc(kf_dev *d, size_t bytes, void **buf) {
+    cl_int e = CL_SUCCESS;
+    /* OpenCL refuses empty buffers */
+    cl_mem m = clCreateBuffer(cst(d)->ctx, CL_MEM_READ_WRITE, bytes ? bytes : 1, NULL, &e);
+    if (!m) return kf_fail(e == CL_MEM_OBJECT_ALLOCATION_FAILURE || e == CL_OUT_OF_HOST_MEMORY ? KF_ERR_NOMEM : KF_ERR_RUNTIME,
+                           "OpenCL clCreateBuffer of %zu bytes failed (error %d)", bytes, (int)e);
+    *buf = m;
+    return KF_OK;
+}
+
+static void dev_free(kf_dev *d, void *buf) {
+    (void)d;
+    if (buf) clReleaseMemObject((cl_mem)buf);
+}
+
+static kf_status dev_view(kf_dev *d, void *base, size_t off, size_t len, void **buf) {
+    (void)d;
+    cl_int e = CL_SUCCESS;
+    cl_buffer_region r = {off, len ? len : 1};
+    cl_mem m = clCreateSubBuffer((cl_mem)base, CL_MEM_READ_WRITE, CL_BUFFER_CREATE_TYPE_REGION, &r, &e);
+    if (!m) return kf_fail(KF_ERR_RUNTIME, "OpenCL clCreateSubBuffer at %zu (+%zu) failed (error %d)", off, len, (int)e);
+    *buf = m;
+    return KF_OK;
+}
+
+static kf_status dev_upload(kf_dev *d, void *s, void *buf, const void *src, size_t n) {
+    (void)d;
+    if (n == 0) return KF_OK;
+    /* blocking: the host tensor may be released right after */
+    cl_int e = clEnqueueWriteBuffer((cl_command_queue)s, (cl_mem)buf, CL_TRUE, 0, n, src, 0, NULL, NULL);
+    return e == CL_SUCCESS ? KF_OK : cl_err("clEnqueueWriteBuffer", e);
+}
+
+static kf_status dev_download(kf_dev *d, void *s, void *buf, void *dst, size_t n) {
+    (void)d;
+    if (n == 0) return KF_OK;
+    cl_int e = clEnqueueReadBuffer((cl_command_queue)s, (cl_mem)buf, CL_TRUE, 0, n, dst, 0, NULL, NULL);
+    return e == CL_SUCCESS ? KF_OK : cl_err("clEnqueueReadBuffer", e);
+}
+
+static kf_status dev_launch(kf_dev *d, void *s, void *kern, void *const *bufs, uint32_t nbufs, int64_t numel,
+                            uint32_t block) {
+    (void)d;
+    if (numel <= 0) return KF_OK;
+    cl_kern *k = kern;
+    cl_int e = CL_SUCCESS;
+    const char *what = "clSetKernelArg";
+    size_t global = numel < KF_CL_MAX_GLOBAL ? (size_t)numel : KF_CL_MAX_GLOBAL;
+    size_t local = block; /* the body's work-group size (block reduces); numel is a multiple */
+    if (local) global -= global % local;
+    pthread_mutex_lock(&k->mu);
+    for (uint32_t i = 0; i < nbufs && e == CL_SUCCESS; i++) e = clSetKernelArg(k->kern, i, sizeof(cl_mem), &bufs[i]);
+    if (e == CL_SUCCESS) {
+        what = "clEnqueueNDRangeKernel";
+        e = clEnqueueNDRangeKernel((cl_command_queue)s, k->kern, 1, NULL, &global, local ? &local : NULL, 0, NULL, NULL);
+    }
+    pthread_mutex_unlock(&k->mu);
+    return e == CL_SUCCESS ? KF_OK : cl_err(what, e);
+}
+
+static kf_status dev_sync(kf_dev *d, void *s) {
+    (void)d;
+    cl_int e = clFinish((cl_command_queue)s);
+    return e == CL_SUCCESS ? KF_OK : cl_err("clFinish", e);
+}
+
+static void dev_close(kf_dev *d) {
+    if (!d) return;
+    if (d->state && cst(d)->ctx) clReleaseContext(cst(d)->ctx);
+    kf_free(d->state);
+    kf_free(d);
+}
+
+kf_status kf_cl_dev_open(kf_dev **out) {
+    *out = NULL;
+    kf_dev *d = kf_calloc(1, sizeof *d);
+    cl_state *c = kf_calloc(1, sizeof *c);
+    if (!d || !c) {
+        kf_free(d), kf_free(c);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    d->state = c;
+    if (!pick_device(&c->pf, &c->dev)) {
+        dev_close(d);
+        return kf_fail(KF_ERR_NO_DEVICE, "no OpenCL device: %s", kf_cl_unavailable());
+    }
+    cl_int e = CL_SUCCESS;
+    cl_context_properties props[] = {CL_CONTEXT_PLATFORM, (cl_context_properties)c->pf, 0};
+    if (!(c->ctx = clCreateContext(props, 1, &c->dev, NULL, NULL, &e))) {
+        dev_close(d);
+        return cl_err("clCreateContext", e);
+    }
+    /* 128 bytes each: device names and version strings are far shorter */
+    char name[128] = "", ver[128] = "", drv[128] = "", pver[128] = "";
+    clGetDeviceInfo(c->dev, CL_DEVICE_NAME, sizeof name - 1, name, NULL);
+    clGetDeviceInfo(c->dev, CL_DEVICE_VERSION, sizeof ver - 1, ver, NULL);
+    clGetDeviceInfo(c->dev, CL_DRIVER_VERSION, sizeof drv - 1, drv, NULL);
+    clGetPlatformInfo(c->pf, CL_PLATFORM_VERSION, sizeof pver - 1, pver, NULL);
+    cl_uint bits = 0;
+    clGetDeviceInfo(c->dev, CL_DEVICE_MEM_BASE_ADDR_ALIGN, sizeof bits, &bits, NULL);
+    d->name = "opencl";
+    snprintf(d->arch, sizeof d->arch, "opencl:%s|%s|%s", name, ver, drv);
+    snprintf(d->compiler, sizeof d->compiler, "%s", pver);
+    /* -cl-std=CL1.2: the dialect targets 1.2; no fast-math, so results keep
+     * the accuracy the numerics policy tolerates */
+    snprintf(d->options, sizeof d->options, "-cl-std=CL1.2");
+    d->target = KF_CG_OPENCL;
+    /* at least 256 bytes: aligned for any vector type and for CUDA alike */
+    d->align = bits / 8 > 256 ? bits / 8 : 256;
+    d->can_run = true;
+    d->build = dev_build, d->load = dev_load, d->unload = dev_unload;
+    d->stream_new = dev_stream_new, d->stream_free = dev_stream_free;
+    d->alloc = dev_alloc, d->free = dev_free, d->view = dev_view, d->view_free = dev_free;
+    d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
+    d->close = dev_close;
+    *out = d;
+    return KF_OK;
 }
 
 #endif

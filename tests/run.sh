@@ -1,7 +1,11 @@
 #!/usr/bin/env bash
-# The whole test suite, as CI runs it: dependencies, build, unit tests,
-# ONNX conformance (reference evaluator), the same under ASan+UBSan, and a
-# 60-second fuzz run of the loader. Exits non-zero if any stage fails.
+# The whole test suite, as CI runs it: dependencies, build, unit tests
+# (random-graph differential tests and fault injection included), ONNX
+# conformance on the reference evaluator and on generated OpenCL kernels,
+# the bundled models on OpenCL against ref, CUDA kernels compiled by NVRTC
+# (no GPU needed), install + embedding, the same tests under ASan+UBSan,
+# the thread tests under TSan, the fuzz regression corpus, and 60 seconds
+# of fuzzing per target. Exits non-zero if any stage fails.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 jobs=$(nproc)
@@ -34,7 +38,25 @@ conform() { # kfuse binary
   [ "${npass:-0}" -ge "$min_conform_pass" ] || { echo "conformance: only $npass passed, need $min_conform_pass"; return 1; }
 }
 
+conform_opencl() { # kfuse binary: optimized + fused + generated kernels on OpenCL
+  local log; log=$(mktemp)
+  "$1" conform "${suites[@]}" --backend opencl | tee "$log" | grep -E "^FAIL|^opencl:" ; local rc=${PIPESTATUS[0]}
+  tail -n 1 "$log"; rm -f "$log"
+  [ "$rc" -eq 0 ] || { echo "conformance (opencl): failures (exit $rc)"; return 1; }
+}
+
+run_models_opencl() { # every bundled model on OpenCL, checked against ref
+  local m
+  for m in "$root"/bench/models/tiny_cnn.onnx "$root"/bench/models/small/*/model.onnx; do
+    "$root/build/tools/kfuse" run "$m" --backend opencl --check || { echo "FAILED: $m"; return 1; }
+  done
+}
+
 "$root/tools/setup-deps.sh" || { echo "dependency setup failed"; exit 1; }
+# A private kernel cache per run: nothing left by an earlier run (or another
+# checkout) is read, and every cache path is exercised cold, then warm.
+export KFUSE_CACHE_DIR; KFUSE_CACHE_DIR=$(mktemp -d /tmp/kfuse_ci_cache.XXXXXX)
+trap 'rm -rf "$KFUSE_CACHE_DIR"' EXIT
 
 stage "build" build "$root/build" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_TESTS=ON
 exported_symbols() { # the shared library exports the public API and nothing else
@@ -43,15 +65,34 @@ exported_symbols() { # the shared library exports the public API and nothing els
   echo "libkfuse.so exports $(nm -D --defined-only "$root/build/libkfuse.so" | grep -c ' kf_') kf_ symbols only"
 }
 stage "exported symbols" exported_symbols
+no_libcuda() { # the CUDA driver is loaded at run time: nothing may need it to start
+  if ldd "$root/build/tools/kfuse" "$root/build/libkfuse.so" | grep -q 'libcuda\.so'; then
+    echo "kfuse or libkfuse.so links libcuda"; return 1; fi
+  echo "neither kfuse nor libkfuse.so links libcuda"
+}
+stage "no libcuda linked" no_libcuda
 stage "unit tests" "$root/build/tests/kfuse_tests" --jobs "$jobs"
 stage "conformance (ref)" conform "$root/build/tools/kfuse"
+stage "conformance (opencl)" conform_opencl "$root/build/tools/kfuse"
+stage "bundled models on opencl --check" run_models_opencl
+stage "cuda kernels compile (NVRTC, sm_80 + sm_90)" bash -c "'$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_80 && '$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_90"
+stage "install + embed example" "$root/tests/install_check.sh" "$root/build-install"
+stage "fuzz corpus replay" "$root/tests/fuzz/replay.sh" "$root/build"
 stage "build (asan+ubsan)" build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKF_SANITIZE=ON -DKF_TESTS=ON
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 export LSAN_OPTIONS=suppressions=$root/tests/lsan.supp:print_suppressions=0
 stage "unit tests (asan+ubsan)" "$root/build-asan/tests/kfuse_tests" --jobs "$jobs"
 stage "conformance (asan+ubsan)" conform "$root/build-asan/tools/kfuse"
+stage "fuzz corpus replay (asan+ubsan)" "$root/tests/fuzz/replay.sh" "$root/build-asan"
 unset ASAN_OPTIONS UBSAN_OPTIONS LSAN_OPTIONS
-stage "fuzz loader 60s" "$root/tests/fuzz/run.sh" 60
+tsan_threads() { # Criterion cannot start under TSan, so the thread tests are their own binary
+  cmake -S "$root" -B "$root/build-tsan" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_TSAN=ON -DKF_TESTS=ON >/dev/null &&
+    cmake --build "$root/build-tsan" --target kfuse_threads -j"$jobs" 2>&1 | grep -E "error|warning"
+  [ "${PIPESTATUS[0]}" -eq 0 ] || return 1
+  TSAN_OPTIONS=halt_on_error=1 "$root/build-tsan/tests/kfuse_threads"
+}
+stage "thread tests (tsan)" tsan_threads
+stage "fuzz 60s per target" "$root/tests/fuzz/run.sh" all 60
 
 echo
 [ "$failed" -eq 0 ] || echo "failed stages: ${failed_names[*]}"

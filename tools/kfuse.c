@@ -30,9 +30,14 @@ static void usage(FILE *f) {
             "usage: kfuse VERB [options]\n"
             "  info M.onnx [--values]          opsets, op histogram, inputs/outputs, parameter bytes\n"
             "                                  (--values: every computed value's inferred type)\n"
-            "  run M.onnx [--backend ref|opencl] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
+            "  run M.onnx [--backend ref|opencl|cuda] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "                                  run the model; random inputs unless --inputs\n"
-            "  conform DIR... [--verbose]      run ONNX backend-test folders, per-op table and summary\n"
+            "  compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N]\n"
+            "                                  compile every kernel into the cache without running\n"
+            "  bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N]\n"
+            "                                  latency p50/p99, kernels launched, arena bytes\n"
+            "  conform DIR... [--backend ref|opencl] [--verbose]\n"
+            "                                  run ONNX backend-test folders, per-op table and summary\n"
             "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
             "                 [--report] [--json]\n"
             "                                  rewrite to a smaller standard ONNX\n"
@@ -308,10 +313,11 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
     return st;
 }
 
-/* --backend opencl [--check]: kernels/run.c runs the optimized plan; with
- * --check the unoptimized model runs on ref first (m is rewritten after)
- * and every output must match. Exit 1 on mismatch, 3 without a device. */
-static int run_opencl_backend(kf_model *m, const kf_tensor *ins, int nins, kf_tensor *outs, bool check) {
+/* --backend opencl|cuda [--check]: kernels/run.c runs the optimized plan;
+ * with --check the unoptimized model runs on ref first and every output
+ * must match. Exit 1 on mismatch, 3 without a device. */
+static int run_device_backend(kf_model *m, kf_exec_backend b, const kf_tensor *ins, int nins, kf_tensor *outs,
+                              bool check) {
     uint32_t nout = m->graph->noutputs;
     kf_tensor *want = check ? calloc(nout + 1, sizeof(kf_tensor)) : NULL;
     char **names = calloc(nout + 1, sizeof(char *));
@@ -321,9 +327,11 @@ static int run_opencl_backend(kf_model *m, const kf_tensor *ins, int nins, kf_te
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
     const char *tr = getenv("KFUSE_TRACE");
     kf_run_summary sum;
-    if (!st) st = kf_run_opencl(m, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, &sum);
+    if (!st) st = kf_run_backend(m, b, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, &sum);
     int rc = st ? fail_status(st) : EXIT_OK;
-    if (!st) fprintf(stderr, "kfuse: %u groups on OpenCL (generated), %u on the reference evaluator\n", sum.groups_cl, sum.groups_ref);
+    if (!st)
+        fprintf(stderr, "kfuse: %u groups on %s (generated), %u on the reference evaluator\n", sum.groups_cl,
+                b == KF_EXEC_CUDA ? "CUDA" : "OpenCL", sum.groups_ref);
     for (uint32_t o = 0; !st && check && o < nout; o++) {
         char why[512];
         if (!kf_run_close(&outs[o], &want[o], why, sizeof why)) {
@@ -372,9 +380,9 @@ static int cmd_run(int argc, char **argv) {
         usage(stderr);
         return EXIT_USAGE;
     }
-    bool opencl = !strcmp(backend, "opencl");
-    if (strcmp(backend, "ref") != 0 && !opencl) {
-        fprintf(stderr, "kfuse: backend '%s' is not available in this build (only 'ref', 'opencl')\n", backend);
+    bool opencl = !strcmp(backend, "opencl"), cuda = !strcmp(backend, "cuda");
+    if (strcmp(backend, "ref") != 0 && !opencl && !cuda) {
+        fprintf(stderr, "kfuse: unknown backend '%s' (ref, opencl, cuda)\n", backend);
         return EXIT_USAGE;
     }
     kf_model *m;
@@ -398,8 +406,9 @@ static int cmd_run(int argc, char **argv) {
         for (uint32_t i = 0; i < nreal; i++)
             if ((st = random_input(g, &g->values[real[i]], binds, nbinds, &ins[i]))) goto done;
     }
-    if (opencl) {
-        if ((rc = run_opencl_backend(m, ins, (int)nreal, outs, check)) != EXIT_OK) goto done;
+    if (opencl || cuda) {
+        if ((rc = run_device_backend(m, cuda ? KF_EXEC_CUDA : KF_EXEC_OPENCL, ins, (int)nreal, outs, check)) != EXIT_OK)
+            goto done;
     } else if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) goto done;
     for (uint32_t o = 0; o < g->noutputs; o++) {
         print_summary(g->values[g->outputs[o]].name, &outs[o]);
@@ -442,6 +451,9 @@ typedef struct conform_state {
     int nops, capops;
     int pass, fail, skip;
     bool verbose;
+    bool opencl;            /* --backend opencl: optimized + fused, generated kernels on OpenCL */
+    int dirs_generated;     /* opencl: folders where at least one group ran a generated kernel */
+    kf_run_summary groups;  /* opencl: groups summed over every data set run */
 } conform_state;
 
 static opstat *op_entry(conform_state *cs, const char *op) {
@@ -499,7 +511,23 @@ static bool compare(const kf_tensor *got, const kf_tensor *want, char *why, size
 }
 
 /* Runs one test folder; returns the result and a reason for fail/skip. */
-static result conform_one(const char *dir, char *why, size_t whylen, kf_model **mout) {
+/* --backend opencl: runs the test set's inputs through kf_run_opencl on a
+ * fresh copy of the model (it optimizes the model in place, and the caller
+ * keeps the loaded one to credit its ops). */
+static kf_status conform_opencl(const char *model_path, const kf_tensor *ins, uint32_t nreal, kf_tensor *outs,
+                                conform_state *cs, bool *generated) {
+    kf_model *m2;
+    KF_TRY(kf_model_load(model_path, &m2));
+    kf_run_summary sum;
+    kf_status st = kf_run_opencl(m2, ins, (int)nreal, outs, NULL, &sum);
+    kf_model_free(m2);
+    cs->groups.groups_cl += sum.groups_cl;
+    cs->groups.groups_ref += sum.groups_ref;
+    if (sum.groups_cl) *generated = true;
+    return st;
+}
+
+static result conform_one(const char *dir, char *why, size_t whylen, kf_model **mout, conform_state *cs) {
     char path[4096];
     join(path, sizeof path, dir, "model.onnx");
     *mout = NULL;
@@ -526,6 +554,9 @@ static result conform_one(const char *dir, char *why, size_t whylen, kf_model **
         snprintf(why, whylen, "%s", kf_last_error());
         return R_FAIL;
     }
+    char model_path[4096];
+    memcpy(model_path, path, sizeof model_path);
+    bool generated = false;
     int nsets;
     char **sets = list_dir(dir, "test_data_set_", &nsets);
     result r = nsets ? R_PASS : R_SKIP;
@@ -539,7 +570,8 @@ static result conform_one(const char *dir, char *why, size_t whylen, kf_model **
         if (st) {
             snprintf(why, whylen, "%s: inputs: %s", sets[s], kf_last_error());
             r = (st == KF_ERR_UNSUPPORTED || st == KF_ERR_BAD_MODEL) ? R_SKIP : R_FAIL;
-        } else if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) {
+        } else if ((st = cs->opencl ? conform_opencl(model_path, ins, nreal, outs, cs, &generated)
+                                    : kf_eval_model(m, ins, (int)nreal, outs, NULL))) {
             snprintf(why, whylen, "%s: %s", sets[s], kf_last_error());
             r = st == KF_ERR_UNSUPPORTED ? R_SKIP : R_FAIL;
         } else {
@@ -570,6 +602,7 @@ static result conform_one(const char *dir, char *why, size_t whylen, kf_model **
     }
     free_list(sets, nsets);
     free(real);
+    if (generated) cs->dirs_generated++;
     return r;
 }
 
@@ -589,7 +622,7 @@ static const struct {
 static void conform_record(conform_state *cs, const char *dir) {
     char why[1024] = "";
     kf_model *m = NULL;
-    result r = conform_one(dir, why, sizeof why, &m);
+    result r = conform_one(dir, why, sizeof why, &m, cs);
     const char *name = strrchr(dir, '/') ? strrchr(dir, '/') + 1 : dir;
     for (size_t k = 0; r == R_FAIL && k < sizeof known_bad / sizeof *known_bad; k++)
         if (!strcmp(name, known_bad[k].name)) {
@@ -637,12 +670,27 @@ static int cmd_conform(int argc, char **argv) {
     int ndirs = 0;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--verbose")) cs.verbose = true;
-        else if (argv[i][0] == '-') {
+        else if (!strcmp(argv[i], "--backend") && i + 1 < argc) {
+            const char *b = argv[++i];
+            if (!strcmp(b, "opencl")) cs.opencl = true;
+            else if (strcmp(b, "ref")) {
+                fprintf(stderr, "kfuse: backend '%s' is not available in this build (only 'ref', 'opencl')\n", b);
+                return EXIT_USAGE;
+            }
+        } else if (argv[i][0] == '-') {
             usage(stderr);
             return EXIT_USAGE;
         }
     }
+    if (cs.opencl && kf_cl_unavailable()) {
+        fprintf(stderr, "kfuse: --backend opencl: %s\n", kf_cl_unavailable());
+        return EXIT_INPUT;
+    }
     for (int i = 0; i < argc; i++) {
+        if (!strcmp(argv[i], "--backend")) {
+            i++; /* its value is no folder */
+            continue;
+        }
         if (argv[i][0] == '-') continue;
         char path[4096];
         join(path, sizeof path, argv[i], "model.onnx");
@@ -681,6 +729,9 @@ static int cmd_conform(int argc, char **argv) {
         free(e->skip_reason);
     }
     free(cs.ops);
+    if (cs.opencl)
+        printf("\nopencl: %d folders ran generated kernels; groups: %u generated, %u on ref\n", cs.dirs_generated,
+               cs.groups.groups_cl, cs.groups.groups_ref);
     printf("\n%d passed, %d failed, %d skipped\n", cs.pass, cs.fail, cs.skip);
     return cs.fail ? EXIT_CHECK : EXIT_OK;
 }
@@ -696,6 +747,13 @@ static void json_str(FILE *f, const char *s) {
         else fputc(c, f);
     }
     fputc('"', f);
+}
+
+/* Monotonic seconds, for the load/optimize/save split of `opt --json`. */
+static double seconds_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
 static int cmd_opt(int argc, char **argv) {
@@ -728,11 +786,15 @@ static int cmd_opt(int argc, char **argv) {
     o.keep = keep;
     o.nkeep = nkeep;
     kf_model *m;
+    double t0 = seconds_now();
     kf_status st = kf_model_load(model, &m);
     if (st) return fail_status(st);
+    double t1 = seconds_now();
     kf_opt_result res;
     st = kf_optimize(m, &o, &res);
+    double t2 = seconds_now();
     if (!st) st = kf_model_save(m, out);
+    double t3 = seconds_now();
     if (st) {
         kf_rules_free(&res.rules);
         kf_model_free(m);
@@ -770,7 +832,8 @@ static int cmd_opt(int argc, char **argv) {
                 first = false;
             }
         }
-        printf("]}\n");
+        printf("], \"time_load_s\": %.6f, \"time_opt_s\": %.6f, \"time_save_s\": %.6f}\n", t1 - t0, t2 - t1,
+               t3 - t2);
     } else {
         printf("%s: %u nodes -> %u nodes (%llu rewrites), written to %s\n", model, res.nodes_before, res.nodes_after,
                (unsigned long long)res.rewrites, out);
@@ -844,6 +907,8 @@ static int cmd_patterns(int argc, char **argv) {
 
 int kfuse_cmd_fuse(int argc, char **argv); /* cmd_fuse.c */
 int kfuse_cmd_cache(int argc, char **argv); /* cmd_cache.c */
+int kfuse_cmd_compile(int argc, char **argv); /* cmd_compile.c */
+int kfuse_cmd_bench(int argc, char **argv);   /* cmd_bench.c */
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -858,6 +923,8 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "fuse")) return kfuse_cmd_fuse(argc - 2, argv + 2);
     if (!strcmp(verb, "patterns")) return cmd_patterns(argc - 2, argv + 2);
     if (!strcmp(verb, "cache")) return kfuse_cmd_cache(argc - 2, argv + 2);
+    if (!strcmp(verb, "compile")) return kfuse_cmd_compile(argc - 2, argv + 2);
+    if (!strcmp(verb, "bench")) return kfuse_cmd_bench(argc - 2, argv + 2);
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);
         return EXIT_OK;

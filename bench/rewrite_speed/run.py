@@ -3,7 +3,9 @@
 optimization on real models, and kfuse's time per node on synthetic graphs.
 
 Each figure is the median of --runs runs, each in a fresh process, timed file to file:
-  kfuse          wall time of the `kfuse opt M.onnx -o OUT.onnx` process
+  kfuse          wall time of the `kfuse opt M.onnx -o OUT.onnx` process; "load / opt / save"
+                 is the split `kfuse opt --json` reports (time_load_s, time_opt_s, time_save_s:
+                 medians of the same runs; the rest of the wall time is process start and exit)
   ORT            InferenceSession creation with ORT_ENABLE_ALL and optimized_model_filepath
                  (load, optimize, write the optimized model, prepare kernels), 1 thread
   onnxsim        onnx.load + onnxsim.simplify (defaults) + onnx.save
@@ -105,6 +107,14 @@ def time_peer(tool, model, out, timeout):
     if r.returncode:
         raise RuntimeError(f"{tool} rc {r.returncode}: {r.stderr.strip()[-300:]}")
     return json.loads(r.stdout.strip().splitlines()[-1])["seconds"]
+
+
+def split(reps):
+    """Median load / optimize / save seconds of kfuse opt --json reports, as text."""
+    keys = ("time_load_s", "time_opt_s", "time_save_s")
+    if not reps or any(k not in r for r in reps for k in keys):
+        return "—"
+    return " / ".join(fmt_s(statistics.median(r[k] for r in reps)) for k in keys)
 
 
 def median_of(fn, runs):
@@ -223,23 +233,24 @@ def main():
     say()
     with tempfile.TemporaryDirectory(prefix="kfuse_speed_") as tmp:
         if dirs:
-            say("| model | nodes | kfuse opt | → nodes | " + " | ".join(
+            say("| model | nodes | kfuse opt | load / opt / save | → nodes | " + " | ".join(
                 f"{p} | → nodes | {p}/kfuse" for p in peers) + " |")
-            say("|---|---:|---:|---:|" + "---:|---:|---:|" * len(peers))
+            say("|---|---:|---:|---:|---:|" + "---:|---:|---:|" * len(peers))
         for path in dirs:
             d = os.path.dirname(path)
             name = os.path.basename(d) + (" (small)" if os.path.basename(os.path.dirname(d)) == "small" else "")
             kout = os.path.join(tmp, "kfuse.onnx")
             try:
-                times, rep = [], None
+                times, reps = [], []
                 for _ in range(a.runs):
                     dt, rep = time_kfuse(kfuse, path, kout, a.timeout)
                     times.append(dt)
+                    reps.append(rep)
                 kt = statistics.median(times)
-                row = f"| {name} | {rep['nodes_before']} | {fmt_s(kt)} | {rep['nodes_after']} |"
+                row = f"| {name} | {rep['nodes_before']} | {fmt_s(kt)} | {split(reps)} | {rep['nodes_after']} |"
             except Exception as e:
                 kt = None
-                row = f"| {name} | {count_nodes(path)} | failed: {str(e)[:80]} | — |"
+                row = f"| {name} | {count_nodes(path)} | failed: {str(e)[:80]} | — | — |"
             for p in peers:
                 pout = os.path.join(tmp, p + ".onnx")
                 try:
@@ -253,22 +264,24 @@ def main():
         sizes = [int(s) for s in a.sizes.split(",") if s]
         if sizes:
             os.makedirs(SYNTH_DIR, exist_ok=True)
-            say("| synthetic graph | nodes | → nodes | kfuse opt | µs/node | µs/node since previous size |")
-            say("|---|---:|---:|---:|---:|---:|")
+            say("| synthetic graph | nodes | → nodes | kfuse opt | load / opt / save | µs/node | "
+                "µs/node since previous size |")
+            say("|---|---:|---:|---:|---:|---:|---:|")
             prev = None
             for n in sizes:
                 path = os.path.join(SYNTH_DIR, f"synth_{n}.onnx")
                 if not os.path.exists(path):
                     subprocess.run([sys.executable, os.path.join(HERE, "gen_synth.py"), str(n), path], check=True)
                 runs = a.runs if n < 1000000 else max(1, min(a.runs, 3))
-                times, rep = [], None
+                times, reps = [], []
                 for _ in range(runs):
                     dt, rep = time_kfuse(kfuse, path, os.path.join(tmp, "synth_out.onnx"), a.timeout)
                     times.append(dt)
+                    reps.append(rep)
                 t = statistics.median(times)
                 slope = f"{(t - prev[1]) / (n - prev[0]) * 1e6:.2f}" if prev else "—"
                 say(f"| synth_{n} (median of {runs}) | {rep['nodes_before']} | {rep['nodes_after']} | {fmt_s(t)} | "
-                    f"{t / n * 1e6:.2f} | {slope} |")
+                    f"{split(reps)} | {t / n * 1e6:.2f} | {slope} |")
                 prev = (n, t)
             say()
         if a.perf:

@@ -83,6 +83,72 @@ typedef struct kf_host_tensor {
     const void *data; /* row-major */
 } kf_host_tensor;
 
+/* ---- compiling and running --------------------------------------------
+ * Typical use: kf_model_load -> kf_compile -> kf_run (many times, from any
+ * number of threads) -> kf_compiled_free. Kernels are compiled through the
+ * kernel cache ($KFUSE_CACHE_DIR, else $XDG_CACHE_HOME/kfuse, else
+ * ~/.cache/kfuse), so a second process starts warm. */
+
+typedef enum kf_backend {
+    KF_BACKEND_BEST = 0,   /* cuda when a CUDA device answers, else opencl when one does, else ref */
+    KF_BACKEND_REF = 1,    /* the reference evaluator (CPU, plain C) */
+    KF_BACKEND_OPENCL = 2, /* generated kernels on the first OpenCL device */
+    KF_BACKEND_CUDA = 3    /* generated kernels via NVRTC on CUDA device 0 */
+} kf_backend;
+
+/* "best", "ref", "opencl", "cuda"; "?" for other numbers. Static storage. */
+KF_API const char *kf_backend_name(kf_backend b);
+
+/* Rewrites m in place with the built-in rules (what `kfuse opt` does);
+ * outputs keep their names and order. m stays the caller's. */
+KF_API kf_status kf_model_optimize(kf_model *m);
+
+typedef struct kf_compiled kf_compiled;
+
+/* Optimizes a copy of m, plans fusion and compiles every kernel for
+ * backend b (BEST: see kf_backend). m is not retained or changed and may
+ * be freed right after. When an input has symbolic dims, kernels for each
+ * distinct set of input shapes are compiled at the first kf_run that
+ * meets it (and kept). On success *out is the caller's (kf_compiled_free).
+ * Errors: KF_ERR_NO_DEVICE ("no CUDA device: <reason>", "no OpenCL
+ * device: ...") when b names a backend that cannot run here,
+ * KF_ERR_COMPILE (a kernel's log in the message), model errors. */
+KF_API kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out);
+
+/* The backend c runs on (BEST resolved). */
+KF_API kf_backend kf_compiled_backend(const kf_compiled *c);
+/* Inputs the caller provides (graph inputs without initializer, model
+ * order) and outputs; names are owned by c. NULL for i out of range. */
+KF_API int kf_compiled_num_inputs(const kf_compiled *c);
+KF_API const char *kf_compiled_input_name(const kf_compiled *c, int i);
+KF_API int kf_compiled_num_outputs(const kf_compiled *c);
+KF_API const char *kf_compiled_output_name(const kf_compiled *c, int i);
+
+/* An output tensor: data (nbytes, row-major) is owned by the caller and
+ * freed by kf_output_release. dtype numbers are ONNX's. */
+typedef struct kf_output {
+    int dtype;
+    int rank;
+    int64_t dims[8];
+    void *data;
+    size_t nbytes;
+} kf_output;
+
+/* Runs c on inputs (ninputs of them, in kf_compiled_input_name order; the
+ * data is read, not retained). outputs[0..noutputs) must number
+ * kf_compiled_num_outputs; each is overwritten (not released: release
+ * earlier results first) and is the caller's after, also on failure
+ * (then empty). Thread-safe: several threads may run one kf_compiled at
+ * once, each run has its own queue/stream and arena. Errors:
+ * KF_ERR_INVALID_ARG (counts, dtype, rank > 8 output), KF_ERR_RUNTIME (a
+ * device call failed), errors of reference ops naming the node. */
+KF_API kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_output *outputs,
+                        int noutputs);
+/* Frees o's data and empties it; NULL is fine. */
+KF_API void kf_output_release(kf_output *o);
+/* Frees c; no kf_run may be in flight. NULL is fine. */
+KF_API void kf_compiled_free(kf_compiled *c);
+
 #ifdef __cplusplus
 }
 #endif

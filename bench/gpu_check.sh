@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# gpu_check.sh: the CUDA backend on a machine with an NVIDIA GPU (written for
+# the lent H200), in one call of at most 8 minutes: build kfuse there (or use
+# a prebuilt one carried in), check that nothing links libcuda, run the unit
+# tests that need a GPU, `kfuse run --backend cuda --check` on the bundled
+# models, the ONNX node tests on cuda, fused-kernel bandwidth against a
+# measured device-to-device copy, `kfuse compile` cold/warm and `kfuse
+# bench`. Every step has a time limit and its own log section; a failed step
+# is reported and the next one runs. Results go under $OUT (default
+# ./gpu_check_out): summary.txt (one line per step, the figures) and
+# gpu_check.log (everything).
+#
+#   bench/gpu_check.sh                 on the GPU machine, from the repo root
+#   KFUSE_BIN=build/tools/kfuse bench/gpu_check.sh   a dry run without building
+#   bench/gpu_check.sh --pack DIR      here: copy build/tools/kfuse and the
+#                                      shared libraries it needs (not libc,
+#                                      not libcuda) into DIR, for a machine
+#                                      that cannot build (no protoc-c)
+# The GPU machine installs nothing: without cmake/protoc-c/libprotobuf-c it
+# uses $KFUSE_PREBUILT (default .gpucheck/, made by --pack); without
+# Criterion the unit tests are skipped and the summary says so.
+set -u
+root=$(cd "$(dirname "$0")/.." && pwd)
+
+if [ "${1:-}" = "--pack" ]; then
+  dir=${2:?usage: gpu_check.sh --pack DIR}
+  bin=${3:-$root/build/tools/kfuse}
+  mkdir -p "$dir" || exit 1
+  cp "$bin" "$dir/kfuse" || exit 1
+  # the libraries a bare machine may lack; libc and friends come from there
+  ldd "$bin" | awk '/=>/ {print $3}' | grep -E 'protobuf-c|nvrtc|OpenCL' | while read -r lib; do
+    cp -L "$lib" "$dir/"
+  done
+  for b in "$(dirname "$(ldd "$bin" | awk '/nvrtc/ {print $3}')")"/libnvrtc-builtins.so*; do
+    [ -e "$b" ] && cp -L "$b" "$dir/"
+  done
+  ls -la "$dir"
+  exit 0
+fi
+
+OUT=${OUT:-$root/gpu_check_out}
+mkdir -p "$OUT"
+log=$OUT/gpu_check.log
+summary=$OUT/summary.txt
+: >"$log"
+: >"$summary"
+start=$(date +%s)
+budget=${GPU_CHECK_BUDGET:-460} # seconds: 8 minutes less time to copy $OUT back
+work=$(mktemp -d /tmp/kfuse-gpu-check.XXXXXX)
+export KFUSE_CACHE_DIR=$work/cache
+jobs=$(nproc 2>/dev/null || echo 4)
+
+note() { echo "$*" | tee -a "$summary" >>"$log"; }
+left() { echo $((budget - ($(date +%s) - start))); }
+
+# step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, at most LIMIT
+# seconds and never past the budget; output into the log; status into the
+# summary. Returns the command's status.
+step() {
+  local name=$1 limit=$2; shift 2
+  local l; l=$(left)
+  [ "$limit" -gt "$l" ] && limit=$l
+  if [ "$limit" -lt 5 ]; then note "SKIP  $name (out of time)"; return 124; fi
+  echo "===== $name (limit ${limit}s): $*" >>"$log"
+  local t0; t0=$(date +%s)
+  if [ "$(type -t "$1")" = function ]; then # functions run in a child bash (export -f)
+    timeout --kill-after=5 "$limit" bash -c '"$@"' step "$@" >>"$log" 2>&1
+  else
+    timeout --kill-after=5 "$limit" "$@" >>"$log" 2>&1
+  fi
+  local rc=$?
+  local dt=$(($(date +%s) - t0))
+  if [ $rc -eq 0 ]; then note "ok    $name (${dt}s)"
+  elif [ $rc -eq 124 ] || [ $rc -eq 137 ]; then note "TIME  $name (stopped after ${limit}s)"
+  else note "FAIL  $name (exit $rc, ${dt}s)"; fi
+  echo "===== $name: exit $rc" >>"$log"
+  return $rc
+}
+
+note "gpu_check $(date -u +%FT%TZ) on $(hostname)"
+{ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 || echo "nvidia-smi failed"; } |
+  sed 's/^/gpu: /' | tee -a "$summary" >>"$log"
+
+# ---- build ------------------------------------------------------------------
+kfuse=""
+tests=""
+if [ -n "${KFUSE_BIN:-}" ]; then # a dry run elsewhere: skip the build
+  kfuse=$KFUSE_BIN
+  tests=${KFUSE_TESTS_BIN:-}
+elif command -v cmake >/dev/null && command -v protoc-c >/dev/null && pkg-config --exists libprotobuf-c 2>/dev/null &&
+   [ -f /usr/include/onnx/onnx.proto ]; then
+  crit=OFF
+  pkg-config --exists criterion 2>/dev/null && crit=ON
+  [ $crit = OFF ] && note "note  Criterion is not installed: unit tests skipped"
+  bdir=$work/build
+  if step "configure" 60 cmake -S "$root" -B "$bdir" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DKF_TESTS=$crit &&
+     step "build" 180 cmake --build "$bdir" -j"$jobs"; then
+    kfuse=$bdir/tools/kfuse
+    [ $crit = ON ] && tests=$bdir/tests/kfuse_tests
+  fi
+else
+  note "note  cannot build here (needs cmake, protoc-c, libprotobuf-c, /usr/include/onnx/onnx.proto)"
+  pre=${KFUSE_PREBUILT:-$root/.gpucheck}
+  if [ -x "$pre/kfuse" ]; then
+    export LD_LIBRARY_PATH="$pre${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    kfuse=$pre/kfuse
+    note "note  using the prebuilt $pre/kfuse"
+  else
+    note "FAIL  no kfuse: nothing prebuilt at $pre (make one with bench/gpu_check.sh --pack .gpucheck)"
+  fi
+fi
+if [ -z "$kfuse" ]; then note "stop: nothing to check"; exit 1; fi
+step "kfuse starts" 10 "$kfuse" --version
+
+export root kfuse work
+# ---- no libcuda at link time -------------------------------------------------
+nolibcuda() {
+  local f bad=0
+  for f in "$@"; do
+    [ -e "$f" ] || continue
+    if ldd "$f" | grep -q 'libcuda\.so'; then echo "$f links libcuda"; bad=1; else echo "$f: no libcuda"; fi
+  done
+  return $bad
+}
+export -f nolibcuda
+step "ldd: kfuse and libkfuse.so do not link libcuda" 10 nolibcuda "$kfuse" "$(dirname "$(dirname "$kfuse")")/libkfuse.so"
+
+# ---- unit tests that use the GPU ---------------------------------------------
+if [ -n "$tests" ]; then
+  step "unit tests exec/* (cuda ones run here)" 60 "$tests" --jobs 4 --filter 'exec/*'
+  step "unit tests api/*" 45 "$tests" --jobs 4 --filter 'api/*'
+fi
+
+# ---- run --check on the bundled models -------------------------------------------
+runcheck() { # every bundled model, fused and (more elementwise kernels) one group per node
+  local m bad=0
+  for m in "$root"/bench/models/tiny_cnn.onnx "$root"/bench/models/small/*/model.onnx; do
+    [ -f "$m" ] || continue
+    for fusion in 0 1; do
+      echo "--- $m (KFUSE_DISABLE_FUSION=$fusion)"
+      if ! KFUSE_DISABLE_FUSION=$fusion timeout 40 "$kfuse" run "$m" --backend cuda --check; then bad=1; fi
+    done
+  done
+  return $bad
+}
+export -f runcheck
+step "kfuse run --backend cuda --check (bundled models)" 150 runcheck
+grep -E "groups on CUDA|check:" "$log" | sort | uniq -c | sed 's/^/      /' >>"$summary"
+
+# ---- ONNX node tests on cuda ---------------------------------------------------------
+nodedir=""
+for d in /usr/share/libonnx-testdata/data/node \
+         "$(python3 -c 'import onnx, os; print(os.path.dirname(onnx.__file__))' 2>/dev/null)/backend/test/data/node"; do
+  [ -d "$d" ] && { nodedir=$d; break; }
+done
+conform_cuda() {
+  if "$kfuse" --help 2>&1 | grep -E "conform.*cuda" >/dev/null; then
+    "$kfuse" conform "$nodedir" --backend cuda
+    return $?
+  fi
+  # no `conform --backend cuda` yet: run --check per folder on its first
+  # data set, 8 at a time, stopping at 80 s with what has finished counted
+  find "$nodedir" -mindepth 1 -maxdepth 1 -type d | sort |
+    timeout 80 xargs -P 8 -I{} bash -c 'conform_one "$1"' _ {} >"$work/conform.txt"
+  local pass fail skip
+  pass=$(grep -c '^PASS' "$work/conform.txt"); fail=$(grep -c '^FAIL' "$work/conform.txt")
+  skip=$(grep -c '^SKIP' "$work/conform.txt")
+  grep '^FAIL' "$work/conform.txt"
+  echo "$pass passed, $fail failed, $skip skipped (no kernel for cuda or unsupported: exit 3)"
+  [ "$fail" -eq 0 ]
+}
+conform_one() { # one node test folder: PASS, FAIL with the reason, or SKIP
+  local d=$1 err
+  [ -d "$d/test_data_set_0" ] || return 0
+  err=$(timeout 20 "$kfuse" run "$d/model.onnx" --backend cuda --check --inputs "$d/test_data_set_0" 2>&1 >/dev/null)
+  case $? in
+    0) echo "PASS $(basename "$d")" ;;
+    1) echo "FAIL $(basename "$d"): $(echo "$err" | tail -n 1)" ;;
+    *) echo "SKIP $(basename "$d")" ;;
+  esac
+}
+export nodedir
+export -f conform_cuda conform_one
+if [ -n "$nodedir" ]; then
+  step "ONNX node tests on cuda ($nodedir)" 100 conform_cuda
+  grep -E "^[0-9]+ passed" "$log" | tail -n 1 | sed 's/^/      /' >>"$summary"
+else
+  note "SKIP  ONNX node tests: no test data folder (libonnx-testdata or the onnx Python package)"
+fi
+
+# ---- fused kernel bandwidth against a device-to-device copy -----------------------------
+bandwidth() {
+  # the copy ceiling: 1 GiB device-to-device, bytes read + written, median of 20
+  python3 - <<'EOF' || echo "copy: torch unavailable; no ceiling measured"
+import torch
+n = 1 << 28  # floats: 1 GiB, many times the 50 MB L2
+a = torch.randn(n, device="cuda"); b = torch.empty_like(a)
+for _ in range(3): b.copy_(a)
+ts = []
+for _ in range(20):
+    s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    s.record(); b.copy_(a); e.record(); e.synchronize(); ts.append(s.elapsed_time(e))
+ts.sort(); ms = ts[len(ts) // 2]
+print(f"copy: {2 * 4 * n / ms / 1e6:.0f} GB/s (1 GiB device-to-device, median {ms:.3f} ms)")
+EOF
+  # one fused elementwise kernel over 2^26 floats: reads x once, writes z once
+  python3 - "$work/ew.onnx" <<'EOF' || return 1
+import sys, onnx
+from onnx import helper as h, TensorProto as T
+n = 1 << 26
+nodes = [h.make_node("Tanh", ["x"], ["a"]), h.make_node("Mul", ["a", "x"], ["b"]),
+         h.make_node("Sigmoid", ["b"], ["c"]), h.make_node("Add", ["c", "a"], ["z"])]
+g = h.make_graph(nodes, "ew", [h.make_tensor_value_info("x", T.FLOAT, [n])], [h.make_tensor_value_info("z", T.FLOAT, [n])])
+onnx.save(h.make_model(g, opset_imports=[h.make_opsetid("", 13)]), sys.argv[1])
+EOF
+  local out; out=$("$kfuse" bench "$work/ew.onnx" --backend cuda --warmup 5 --iters 30) || return 1
+  echo "$out"
+  local ms; ms=$(echo "$out" | sed -n 's/.*device p50 \([0-9.]*\) ms.*/\1/p')
+  [ -n "$ms" ] && awk -v ms="$ms" 'BEGIN { printf "fused: %.0f GB/s (4 ops over 2^26 floats, 512 MiB moved, device p50 %s ms)\n", 2 * 4 * 2^26 / ms / 1e6, ms }'
+  return 0
+}
+export -f bandwidth
+step "fused kernel bandwidth vs device copy" 60 bandwidth
+grep -E "^(copy|fused):" "$log" | sed 's/^/      /' >>"$summary"
+
+# ---- compile cold/warm and bench -----------------------------------------------------
+bert=$root/bench/models/small/bert/model.onnx
+resnet=$root/bench/models/small/resnet50/model.onnx
+compile_cw() {
+  rm -rf "$KFUSE_CACHE_DIR"
+  for m in "$bert" "$resnet"; do
+    KFUSE_DISABLE_FUSION=1 "$kfuse" compile "$m" --backend cuda | sed "s|^|cold $(basename "$(dirname "$m")"): |"
+    KFUSE_DISABLE_FUSION=1 "$kfuse" compile "$m" --backend cuda | sed "s|^|warm $(basename "$(dirname "$m")"): |"
+  done
+}
+export bert resnet
+export -f compile_cw
+step "kfuse compile --backend cuda, cold then warm" 60 compile_cw
+grep -E "^(cold|warm) " "$log" | sed 's/^/      /' >>"$summary"
+benches() {
+  local m
+  for m in "$bert" "$resnet"; do
+    "$kfuse" bench "$m" --backend cuda --warmup 10 --iters 100 || return 1
+    KFUSE_DISABLE_FUSION=1 "$kfuse" bench "$m" --backend cuda --warmup 10 --iters 100 | sed 's/^/unfused: /'
+  done
+}
+export -f benches
+step "kfuse bench --backend cuda (BERT, ResNet small)" 60 benches
+grep -E "bench: .*(p50|launches|arena)" "$log" | sed 's/^/      /' >>"$summary"
+
+note "done in $(($(date +%s) - start))s"
+rm -rf "$work"
+cat "$summary"

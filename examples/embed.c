@@ -1,0 +1,62 @@
+/*
+ * embed.c: the smallest program that embeds kfuse. Loads an ONNX model,
+ * optimizes it, compiles it on the best backend here, runs it once on
+ * random float inputs and prints each output's shape and first values.
+ *   embed MODEL.onnx SHAPE...   one SHAPE per input, e.g. 2,3,8,8
+ * (The public API does not yet say an input's shape, so the caller does.)
+ */
+#include <kfuse/kfuse.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#define MAX_INPUTS 16 /* plenty for an example; kfuse itself has no such limit */
+
+static int die(const char *what, kf_status st) {
+    fprintf(stderr, "embed: %s: %s: %s\n", what, kf_status_name(st), kf_last_error());
+    return 1;
+}
+
+int main(int argc, char **argv) {
+    kf_model *m;
+    kf_compiled *c;
+    kf_status st;
+    if (argc < 2) return fprintf(stderr, "usage: embed MODEL.onnx SHAPE...\n"), 2;
+    if ((st = kf_model_load(argv[1], &m))) return die("load", st);
+    if ((st = kf_model_optimize(m)) || (st = kf_compile(m, KF_BACKEND_BEST, &c))) return die("compile", st);
+    kf_model_free(m); /* kf_compile keeps what it needs */
+    int nin = kf_compiled_num_inputs(c), nout = kf_compiled_num_outputs(c);
+    if (nin > MAX_INPUTS || argc - 2 != nin) return fprintf(stderr, "embed: the model has %d inputs\n", nin), 2;
+    kf_host_tensor in[MAX_INPUTS];
+    int64_t dims[MAX_INPUTS][8];
+    srand(42);
+    for (int i = 0; i < nin; i++) {
+        char *s = argv[2 + i], *end;
+        int64_t n = 1;
+        in[i] = (kf_host_tensor){.dtype = 1 /* float */, .rank = 0, .dims = dims[i]};
+        for (int r = 0; r < 8 && *s; r++, s = end + (*end == ',')) {
+            dims[i][r] = strtoll(s, &end, 10);
+            if (end == s || dims[i][r] < 0) return fprintf(stderr, "embed: bad shape %s\n", argv[2 + i]), 2;
+            n *= dims[i][r];
+            in[i].rank = r + 1;
+        }
+        float *x = malloc((size_t)n * sizeof *x);
+        for (int64_t k = 0; x && k < n; k++) x[k] = (float)rand() / RAND_MAX * 2 - 1;
+        in[i].data = x;
+    }
+    kf_output *out = calloc((size_t)nout, sizeof *out);
+    if ((st = kf_run(c, in, nin, out, nout))) return die("run", st);
+    printf("backend %s\n", kf_backend_name(kf_compiled_backend(c)));
+    for (int i = 0; i < nout; i++) {
+        printf("%s: dtype %d [", kf_compiled_output_name(c, i), out[i].dtype);
+        for (int d = 0; d < out[i].rank; d++) printf("%s%lld", d ? "," : "", (long long)out[i].dims[d]);
+        printf("]");
+        for (size_t k = 0; out[i].dtype == 1 && k < 4 && k < out[i].nbytes / 4; k++)
+            printf(" %.5f", ((const float *)out[i].data)[k]);
+        printf("\n");
+        kf_output_release(&out[i]);
+    }
+    for (int i = 0; i < nin; i++) free((void *)in[i].data);
+    free(out);
+    kf_compiled_free(c);
+    return 0;
+}

@@ -1,0 +1,147 @@
+/*
+ * api.c: the public compile/run API of include/kfuse/kfuse.h over kf_exec
+ * (exec.c): backend choice, host tensor views in, caller-owned outputs
+ * out. Everything here is argument checking and conversion; the work and
+ * the thread-safety are kf_exec's.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "kf_exec.h"
+#include "kf_opt.h"
+
+struct kf_compiled {
+    kf_exec *x;
+    kf_backend backend;
+};
+
+const char *kf_backend_name(kf_backend b) {
+    switch (b) {
+    case KF_BACKEND_BEST: return "best";
+    case KF_BACKEND_REF: return "ref";
+    case KF_BACKEND_OPENCL: return "opencl";
+    case KF_BACKEND_CUDA: return "cuda";
+    }
+    return "?";
+}
+
+kf_status kf_model_optimize(kf_model *m) {
+    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_optimize: NULL model");
+    kf_opt_options oo;
+    kf_opt_options_default(&oo);
+    kf_opt_result res;
+    memset(&res, 0, sizeof res);
+    kf_status st = kf_optimize(m, &oo, &res);
+    kf_rules_free(&res.rules);
+    return st;
+}
+
+kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) {
+    if (!out) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: out is NULL");
+    *out = NULL;
+    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: NULL model");
+    if (b == KF_BACKEND_BEST)
+        b = !kf_cu_unavailable() && !kf_nvrtc_unavailable() ? KF_BACKEND_CUDA
+            : !kf_cl_unavailable()                          ? KF_BACKEND_OPENCL
+                                                            : KF_BACKEND_REF;
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    switch (b) {
+    case KF_BACKEND_REF: o.backend = KF_EXEC_REF; break;
+    case KF_BACKEND_OPENCL: o.backend = KF_EXEC_OPENCL; break;
+    case KF_BACKEND_CUDA: o.backend = KF_EXEC_CUDA; break;
+    default: return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: unknown backend %d", (int)b);
+    }
+    kf_compiled *c = kf_calloc(1, sizeof *c);
+    if (!c) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    c->backend = b;
+    kf_status st = kf_exec_create(m, &o, &c->x);
+    if (st) {
+        kf_free(c);
+        return st;
+    }
+    *out = c;
+    return KF_OK;
+}
+
+kf_backend kf_compiled_backend(const kf_compiled *c) { return c ? c->backend : KF_BACKEND_BEST; }
+int kf_compiled_num_inputs(const kf_compiled *c) { return c ? (int)kf_exec_num_inputs(c->x) : 0; }
+int kf_compiled_num_outputs(const kf_compiled *c) { return c ? (int)kf_exec_num_outputs(c->x) : 0; }
+
+const char *kf_compiled_input_name(const kf_compiled *c, int i) {
+    return c && i >= 0 ? kf_exec_input_name(c->x, (uint32_t)i) : NULL;
+}
+
+const char *kf_compiled_output_name(const kf_compiled *c, int i) {
+    return c && i >= 0 ? kf_exec_output_name(c->x, (uint32_t)i) : NULL;
+}
+
+/* A kf_tensor header over the caller's data (not owned; never released). */
+static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, kf_tensor *t) {
+    const char *name = kf_compiled_input_name(c, i);
+    if (!kf_dtype_valid(h->dtype) || h->dtype == KF_DT_UNDEFINED || h->dtype == KF_DT_STRING)
+        return kf_fail(KF_ERR_INVALID_ARG, "input '%s': dtype %d is not a numeric ONNX dtype", name, h->dtype);
+    if (h->rank < 0 || h->rank > KF_MAX_RANK || (h->rank && !h->dims))
+        return kf_fail(KF_ERR_INVALID_ARG, "input '%s': rank %d (at most %d, dims required)", name, h->rank, KF_MAX_RANK);
+    memset(t, 0, sizeof *t);
+    t->dtype = (kf_dtype)h->dtype;
+    t->rank = h->rank;
+    for (int d = 0; d < h->rank; d++) {
+        if (h->dims[d] < 0) return kf_fail(KF_ERR_INVALID_ARG, "input '%s': dim %d is %lld", name, d, (long long)h->dims[d]);
+        t->dims[d] = h->dims[d];
+    }
+    KF_TRY(kf_shape_numel(t->rank, t->dims, kf_dtype_size(t->dtype), &t->numel));
+    if (t->numel && !h->data) return kf_fail(KF_ERR_INVALID_ARG, "input '%s': data is NULL", name);
+    t->data = (void *)h->data; /* read only: kf_exec never writes inputs */
+    return KF_OK;
+}
+
+kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_output *outputs, int noutputs) {
+    if (!c || !outputs || (ninputs && !inputs)) return kf_fail(KF_ERR_INVALID_ARG, "kf_run: NULL argument");
+    int nin = kf_compiled_num_inputs(c), nout = kf_compiled_num_outputs(c);
+    for (int o = 0; o < noutputs; o++) memset(&outputs[o], 0, sizeof outputs[o]);
+    if (ninputs != nin) return kf_fail(KF_ERR_INVALID_ARG, "kf_run: the model has %d inputs, %d were given", nin, ninputs);
+    if (noutputs != nout)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run: the model has %d outputs, room for %d was given", nout, noutputs);
+    kf_tensor *in = kf_calloc((size_t)nin + 1, sizeof(kf_tensor));
+    kf_tensor *out = kf_calloc((size_t)nout + 1, sizeof(kf_tensor));
+    kf_status st = in && out ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < nin; i++) st = view(c, i, &inputs[i], &in[i]);
+    if (!st) st = kf_exec_run(c->x, in, (uint32_t)nin, out);
+    for (int o = 0; !st && o < nout; o++) {
+        kf_tensor *t = &out[o];
+        if (t->rank > 8 || t->dtype == KF_DT_STRING) {
+            st = kf_fail(KF_ERR_INVALID_ARG, "output '%s': %s (kf_output holds rank <= 8, numeric)",
+                         kf_compiled_output_name(c, o), t->rank > 8 ? "rank above 8" : "a string tensor");
+            break;
+        }
+        size_t n = (size_t)t->numel * kf_dtype_size(t->dtype);
+        kf_output *r = &outputs[o];
+        r->dtype = (int)t->dtype;
+        r->rank = t->rank;
+        memcpy(r->dims, t->dims, (size_t)t->rank * sizeof(int64_t));
+        r->nbytes = n;
+        /* malloc, not kf_malloc: the caller's memory, freed with free() in
+         * kf_output_release whatever allocator hooks kfuse has */
+        if (!(r->data = malloc(n ? n : 1))) st = kf_fail(KF_ERR_NOMEM, "out of memory for output '%s'", kf_compiled_output_name(c, o));
+        else if (n) memcpy(r->data, t->data, n);
+    }
+    if (st)
+        for (int o = 0; o < noutputs; o++) kf_output_release(&outputs[o]);
+    for (int o = 0; out && o < nout; o++) kf_tensor_release(&out[o]);
+    kf_free(in);
+    kf_free(out);
+    return st;
+}
+
+void kf_output_release(kf_output *o) {
+    if (!o) return;
+    free(o->data);
+    memset(o, 0, sizeof *o);
+}
+
+void kf_compiled_free(kf_compiled *c) {
+    if (!c) return;
+    kf_exec_free(c->x);
+    kf_free(c);
+}

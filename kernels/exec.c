@@ -1,0 +1,917 @@
+/*
+ * exec.c: compiled plans (kf_exec.h). Create: copy and optimize the model.
+ * Per distinct input-shape set (a "spec", memoised): specialise the copy's
+ * input dims, plan fusion, generate every group's kernel, compile the
+ * distinct texts in parallel through the kernel cache, upload weights,
+ * plan the arena (kf_memplan). Run: take a run slot (stream + arena, kept
+ * for the next run), move values between host and device only where a
+ * reference group or the caller needs them, and on CUDA replay a captured
+ * graph when every group is a kernel.
+ */
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kf_exec.h"
+#include "kf_memplan.h"
+#include "kf_opt.h"
+
+/* A distinct kernel text and what it compiled to. */
+typedef struct ukern {
+    char *src;    /* prelude + body */
+    char *entry;
+    void *handle; /* the device's kernel; NULL when compile-only */
+} ukern;
+
+/* One group of the plan as run. */
+typedef struct step {
+    uint32_t group;
+    int kern;        /* index into spec.kerns; STEP_REF, STEP_CONST or STEP_ALIAS */
+    kf_cg_kernel k;  /* parameters (value ids, sizes) when kern >= 0 */
+} step;
+
+#define STEP_REF (-1)   /* runs on the reference evaluator */
+#define STEP_CONST (-2) /* a plan-time constant, computed when the spec is built */
+#define STEP_ALIAS (-3) /* a view whose outputs share its input's arena bytes: nothing to
+                         * launch while the input is on the device, else run on ref */
+
+/* What one run needs on the device; kept and reused by later runs. */
+typedef struct slot {
+    struct slot *next;
+    void *stream;
+    void *arena;
+    void **bufs;    /* per value: device buffer (arena view or own), lazily made */
+    bool *own;      /* bufs[v] was allocated, not a view */
+    void *graph;    /* a captured CUDA Graph of all launches, or NULL */
+    bool graph_failed;
+} slot;
+
+typedef struct spec {
+    kf_type *in_types; /* the shape set this spec is for (per exec input) */
+    kf_id *in_ids;     /* per exec input: its value in m (0: dropped); loading renumbers ids */
+    kf_model *m;
+    kf_plan *p;
+    step *steps;
+    uint32_t nsteps;
+    ukern *kerns;
+    uint32_t nkerns;
+    kf_tensor *cvals;  /* per value: plan-time constants computed at build */
+    void **wbufs;      /* per value: device copy of a weight/constant kernels read */
+    bool *dev_read;    /* per value: some kernel reads it */
+    kf_memplan mp;
+    bool has_ref;      /* some step runs on the reference evaluator */
+    slot *free_slots;
+    kf_exec_stats stats;
+} spec;
+
+struct kf_exec {
+    kf_exec_options o;
+    void *base_bytes;  /* the optimized model serialised: each spec loads a copy */
+    size_t base_len;
+    char *base_dir;
+    kf_model *base;    /* the copy as given (each spec specialises and optimizes its own) */
+    char **in_names, **out_names;
+    uint32_t nin, nout;
+    kf_id *in_ids;     /* per input: its value in base */
+    kf_dev *dev;       /* NULL for the ref backend */
+    kf_cache *cache;
+    pthread_mutex_t mu; /* guards specs and every spec's free_slots */
+    spec **specs;
+    uint32_t nspecs;
+    kf_exec_stats last;
+};
+
+static const char *env_has(const char *var, const char *word) {
+    const char *v = getenv(var);
+    return v && strstr(v, word) ? v : NULL;
+}
+
+void kf_exec_options_default(kf_exec_options *o) {
+    memset(o, 0, sizeof *o);
+    o->backend = KF_EXEC_OPENCL;
+    o->optimize = true;
+}
+
+static int64_t value_bytes(const kf_graph *g, kf_id v) {
+    const kf_type *t = &g->values[v].type;
+    size_t esz = kf_dtype_size(t->dtype);
+    if (t->rank < 0 || esz == 0 || t->dtype == KF_DT_STRING) return -1;
+    int64_t n = 1;
+    for (int d = 0; d < t->rank; d++) {
+        if (t->dims[d] < 0) return -1;
+        n *= t->dims[d];
+    }
+    return n * (int64_t)esz;
+}
+
+/* ---- specs: build ------------------------------------------------------- */
+
+static kf_status missing(const kf_graph *g, kf_id v, const char *who) {
+    return kf_fail(KF_ERR_BAD_MODEL, "%s: input '%s' has no value", who, g->values[v].name);
+}
+
+/* The host tensor of v: computed this run, a plan-time constant, else the
+ * initializer; NULL when none. */
+static const kf_tensor *host_of(const spec *s, const kf_tensor *vals, kf_id v) {
+    if (vals && (vals[v].data || vals[v].dtype)) return &vals[v];
+    if (s->cvals[v].data || s->cvals[v].dtype) return &s->cvals[v];
+    return s->m->graph->values[v].init;
+}
+
+/* Runs group gr node by node on the reference evaluator; outputs go to vals. */
+static kf_status run_ref_group(const spec *s, const kf_group *gr, kf_tensor *vals) {
+    const kf_graph *g = s->m->graph;
+    kf_status st = KF_OK;
+    for (uint32_t k = 0; k < gr->nnodes && !st; k++) {
+        const kf_node *n = &g->nodes[gr->nodes[k]];
+        if (kf_model_function(s->m, n->domain, n->op_type))
+            return kf_fail(KF_ERR_UNSUPPORTED, "node '%s' calls model-local function %s::%s, which only --backend ref runs",
+                           kf_node_label(n), n->domain, n->op_type);
+        const kf_tensor **in = kf_calloc((size_t)n->nin + 1, sizeof(kf_tensor *));
+        kf_tensor *out = kf_calloc((size_t)n->nout + 1, sizeof(kf_tensor));
+        if (!in || !out) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        for (int i = 0; !st && i < n->nin; i++)
+            if (n->in[i] && !(in[i] = host_of(s, vals, n->in[i]))) st = missing(g, n->in[i], kf_node_label(n));
+        if (!st) st = kf_eval_node(n, n->nin, in, out);
+        for (int j = 0; out && j < n->nout; j++) {
+            if (!st && n->out[j]) kf_tensor_move(&vals[n->out[j]], &out[j]);
+            kf_tensor_release(&out[j]);
+        }
+        kf_free(in);
+        kf_free(out);
+    }
+    return st;
+}
+
+static void slot_free(kf_dev *d, const spec *s, slot *sl) {
+    uint32_t nv = s->m->graph->nvalues;
+    for (uint32_t v = 0; sl->bufs && v <= nv; v++)
+        if (sl->bufs[v]) (sl->own[v] ? d->free : d->view_free)(d, sl->bufs[v]);
+    if (sl->graph) d->graph_free(d, sl->graph);
+    if (sl->arena) d->free(d, sl->arena);
+    if (sl->stream) d->stream_free(d, sl->stream);
+    kf_free(sl->bufs);
+    kf_free(sl->own);
+    kf_free(sl);
+}
+
+static void spec_free(kf_exec *e, spec *s) {
+    if (!s) return;
+    kf_dev *d = e->dev;
+    uint32_t nv = s->m ? s->m->graph->nvalues : 0;
+    while (s->free_slots) {
+        slot *n = s->free_slots->next;
+        slot_free(d, s, s->free_slots);
+        s->free_slots = n;
+    }
+    for (uint32_t v = 0; s->wbufs && v <= nv; v++)
+        if (s->wbufs[v]) d->free(d, s->wbufs[v]);
+    for (uint32_t v = 0; s->cvals && v <= nv; v++) kf_tensor_release(&s->cvals[v]);
+    for (uint32_t i = 0; i < s->nkerns; i++) {
+        if (s->kerns[i].handle) d->unload(d, s->kerns[i].handle);
+        kf_free(s->kerns[i].src);
+        kf_free(s->kerns[i].entry);
+    }
+    for (uint32_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kern >= 0) kf_cg_kernel_release(&s->steps[i].k);
+    kf_memplan_release(&s->mp);
+    kf_free(s->kerns);
+    kf_free(s->steps);
+    kf_free(s->cvals);
+    kf_free(s->wbufs);
+    kf_free(s->dev_read);
+    kf_free(s->in_types);
+    kf_free(s->in_ids);
+    kf_plan_free(s->p);
+    kf_model_free(s->m);
+    kf_free(s);
+}
+
+/* ---- parallel compile through the cache --------------------------------- */
+
+typedef struct compile_job {
+    kf_exec *e;
+    spec *s;
+    pthread_mutex_t mu;
+    uint32_t next, done;
+    kf_status st;   /* first failure */
+    char msg[4096]; /* its message (the last error is per thread) */
+    bool progress;
+} compile_job;
+
+static void dump(const char *dir, uint32_t i, const ukern *k, const char *ext, const char *text) {
+    if (!dir || !text) return;
+    mkdir(dir, 0777);
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%03u_%s.%s", dir, i, k->entry, ext);
+    FILE *f = fopen(path, "w");
+    if (f) {
+        fputs(text, f);
+        fclose(f);
+    }
+}
+
+/* Compiles (or fetches) kernel i; loads it unless compile-only. */
+static kf_status compile_one(compile_job *j, uint32_t i, bool *hit) {
+    kf_exec *e = j->e;
+    kf_dev *d = e->dev;
+    ukern *k = &j->s->kerns[i];
+    kf_cache_key key = {k->src, strlen(k->src), d->arch, d->compiler, d->options};
+    void *bin = NULL;
+    size_t len = 0;
+    char *log = NULL;
+    const char *dumpdir = getenv("KFUSE_DUMP_DIR");
+    if (dumpdir && dumpdir[0]) dump(dumpdir, i, k, d->target == KF_CG_CUDA ? "cu" : "cl", k->src);
+    else dumpdir = NULL;
+    KF_TRY(kf_cache_get(e->cache, &key, &bin, &len, hit));
+    if (*hit && d->can_run && d->load(d, bin, len, k->entry, &k->handle) != KF_OK) {
+        /* a binary the device refuses (driver update): rebuild it */
+        free(bin);
+        bin = NULL;
+        *hit = false;
+    }
+    if (env_has("KFUSE_TRACE", "cache"))
+        fprintf(stderr, "kfuse: cache: %s %s (%s, %zu bytes of source)\n", *hit ? "hit" : "miss", k->entry, d->arch,
+                strlen(k->src));
+    if (*hit) {
+        free(bin);
+        return KF_OK;
+    }
+    kf_status st = d->build(d, k->src, k->entry, &bin, &len, &log);
+    dump(dumpdir, i, k, "log", log ? log : "");
+    free(log);
+    if (st) return st;
+    /* loaded before it is stored: a binary this device refuses is never
+     * cached (a failed put only costs time later) */
+    if (d->can_run) st = d->load(d, bin, len, k->entry, &k->handle);
+    if (!st && kf_cache_put(e->cache, &key, bin, len) != KF_OK) kf_clear_error();
+    free(bin);
+    return st;
+}
+
+static void *compile_worker(void *arg) {
+    compile_job *j = arg;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        uint32_t i = j->st ? j->s->nkerns : j->next++;
+        pthread_mutex_unlock(&j->mu);
+        if (i >= j->s->nkerns) return NULL;
+        bool hit = false;
+        kf_status st = compile_one(j, i, &hit);
+        pthread_mutex_lock(&j->mu);
+        if (st && !j->st) {
+            j->st = st;
+            snprintf(j->msg, sizeof j->msg, "%s", kf_last_error());
+        }
+        if (!st && hit) j->s->stats.cache_hits++;
+        else if (!st) j->s->stats.kernels_compiled++;
+        j->done++;
+        if (j->progress)
+            fprintf(stderr, "\rkfuse: compiling kernels %u/%u (%u cache hits)", j->done, j->s->nkerns, j->s->stats.cache_hits);
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static kf_status compile_all(kf_exec *e, spec *s) {
+    if (!s->nkerns) return KF_OK;
+    compile_job j;
+    memset(&j, 0, sizeof j);
+    j.e = e, j.s = s;
+    j.progress = s->nkerns > KF_EXEC_PROGRESS_KERNELS;
+    pthread_mutex_init(&j.mu, NULL);
+    int nt = e->o.threads;
+    if (nt <= 0) {
+        long c = sysconf(_SC_NPROCESSORS_ONLN);
+        nt = c > 0 ? (int)c : 1;
+    }
+    if (nt > KF_EXEC_MAX_THREADS) nt = KF_EXEC_MAX_THREADS;
+    if ((uint32_t)nt > s->nkerns) nt = (int)s->nkerns;
+    pthread_t th[KF_EXEC_MAX_THREADS];
+    int started = 0;
+    double t0 = now_s();
+    for (int t = 1; t < nt; t++)
+        if (pthread_create(&th[started], NULL, compile_worker, &j) == 0) started++;
+    compile_worker(&j); /* this thread works too: one compile needs no thread */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    s->stats.compile_seconds = now_s() - t0;
+    if (j.progress) fprintf(stderr, "\n");
+    pthread_mutex_destroy(&j.mu);
+    if (j.st) return kf_fail(j.st, "%s", j.msg);
+    return KF_OK;
+}
+
+/* ---- specs: build ------------------------------------------------------- */
+
+static const char *kind_name(kf_group_kind k) {
+    switch (k) {
+    case KF_GROUP_ELEMWISE: return "elementwise";
+    case KF_GROUP_REDUCTION: return "reduction";
+    case KF_GROUP_ANCHOR: return "anchor";
+    case KF_GROUP_OPAQUE: return "opaque";
+    case KF_GROUP_CONST: return "const";
+    }
+    return "?";
+}
+
+/* The value a view group reshapes: its first node's data input. */
+static kf_id view_source(const kf_graph *g, const kf_group *gr) {
+    return gr->nnodes ? g->nodes[gr->nodes[0]].in[0] : 0;
+}
+
+/* Whether every output of view group gr has the arena bytes of its source
+ * (the memory planner gives views their root's offset), so running it
+ * moves nothing. A graph output or a graph input source is not in the
+ * arena: then the view is an ordinary copy. */
+static bool view_aliases(const spec *s, const kf_group *gr) {
+    const kf_memplan *mp = &s->mp;
+    kf_id src = view_source(s->m->graph, gr);
+    if (!mp->offset || !src || src > mp->nvalues || mp->offset[src] < 0 || !gr->noutputs) return false;
+    for (uint32_t o = 0; o < gr->noutputs; o++) {
+        kf_id v = gr->outputs[o];
+        if (v > mp->nvalues || mp->offset[v] != mp->offset[src]) return false;
+    }
+    return true;
+}
+
+/* Generates every group's kernel (or leaves it to ref), finds distinct texts. */
+static kf_status make_steps(kf_exec *e, spec *s) {
+    const kf_plan *p = s->p;
+    const kf_graph *g = s->m->graph;
+    if (!(s->steps = kf_calloc((size_t)p->ngroups + 1, sizeof *s->steps)) ||
+        !(s->kerns = kf_calloc((size_t)p->ngroups + 1, sizeof *s->kerns)))
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        const kf_group *gr = &p->groups[gi];
+        step *st = &s->steps[s->nsteps++];
+        st->group = gi;
+        st->kern = -1;
+        /* 256 bytes hold codegen's reasons, which name one node or value */
+        char why[256];
+        const char *reason = gr->kind == KF_GROUP_CONST ? "plan-time constant"
+                             : !e->dev                  ? "backend ref"
+                                                        : kf_cg_unsupported(s->m, p, gi, why, sizeof why);
+        if (e->o.trace)
+            fprintf(e->o.trace, "kfuse: backend: group %u (%s, %u nodes, first '%s'): %s%s%s\n", gi,
+                    kind_name(gr->kind), gr->nnodes, gr->nnodes ? kf_node_label(&g->nodes[gr->nodes[0]]) : "-",
+                    reason ? "ref: " : e->dev->name, reason ? reason : " (generated)", "");
+        if (reason) {
+            if (gr->kind == KF_GROUP_CONST) {
+                /* known before anything runs: computed once here; a group
+                 * that turns out to need run-time data stays a ref step */
+                if (run_ref_group(s, gr, s->cvals) == KF_OK) {
+                    st->kern = STEP_CONST;
+                    continue;
+                }
+                kf_clear_error();
+            }
+            s->has_ref = true;
+            s->stats.groups_ref++;
+            continue;
+        }
+        if (gr->view && view_aliases(s, gr)) {
+            st->kern = STEP_ALIAS;
+            s->stats.groups_dev++; /* on the device, with nothing to launch */
+            continue;
+        }
+        KF_TRY(kf_cg_group(s->m, p, gi, &st->k));
+        char *src;
+        KF_TRY(kf_cg_source(&st->k, e->dev->target, &src));
+        uint32_t u = 0;
+        while (u < s->nkerns && strcmp(s->kerns[u].src, src) != 0) u++;
+        if (u == s->nkerns) {
+            s->kerns[u].src = src;
+            if (!(s->kerns[u].entry = kf_strdup(st->k.name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            s->nkerns++;
+        } else
+            kf_free(src);
+        st->kern = (int)u;
+        s->stats.groups_dev++;
+        s->stats.launches++;
+        for (uint32_t i = 0; i < st->k.nins; i++) s->dev_read[st->k.ins[i].value] = true;
+    }
+    for (uint32_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kern == STEP_CONST) s->stats.groups_ref++;
+    s->stats.kernels_unique = s->nkerns;
+    return KF_OK;
+}
+
+/* Uploads, once, every weight and plan-time constant a kernel reads. */
+static kf_status upload_weights(kf_exec *e, spec *s) {
+    kf_dev *d = e->dev;
+    const kf_graph *g = s->m->graph;
+    void *stream = NULL;
+    KF_TRY(d->stream_new(d, &stream));
+    kf_status st = KF_OK;
+    for (kf_id v = 1; v <= g->nvalues && !st; v++) {
+        if (!s->dev_read[v]) continue;
+        const kf_tensor *t = (s->cvals[v].data || s->cvals[v].dtype) ? &s->cvals[v] : g->values[v].init;
+        if (!t) continue;
+        size_t n = (size_t)t->numel * kf_dtype_size(t->dtype);
+        if (!(st = d->alloc(d, n, &s->wbufs[v]))) st = d->upload(d, stream, s->wbufs[v], t->data, n);
+    }
+    if (!st) st = d->sync(d, stream);
+    d->stream_free(d, stream);
+    return st;
+}
+
+/* Builds the spec for input types t (per exec input; rank -1 = as declared). */
+static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
+    spec *s = kf_calloc(1, sizeof *s);
+    if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = KF_OK;
+    if (!(s->in_types = kf_calloc((size_t)e->nin + 1, sizeof(kf_type)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st) memcpy(s->in_types, t, e->nin * sizeof(kf_type));
+    if (!st) st = kf_model_load_memory(e->base_bytes, e->base_len, e->base_dir, &s->m);
+    if (!st && !(s->in_ids = kf_calloc((size_t)e->nin + 1, sizeof(kf_id)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st) {
+        /* specialise first, then optimize: with static input dims, Shape
+         * and the arithmetic on it fold away and every shape is known */
+        kf_graph *g = s->m->graph;
+        for (uint32_t i = 0; i < e->nin; i++) {
+            kf_id v = e->in_ids[i];
+            if (v && t[i].rank >= 0) g->values[v].type = t[i];
+        }
+        if (e->o.optimize) {
+            kf_opt_options oo;
+            kf_opt_options_default(&oo);
+            kf_opt_result res;
+            memset(&res, 0, sizeof res);
+            st = kf_optimize(s->m, &oo, &res);
+            kf_rules_free(&res.rules);
+            g = s->m->graph;
+            if (!st && g->noutputs != e->nout)
+                st = kf_fail(KF_ERR_INTERNAL, "the optimizer changed the graph outputs (%u -> %u)", e->nout, g->noutputs);
+        }
+        for (uint32_t i = 0; !st && i < e->nin; i++) {
+            /* the optimizer may drop an unused input; ids differ after loading */
+            kf_id v = e->in_ids[i] ? kf_graph_find(g, e->in_names[i]) : 0;
+            s->in_ids[i] = v && !g->values[v].init ? v : 0;
+        }
+    }
+    if (!st) {
+        kf_plan_options po;
+        kf_plan_options_default(&po);
+        st = kf_plan_build(s->m, &po, &s->p);
+    }
+    uint32_t nv = s->m ? s->m->graph->nvalues : 0;
+    if (!st && (!(s->cvals = kf_calloc((size_t)nv + 1, sizeof(kf_tensor))) ||
+                !(s->wbufs = kf_calloc((size_t)nv + 1, sizeof(void *))) ||
+                !(s->dev_read = kf_calloc((size_t)nv + 1, sizeof(bool)))))
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    s->stats.live_lower_bound = -1;
+    if (!st && e->dev) {
+        /* intermediates whose size is only known at run time (NonZero...)
+         * cannot be packed; then every value gets its own buffer */
+        int64_t align = e->dev->align > KF_MEMPLAN_ALIGN ? (int64_t)e->dev->align : KF_MEMPLAN_ALIGN;
+        if (kf_memplan_build(s->m, s->p, align, &s->mp) == KF_OK) {
+            s->stats.arena_bytes = s->mp.arena_bytes;
+            s->stats.live_lower_bound = s->mp.live_lower_bound;
+        } else
+            kf_clear_error();
+    }
+    if (!st) st = make_steps(e, s);
+    if (!st && e->dev) st = compile_all(e, s);
+    if (!st && e->dev && e->dev->can_run) st = upload_weights(e, s);
+    s->stats.cuda_graph = e->dev && e->dev->capture_begin && !s->has_ref && s->stats.launches > 0;
+    if (st) {
+        spec_free(e, s);
+        return st;
+    }
+    *out = s;
+    return KF_OK;
+}
+
+static bool types_equal(const kf_type *a, const kf_type *b, uint32_t n) {
+    for (uint32_t i = 0; i < n; i++) {
+        if (a[i].rank != b[i].rank || a[i].dtype != b[i].dtype) return false;
+        for (int d = 0; d < a[i].rank; d++)
+            if (a[i].dims[d] != b[i].dims[d]) return false;
+    }
+    return true;
+}
+
+/* The spec for types t, built when new. Holds e->mu while building, so a
+ * shape set compiles once even when many threads meet it together. */
+static kf_status spec_get(kf_exec *e, const kf_type *t, spec **out) {
+    pthread_mutex_lock(&e->mu);
+    kf_status st = KF_OK;
+    spec *s = NULL;
+    for (uint32_t i = 0; i < e->nspecs && !s; i++)
+        if (types_equal(e->specs[i]->in_types, t, e->nin)) s = e->specs[i];
+    if (!s && e->nspecs >= KF_EXEC_MAX_SPECS)
+        st = kf_fail(KF_ERR_INVALID_ARG, "more than %d distinct input shape sets for one compiled model",
+                     KF_EXEC_MAX_SPECS);
+    if (!s && !st) {
+        spec **grown = kf_realloc(e->specs, (e->nspecs + 1) * sizeof *grown);
+        if (!grown) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+        else {
+            e->specs = grown;
+            if (!(st = spec_build(e, t, &s))) {
+                e->specs[e->nspecs++] = s;
+                e->last = s->stats;
+            }
+        }
+    }
+    pthread_mutex_unlock(&e->mu);
+    *out = s;
+    return st;
+}
+
+/* ---- create ------------------------------------------------------------- */
+
+static kf_status copy_names(const kf_graph *g, const kf_id *ids, uint32_t n, char ***out) {
+    if (!(*out = kf_calloc((size_t)n + 1, sizeof(char *)))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < n; i++)
+        if (!((*out)[i] = kf_strdup(g->values[ids[i]].name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    return KF_OK;
+}
+
+/* All inputs' declared types, when every one is static; else false. */
+static bool declared_static(const kf_exec *e, kf_type *t) {
+    const kf_graph *g = e->base->graph;
+    for (uint32_t i = 0; i < e->nin; i++) {
+        t[i].rank = -1;
+        if (!e->in_ids[i]) continue;
+        t[i] = g->values[e->in_ids[i]].type;
+        if (t[i].rank < 0) return false;
+        for (int d = 0; d < t[i].rank; d++)
+            if (t[i].dims[d] < 0) return false;
+    }
+    return true;
+}
+
+static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e) {
+    e->o = *o;
+    if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(&e->dev));
+    else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, &e->dev));
+    else if (o->backend != KF_EXEC_REF) return kf_fail(KF_ERR_INVALID_ARG, "unknown backend %d", (int)o->backend);
+    if (e->dev && o->compile_only) e->dev->can_run = false; /* nothing is loaded or uploaded */
+    if (e->dev) {
+        kf_status cst = kf_cache_open(o->cache_dir, &e->cache);
+        if (!e->cache) return cst;
+        if (cst) kf_clear_error(); /* no folder: a memory-only cache still works */
+    }
+    /* the copy: save and load (the loader is the one deep-copy of a model) */
+    void *bytes = NULL;
+    size_t len = 0;
+    KF_TRY(kf_model_save_memory(m, &bytes, &len));
+    e->base_bytes = bytes, e->base_len = len;
+    KF_TRY(kf_model_load_memory(bytes, len, m->dir, &e->base));
+    if (m->dir && !(e->base_dir = kf_strdup(m->dir))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_id *ids = NULL;
+    uint32_t n = 0;
+    KF_TRY(kf_graph_real_inputs(e->base->graph, &ids, &n));
+    e->nin = n;
+    kf_status st = copy_names(e->base->graph, ids, n, &e->in_names);
+    kf_free(ids);
+    KF_TRY(st);
+    const kf_graph *g = e->base->graph;
+    e->nout = g->noutputs;
+    KF_TRY(copy_names(g, g->outputs, g->noutputs, &e->out_names));
+    if (!(e->in_ids = kf_calloc((size_t)e->nin + 1, sizeof(kf_id)))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < e->nin; i++) e->in_ids[i] = kf_graph_find(g, e->in_names[i]);
+    kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    spec *s;
+    st = declared_static(e, t) ? spec_get(e, t, &s) : KF_OK;
+    kf_free(t);
+    return st;
+}
+
+kf_status kf_exec_create(const kf_model *m, const kf_exec_options *o, kf_exec **out) {
+    if (!m || !out) return kf_fail(KF_ERR_INVALID_ARG, "kf_exec_create: NULL argument");
+    *out = NULL;
+    kf_exec_options def;
+    if (!o) kf_exec_options_default(&def), o = &def;
+    kf_exec *e = kf_calloc(1, sizeof *e);
+    if (!e) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&e->mu, NULL);
+    kf_status st = create(m, o, e);
+    if (st) {
+        kf_exec_free(e);
+        return st;
+    }
+    *out = e;
+    return KF_OK;
+}
+
+void kf_exec_free(kf_exec *e) {
+    if (!e) return;
+    for (uint32_t i = 0; i < e->nspecs; i++) spec_free(e, e->specs[i]);
+    kf_free(e->specs);
+    for (uint32_t i = 0; e->in_names && i < e->nin; i++) kf_free(e->in_names[i]);
+    for (uint32_t i = 0; e->out_names && i < e->nout; i++) kf_free(e->out_names[i]);
+    kf_free(e->in_names);
+    kf_free(e->out_names);
+    kf_free(e->in_ids);
+    free(e->base_bytes);
+    kf_free(e->base_dir);
+    kf_model_free(e->base);
+    kf_cache_close(e->cache);
+    if (e->dev) e->dev->close(e->dev);
+    pthread_mutex_destroy(&e->mu);
+    kf_free(e);
+}
+
+uint32_t kf_exec_num_inputs(const kf_exec *e) { return e->nin; }
+const char *kf_exec_input_name(const kf_exec *e, uint32_t i) { return i < e->nin ? e->in_names[i] : NULL; }
+uint32_t kf_exec_num_outputs(const kf_exec *e) { return e->nout; }
+const char *kf_exec_output_name(const kf_exec *e, uint32_t i) { return i < e->nout ? e->out_names[i] : NULL; }
+kf_exec_backend kf_exec_get_backend(const kf_exec *e) { return e->o.backend; }
+
+void kf_exec_get_stats(const kf_exec *e, kf_exec_stats *st) {
+    pthread_mutex_lock((pthread_mutex_t *)&e->mu);
+    *st = e->last;
+    pthread_mutex_unlock((pthread_mutex_t *)&e->mu);
+}
+
+uint32_t kf_exec_num_specs(kf_exec *e) {
+    pthread_mutex_lock(&e->mu);
+    uint32_t n = e->nspecs;
+    pthread_mutex_unlock(&e->mu);
+    return n;
+}
+
+kf_status kf_exec_prepare(kf_exec *e, const kf_type *types, uint32_t ntypes, kf_exec_stats *st) {
+    if (ntypes != e->nin)
+        return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u shapes were given", e->nin, ntypes);
+    spec *s;
+    KF_TRY(spec_get(e, types, &s));
+    if (st) *st = s->stats;
+    return KF_OK;
+}
+
+/* ---- run ---------------------------------------------------------------- */
+
+/* Per-run host state. */
+typedef struct run {
+    kf_exec *e;
+    spec *s;
+    slot *sl;
+    double device_s;  /* launches to completion when every group is a kernel, else -1 */
+    kf_tensor *vals;  /* host copies made this run (owned) */
+    bool *dvalid;     /* the device buffer holds the value */
+} run;
+
+static kf_status slot_get(kf_exec *e, spec *s, slot **out) {
+    pthread_mutex_lock(&e->mu);
+    slot *sl = s->free_slots;
+    if (sl) s->free_slots = sl->next;
+    pthread_mutex_unlock(&e->mu);
+    if (!sl) {
+        kf_dev *d = e->dev;
+        uint32_t nv = s->m->graph->nvalues;
+        if (!(sl = kf_calloc(1, sizeof *sl)) || !(sl->bufs = kf_calloc((size_t)nv + 1, sizeof(void *))) ||
+            !(sl->own = kf_calloc((size_t)nv + 1, sizeof(bool)))) {
+            if (sl) kf_free(sl->bufs);
+            kf_free(sl);
+            return kf_fail(KF_ERR_NOMEM, "out of memory");
+        }
+        kf_status st = d->stream_new(d, &sl->stream);
+        if (!st && s->mp.offset) st = d->alloc(d, (size_t)s->mp.arena_bytes, &sl->arena);
+        if (st) {
+            slot_free(d, s, sl);
+            return st;
+        }
+    }
+    sl->next = NULL;
+    *out = sl;
+    return KF_OK;
+}
+
+static void slot_put(kf_exec *e, spec *s, slot *sl) {
+    pthread_mutex_lock(&e->mu);
+    sl->next = s->free_slots;
+    s->free_slots = sl;
+    pthread_mutex_unlock(&e->mu);
+}
+
+/* The device buffer of v in this run (made on first use). */
+static kf_status buf_of(run *r, kf_id v, void **buf) {
+    kf_dev *d = r->e->dev;
+    if (r->s->wbufs[v]) return *buf = r->s->wbufs[v], KF_OK;
+    slot *sl = r->sl;
+    if (!sl->bufs[v]) {
+        int64_t n = value_bytes(r->s->m->graph, v);
+        if (n < 0)
+            return kf_fail(KF_ERR_SHAPE, "value '%s' has no static size for a device buffer", r->s->m->graph->values[v].name);
+        const kf_memplan *mp = &r->s->mp;
+        if (mp->offset && v <= mp->nvalues && mp->offset[v] >= 0) {
+            KF_TRY(d->view(d, sl->arena, (size_t)mp->offset[v], (size_t)n, &sl->bufs[v]));
+        } else {
+            KF_TRY(d->alloc(d, (size_t)n, &sl->bufs[v]));
+            sl->own[v] = true;
+        }
+    }
+    *buf = sl->bufs[v];
+    return KF_OK;
+}
+
+/* Makes the device copy of v current (weights always are). */
+static kf_status to_dev(run *r, kf_id v) {
+    if (r->dvalid[v] || r->s->wbufs[v]) return KF_OK;
+    const kf_tensor *t = host_of(r->s, r->vals, v);
+    if (!t) return missing(r->s->m->graph, v, "kernel");
+    void *b;
+    KF_TRY(buf_of(r, v, &b));
+    KF_TRY(r->e->dev->upload(r->e->dev, r->sl->stream, b, t->data, (size_t)t->numel * kf_dtype_size(t->dtype)));
+    r->dvalid[v] = true;
+    return KF_OK;
+}
+
+/* Makes the host copy of v current. */
+static kf_status to_host(run *r, kf_id v) {
+    if (!r->dvalid[v] || r->vals[v].data || r->vals[v].dtype) return KF_OK;
+    const kf_type *t = &r->s->m->graph->values[v].type;
+    KF_TRY(kf_tensor_alloc(&r->vals[v], t->dtype, t->rank, t->dims));
+    void *b;
+    KF_TRY(buf_of(r, v, &b));
+    return r->e->dev->download(r->e->dev, r->sl->stream, b, r->vals[v].data,
+                               (size_t)r->vals[v].numel * kf_dtype_size(t->dtype));
+}
+
+static kf_status launch(run *r, const step *st) {
+    kf_dev *d = r->e->dev;
+    void *bufs[KF_PLAN_MAX_INPUTS + KF_PLAN_MAX_OUTPUTS];
+    const kf_cg_kernel *k = &st->k;
+    if (k->nins + k->nouts > sizeof bufs / sizeof bufs[0])
+        return kf_fail(KF_ERR_INTERNAL, "kernel %s has %u parameters", k->name, k->nins + k->nouts);
+    for (uint32_t i = 0; i < k->nins; i++) KF_TRY(buf_of(r, k->ins[i].value, &bufs[i]));
+    for (uint32_t o = 0; o < k->nouts; o++) KF_TRY(buf_of(r, k->outs[o].value, &bufs[k->nins + o]));
+    return d->launch(d, r->sl->stream, r->s->kerns[st->kern].handle, bufs, k->nins + k->nouts, k->numel, k->block);
+}
+
+/* Every step in order, moving data where it is needed. */
+static kf_status run_steps(run *r) {
+    const kf_plan *p = r->s->p;
+    const kf_graph *g = r->s->m->graph;
+    /* all-kernel plans: inputs go up first, so the timed part is launches */
+    bool timed = r->e->dev && !r->s->has_ref;
+    for (uint32_t i = 0; timed && i < r->e->nin; i++)
+        if (r->s->in_ids[i] && r->s->dev_read[r->s->in_ids[i]]) KF_TRY(to_dev(r, r->s->in_ids[i]));
+    if (timed) KF_TRY(r->e->dev->sync(r->e->dev, r->sl->stream));
+    double t0 = now_s();
+    for (uint32_t i = 0; i < r->s->nsteps; i++) {
+        const step *st = &r->s->steps[i];
+        if (st->kern == STEP_CONST) continue;
+        const kf_group *gr = &p->groups[st->group];
+        if (st->kern == STEP_ALIAS && r->dvalid[view_source(g, gr)]) {
+            /* same arena bytes under a new shape: the outputs are current */
+            for (uint32_t o = 0; o < gr->noutputs; o++) r->dvalid[gr->outputs[o]] = true;
+            continue;
+        }
+        if (st->kern >= 0) {
+            for (uint32_t j = 0; j < st->k.nins; j++) KF_TRY(to_dev(r, st->k.ins[j].value));
+            KF_TRY(launch(r, st));
+            for (uint32_t o = 0; o < st->k.nouts; o++) {
+                kf_id v = st->k.outs[o].value;
+                r->dvalid[v] = true;
+                kf_tensor_release(&r->vals[v]);
+            }
+            continue;
+        }
+        for (uint32_t k = 0; k < gr->nnodes; k++) {
+            const kf_node *n = &g->nodes[gr->nodes[k]];
+            for (int j = 0; j < n->nin; j++)
+                if (n->in[j]) KF_TRY(to_host(r, n->in[j]));
+        }
+        KF_TRY(run_ref_group(r->s, gr, r->vals));
+        for (uint32_t k = 0; k < gr->nnodes; k++) {
+            const kf_node *n = &g->nodes[gr->nodes[k]];
+            for (int j = 0; j < n->nout; j++)
+                if (n->out[j]) r->dvalid[n->out[j]] = false;
+        }
+    }
+    if (timed) {
+        KF_TRY(r->e->dev->sync(r->e->dev, r->sl->stream));
+        r->device_s = now_s() - t0;
+    }
+    return KF_OK;
+}
+
+/* All launches replayed from one captured graph: inputs go to their
+ * buffers first, the graph runs, outputs come back after. */
+static kf_status run_graph(run *r) {
+    kf_dev *d = r->e->dev;
+    slot *sl = r->sl;
+    const kf_graph *g = r->s->m->graph;
+    for (uint32_t i = 0; i < r->e->nin; i++)
+        if (r->s->in_ids[i] && r->s->dev_read[r->s->in_ids[i]]) KF_TRY(to_dev(r, r->s->in_ids[i]));
+    /* buffers are made before capture: allocation is not capturable */
+    for (uint32_t i = 0; i < r->s->nsteps; i++) {
+        const step *st = &r->s->steps[i];
+        void *b;
+        for (uint32_t j = 0; st->kern >= 0 && j < st->k.nins + st->k.nouts; j++)
+            KF_TRY(buf_of(r, j < st->k.nins ? st->k.ins[j].value : st->k.outs[j - st->k.nins].value, &b));
+    }
+    if (!sl->graph) {
+        KF_TRY(d->capture_begin(d, sl->stream));
+        kf_status st = KF_OK;
+        for (uint32_t i = 0; i < r->s->nsteps && !st; i++)
+            if (r->s->steps[i].kern >= 0) st = launch(r, &r->s->steps[i]);
+        void *graph = NULL;
+        kf_status st2 = d->capture_end(d, sl->stream, &graph);
+        KF_TRY(st ? st : st2);
+        sl->graph = graph;
+    }
+    double t0 = now_s();
+    KF_TRY(d->replay(d, sl->stream, sl->graph));
+    KF_TRY(d->sync(d, sl->stream));
+    r->device_s = now_s() - t0;
+    for (uint32_t i = 0; i < r->s->nsteps; i++) {
+        const step *st = &r->s->steps[i];
+        for (uint32_t o = 0; st->kern >= 0 && o < st->k.nouts; o++) r->dvalid[st->k.outs[o].value] = true;
+        const kf_group *gr = &r->s->p->groups[st->group];
+        for (uint32_t o = 0; st->kern == STEP_ALIAS && o < gr->noutputs; o++) r->dvalid[gr->outputs[o]] = true;
+    }
+    (void)g;
+    return KF_OK;
+}
+
+kf_status kf_exec_run(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs) {
+    return kf_exec_run_timed(e, inputs, ninputs, outputs, NULL);
+}
+
+kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs,
+                            double *device_s) {
+    if (device_s) *device_s = -1;
+    if (!e || (ninputs && !inputs) || !outputs) return kf_fail(KF_ERR_INVALID_ARG, "kf_exec_run: NULL argument");
+    if (ninputs != e->nin) return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u were given", e->nin, ninputs);
+    const kf_graph *bg = e->base->graph;
+    kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = KF_OK;
+    for (uint32_t i = 0; i < e->nin && !st; i++) {
+        t[i].rank = -1;
+        kf_id v = e->in_ids[i];
+        if (!v) continue;
+        if (!inputs[i].data && inputs[i].numel) st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no data", e->in_names[i]);
+        else if (inputs[i].dtype != bg->values[v].type.dtype)
+            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' is %s, the model declares %s", e->in_names[i],
+                         kf_dtype_name(inputs[i].dtype), kf_dtype_name(bg->values[v].type.dtype));
+        else
+            kf_type_of_tensor(&t[i], &inputs[i]);
+    }
+    spec *s = NULL;
+    if (!st) st = spec_get(e, t, &s);
+    kf_free(t);
+    KF_TRY(st);
+    const kf_graph *g = s->m->graph;
+    run r = {e, s, NULL, -1, NULL, NULL};
+    if (!(r.vals = kf_calloc((size_t)g->nvalues + 1, sizeof(kf_tensor))) ||
+        !(r.dvalid = kf_calloc((size_t)g->nvalues + 1, sizeof(bool))))
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && e->dev && !e->dev->can_run)
+        st = kf_fail(KF_ERR_NO_DEVICE, "this plan was compiled only (no %s device to run on)", e->dev->name);
+    if (!st && e->dev) st = slot_get(e, s, &r.sl);
+    /* the caller's inputs are read in place: a shallow copy, never released */
+    for (uint32_t i = 0; !st && i < e->nin; i++)
+        if (s->in_ids[i]) r.vals[s->in_ids[i]] = inputs[i];
+    if (!st) {
+        if (s->stats.cuda_graph && !r.sl->graph_failed) {
+            st = run_graph(&r);
+            if (st && !r.sl->graph) {
+                /* capture refused (old driver): run launch by launch */
+                kf_clear_error();
+                r.sl->graph_failed = true;
+                memset(r.dvalid, 0, (g->nvalues + 1) * sizeof(bool));
+                st = KF_OK;
+            } else if (!st)
+                goto outputs;
+        }
+        st = run_steps(&r);
+    }
+outputs:
+    for (uint32_t o = 0; !st && o < g->noutputs; o++) {
+        kf_id v = g->outputs[o];
+        if ((st = to_host(&r, v))) break;
+        const kf_tensor *h = host_of(s, r.vals, v);
+        if (!h) st = kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' has no value", g->values[v].name);
+        else st = kf_tensor_copy(&outputs[o], h);
+    }
+    if (st)
+        for (uint32_t o = 0; o < g->noutputs; o++) kf_tensor_release(&outputs[o]);
+    for (uint32_t i = 0; r.vals && i < e->nin; i++)
+        if (s->in_ids[i]) memset(&r.vals[s->in_ids[i]], 0, sizeof(kf_tensor));
+    for (uint32_t v = 0; r.vals && v <= g->nvalues; v++) kf_tensor_release(&r.vals[v]);
+    kf_free(r.vals);
+    kf_free(r.dvalid);
+    if (device_s && !st) *device_s = r.device_s;
+    if (r.sl) {
+        if (st) {
+            /* a slot whose stream saw an error is not reused */
+            slot_free(e->dev, s, r.sl);
+        } else
+            slot_put(e, s, r.sl);
+    }
+    return st;
+}

@@ -1,0 +1,170 @@
+/*
+ * kf_exec.h: a compiled plan. kf_exec_create optimizes a copy of a model,
+ * and for each distinct set of input shapes (memoised) plans fusion,
+ * generates every group's kernel and compiles all of them up front, in
+ * parallel, through the kernel cache; kf_exec_run then runs the plan many
+ * times with intermediates resident on the device (one arena per run slot).
+ * Groups codegen declines run on the reference evaluator. The device side
+ * is a small table of functions (kf_dev) that opencl.c and cuda.c fill.
+ */
+#ifndef KF_EXEC_H
+#define KF_EXEC_H
+
+#include <stdio.h>
+
+#include "kf_cache.h"
+#include "kf_kernels.h"
+
+typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA = 3 } kf_exec_backend;
+
+/* Compile threads at most: kernels are independent and NVRTC/PoCL use one
+ * core each, so more than a machine's cores only adds memory. */
+#define KF_EXEC_MAX_THREADS 16
+/* More kernels than this and the compile prints a progress line on stderr
+ * (a handful compiles in well under a second; dozens may take seconds). */
+#define KF_EXEC_PROGRESS_KERNELS 32
+/* Distinct input-shape sets specialised per kf_exec: each holds a model
+ * copy and its kernels; a caller cycling through more shapes than this is
+ * told so instead of growing memory without bound. */
+#define KF_EXEC_MAX_SPECS 64
+
+typedef struct kf_exec_options {
+    kf_exec_backend backend;
+    bool optimize;         /* run kf_optimize on the copy first (default true) */
+    const char *arch;      /* cuda: "sm_90"; NULL: the device's, or sm_90 when compiling with no device */
+    bool compile_only;     /* compile into the cache, never run (cuda needs no driver then) */
+    int threads;           /* compile threads; 0: the online cores, capped at KF_EXEC_MAX_THREADS */
+    const char *cache_dir; /* NULL: kf_cache_default_dir() */
+    FILE *trace;           /* one line per group when the plan is made (NULL: none) */
+} kf_exec_options;
+
+/* backend opencl, optimize on, threads 0, everything else NULL/false. */
+void kf_exec_options_default(kf_exec_options *o);
+
+/* What compiling one specialisation did, and run figures. */
+typedef struct kf_exec_stats {
+    uint32_t groups_dev;      /* groups run on the device: generated kernels, and views
+                               * that alias their input's bytes (no launch) */
+    uint32_t groups_ref;      /* groups on the reference evaluator (consts too) */
+    uint32_t kernels_unique;  /* distinct kernel texts */
+    uint32_t kernels_compiled;/* compiled this time (cache misses) */
+    uint32_t cache_hits;      /* found in the kernel cache (memory or disk) */
+    double compile_seconds;   /* wall time of the parallel compile */
+    uint32_t launches;        /* kernel launches per run */
+    int64_t arena_bytes;      /* device arena of one run slot */
+    int64_t live_lower_bound; /* largest bytes live at once (memplan), -1 unknown */
+    bool cuda_graph;          /* runs replay a captured CUDA Graph */
+} kf_exec_stats;
+
+typedef struct kf_exec kf_exec;
+
+/* Makes a compiled plan of m for o->backend. m is copied (not retained,
+ * not changed). When every graph input has static dims, the specialisation
+ * for them is compiled now; otherwise at the first run of each shape set
+ * (or kf_exec_prepare). On success *out is the caller's (kf_exec_free).
+ * Errors: KF_ERR_NO_DEVICE "no OpenCL device: ..." / "no CUDA device:
+ * ..." (compile_only cuda needs NVRTC only), errors of the optimizer, the
+ * planner, codegen and compiles (naming the kernel, with its log). */
+kf_status kf_exec_create(const kf_model *m, const kf_exec_options *o, kf_exec **out);
+
+/* Names of the real inputs (as the model was given, before optimizing)
+ * and outputs, in order; owned by e. */
+uint32_t kf_exec_num_inputs(const kf_exec *e);
+const char *kf_exec_input_name(const kf_exec *e, uint32_t i);
+uint32_t kf_exec_num_outputs(const kf_exec *e);
+const char *kf_exec_output_name(const kf_exec *e, uint32_t i);
+kf_exec_backend kf_exec_get_backend(const kf_exec *e);
+
+/* Compiles the specialisation for inputs of these types (dims of input i:
+ * types[i]) without running, e.g. for `kfuse compile --dim`. Memoised. */
+kf_status kf_exec_prepare(kf_exec *e, const kf_type *types, uint32_t ntypes, kf_exec_stats *st);
+
+/* Runs e. inputs[i] in kf_exec_input_name order (ninputs of them);
+ * outputs[o] (kf_exec_num_outputs of them) are released and refilled; the
+ * caller owns them after. Thread-safe: any number of threads may run one
+ * kf_exec at once; each run takes its own slot (queue/stream and arena).
+ * Errors: KF_ERR_INVALID_ARG (count, dtype), KF_ERR_RUNTIME (a device call
+ * failed, named), reference errors naming the node. */
+kf_status kf_exec_run(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs);
+
+/* kf_exec_run, and *device_s (when not NULL) receives the seconds from
+ * the first launch to the device finishing the last, when every group ran
+ * as a kernel (inputs uploaded before, outputs downloaded after); else -1.
+ * For benchmarks: it adds one synchronisation per run. */
+kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs,
+                            double *device_s);
+
+/* Figures of the most recently made specialisation (zeros before any);
+ * launches per run and whether runs replay a CUDA Graph included. */
+void kf_exec_get_stats(const kf_exec *e, kf_exec_stats *st);
+
+/* Shape sets specialised so far (each compiled once). */
+uint32_t kf_exec_num_specs(kf_exec *e);
+
+/* Frees e (NULL is fine). No run may be in flight. */
+void kf_exec_free(kf_exec *e);
+
+/* ---- device backends (opencl.c, cuda.c) -------------------------------- */
+
+/* One device a kf_exec runs on: the functions plus their state. A backend
+ * fills what it supports; capture/replay may be NULL. Every function that
+ * takes a stream may be called from several threads, each with its own
+ * stream; kernels and weight buffers are shared read-only. */
+typedef struct kf_dev {
+    const char *name;    /* "opencl", "cuda" */
+    char arch[128];      /* cache key "arch": device name+version, "sm_90" */
+    char compiler[128];  /* cache key "compiler" */
+    char options[128];   /* cache key "options" */
+    kf_cg_target target;
+    size_t align;        /* sub-buffer offsets must be multiples of this */
+    bool can_run;        /* false for compile-only cuda without a driver */
+    void *state;
+    /* source -> binary (malloc'ed *bin, caller free()); on failure
+     * KF_ERR_COMPILE with the log; *log (malloc'ed or NULL) the build log */
+    kf_status (*build)(struct kf_dev *d, const char *src, const char *entry, void **bin, size_t *len, char **log);
+    /* binary -> kernel handle */
+    kf_status (*load)(struct kf_dev *d, const void *bin, size_t len, const char *entry, void **kern);
+    void (*unload)(struct kf_dev *d, void *kern);
+    kf_status (*stream_new)(struct kf_dev *d, void **s);
+    void (*stream_free)(struct kf_dev *d, void *s);
+    kf_status (*alloc)(struct kf_dev *d, size_t bytes, void **buf);
+    void (*free)(struct kf_dev *d, void *buf);
+    /* a view of bytes [off, off+len) of buffer base (off a multiple of align) */
+    kf_status (*view)(struct kf_dev *d, void *base, size_t off, size_t len, void **buf);
+    void (*view_free)(struct kf_dev *d, void *buf);
+    kf_status (*upload)(struct kf_dev *d, void *s, void *buf, const void *src, size_t n);
+    /* returns when dst holds the bytes */
+    kf_status (*download)(struct kf_dev *d, void *s, void *buf, void *dst, size_t n);
+    /* launches kern over numel work items with args bufs[0..nbufs), in
+     * work-groups (thread blocks) of `block` items (0: any size) */
+    kf_status (*launch)(struct kf_dev *d, void *s, void *kern, void *const *bufs, uint32_t nbufs, int64_t numel,
+                        uint32_t block);
+    kf_status (*sync)(struct kf_dev *d, void *s);
+    /* optional: record the launches between begin and end into *graph,
+     * replay it later on the same stream */
+    kf_status (*capture_begin)(struct kf_dev *d, void *s);
+    kf_status (*capture_end)(struct kf_dev *d, void *s, void **graph);
+    kf_status (*replay)(struct kf_dev *d, void *s, void *graph);
+    void (*graph_free)(struct kf_dev *d, void *graph);
+    void (*close)(struct kf_dev *d);
+} kf_dev;
+
+/* Opens the first OpenCL device. KF_ERR_NO_DEVICE with the reason. */
+kf_status kf_cl_dev_open(kf_dev **out);
+/* Opens CUDA device 0 through the driver loaded at run time (dlopen of
+ * libcuda.so.1). compile_only: no driver needed; arch then defaults to
+ * sm_90. arch NULL: the device's compute capability. KF_ERR_NO_DEVICE
+ * "no CUDA device: <reason>" without driver or device. */
+kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out);
+/* NULL when a CUDA driver and device answer here, else a static reason. */
+const char *kf_cu_unavailable(void);
+
+/* "nvrtc 12.4" (the cache key's compiler), "nvrtc none" when compiled out. */
+void kf_nvrtc_version(char *buf, size_t len);
+/* The options kf_nvrtc_cubin passes after --gpu-architecture (cache key). */
+#define KF_NVRTC_OPTIONS "--ptxas-options=-v --std=c++17"
+/* Compiles CUDA source to a CUBIN (malloc'ed *cubin, caller free()) and
+ * fills r like kf_nvrtc_compile. */
+kf_status kf_nvrtc_cubin(const char *src, const char *arch, void **cubin, size_t *len, kf_nvrtc_report *r);
+
+#endif

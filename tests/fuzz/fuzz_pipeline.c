@@ -1,0 +1,105 @@
+/*
+ * fuzz_pipeline.c: libFuzzer target for everything after the loader: a
+ * model that loads goes through load -> bind symbolic dims -> kf_optimize
+ * -> kf_plan_build -> kernel text for every group codegen supports (both
+ * targets) -> fuse export -> save -> load again. Every stage must succeed
+ * or return a typed error with a message; the exported model must load.
+ * Crashes, sanitizer reports, leaks and the aborts below are findings.
+ * NVRTC compiles each CUDA kernel only when KF_FUZZ_NVRTC=1 (tens of ms
+ * each, too slow for every input; for a long run on a CUDA machine). Run
+ * through tests/fuzz/run.sh.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kf_codegen.h"
+#include "kf_fuse.h"
+#include "kf_kernels.h"
+#include "kf_onnx.h"
+#include "kf_opt.h"
+
+/* Symbolic dims become this, so codegen sees static shapes: small, so a
+ * fuzzed graph cannot turn a symbol into a large allocation, and not 1, so
+ * broadcasting stays visible. */
+#define FUZZ_SYM_VALUE 2
+
+static void finding(const char *what, const char *detail) {
+    fprintf(stderr, "fuzz_pipeline: %s: %s\n", what, detail);
+    abort();
+}
+
+/* A failed stage must say why. */
+static kf_status checked(kf_status st, const char *stage) {
+    if (st && !kf_last_error()[0]) finding(stage, "failed without a message");
+    return st;
+}
+
+static kf_status kernels(const kf_model *m, const kf_plan *p, bool nvrtc) {
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        char why[256];
+        if (kf_cg_unsupported(m, p, gi, why, sizeof why)) {
+            if (!why[0]) finding("a declined group without a reason", "");
+            continue;
+        }
+        kf_cg_kernel k;
+        kf_status st = kf_cg_group(m, p, gi, &k);
+        if (st == KF_ERR_UNSUPPORTED) finding("kf_cg_unsupported said yes, kf_cg_group declined", kf_last_error());
+        if (st) return st;
+        for (int t = 0; !st && t < 2; t++) {
+            char *src = NULL;
+            st = kf_cg_source(&k, t ? KF_CG_CUDA : KF_CG_OPENCL, &src);
+            if (!st && t && nvrtc && !kf_nvrtc_unavailable()) {
+                kf_nvrtc_report r;
+                st = kf_nvrtc_compile(src, "sm_80", &r);
+                /* generated text that does not compile is a codegen bug */
+                if (st == KF_ERR_COMPILE) finding("generated CUDA does not compile", kf_last_error());
+            }
+            kf_free(src);
+        }
+        kf_cg_kernel_release(&k);
+        if (st) return st;
+    }
+    return KF_OK;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+    static int nvrtc = -1;
+    if (nvrtc < 0) nvrtc = getenv("KF_FUZZ_NVRTC") && !strcmp(getenv("KF_FUZZ_NVRTC"), "1");
+    kf_model *m = NULL, *back = NULL;
+    kf_plan *built = NULL, *p = NULL;
+    void *bytes = NULL;
+    size_t len = 0;
+    if (kf_model_load_memory(data, size, NULL, &m)) return 0; /* the loader's own target covers this */
+    kf_status st = KF_OK;
+    for (uint32_t i = 1; !st && i < m->graph->nsyms; i++)
+        st = checked(kf_graph_bind_sym(m->graph, m->graph->syms[i], FUZZ_SYM_VALUE), "bind");
+    if (!st) {
+        kf_opt_options o;
+        kf_opt_options_default(&o);
+        kf_opt_result res;
+        st = checked(kf_optimize(m, &o, &res), "optimize");
+        kf_rules_free(&res.rules);
+    }
+    if (!st) {
+        kf_plan_options po;
+        kf_plan_options_default(&po);
+        st = checked(kf_plan_build(m, &po, &built), "plan");
+    }
+    if (!st) st = checked(kernels(m, built, nvrtc == 1), "codegen");
+    if (!st) st = checked(kf_fuse_plan_copy(m, built, &p), "plan copy");
+    kf_plan_free(built);
+    kf_fuse_stats fs;
+    if (!st) st = checked(kf_fuse_apply(m, p, &fs), "fuse");
+    if (!st) st = checked(kf_model_save_memory(m, &bytes, &len), "save");
+    if (!st && kf_model_load_memory(bytes, len, NULL, &back) && kf_last_error()[0] &&
+        !strstr(kf_last_error(), "out of memory"))
+        finding("the fused model does not load", kf_last_error());
+    kf_model_free(back);
+    free(bytes);
+    kf_fuse_simple_plan_free(p);
+    kf_model_free(m);
+    return 0;
+}

@@ -1,0 +1,328 @@
+/*
+ * test_faults.c: allocation failure injected at every allocation site of
+ * load -> opt -> plan -> codegen text -> fuse export -> save. For N = 1, 2,
+ * ... the Nth allocation of one pipeline run fails (kf_alloc_fault_set);
+ * each such run must end in KF_ERR_NOMEM with a message, never a crash, a
+ * different error or a success that hides the failure; the walk ends at the
+ * first N past the run's last allocation, which must then succeed with the
+ * same output as an unfaulted run. Leaks on the error paths are found by
+ * LeakSanitizer when the suite runs under KF_SANITIZE (the asan CI stage).
+ * Large models are sampled (every k-th N from a seeded offset) unless
+ * KF_FAULT_ALL=1 asks for every N.
+ */
+#include <criterion/criterion.h>
+#include <execinfo.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "graph_text.h"
+#include "kf_codegen.h"
+#include "kf_fuse.h"
+#include "kf_kernels.h"
+#include "kf_onnx.h"
+#include "kf_opt.h"
+
+/* A run with at most this many allocations is walked at every N: all of
+ * the small test graphs (about 2000-2700 each). */
+#define FAULT_EXHAUSTIVE 4000
+/* Faulted runs for a larger model (BERT: ~18000 allocations, ~6 ms a run):
+ * a sample spread over the whole run, a few seconds, under ASan too. */
+#define FAULT_SAMPLE 400
+
+typedef struct result {
+    void *bytes; /* the fused model as saved */
+    size_t len;
+    uint32_t kernels; /* kernel sources generated */
+    size_t text;      /* their total length */
+} result;
+
+static void result_free(result *r) {
+    free(r->bytes);
+    memset(r, 0, sizeof *r);
+}
+
+/* Kernel text for every group codegen supports, both targets. */
+static kf_status gen_kernels(const kf_model *m, const kf_plan *p, result *r) {
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        char why[256];
+        if (kf_cg_unsupported(m, p, gi, why, sizeof why)) continue;
+        kf_cg_kernel k;
+        KF_TRY(kf_cg_group(m, p, gi, &k));
+        kf_status st = KF_OK;
+        for (int t = 0; !st && t < 2; t++) {
+            char *src = NULL;
+            st = kf_cg_source(&k, t ? KF_CG_CUDA : KF_CG_OPENCL, &src);
+            if (!st) {
+                r->kernels++;
+                r->text += strlen(src);
+            }
+            kf_free(src);
+        }
+        kf_cg_kernel_release(&k);
+        KF_TRY(st);
+    }
+    return KF_OK;
+}
+
+/* The whole pipeline from model bytes; every stage's error is returned. */
+static kf_status pipeline(const void *bytes, size_t len, const char *disable, result *r) {
+    memset(r, 0, sizeof *r);
+    kf_model *m = NULL;
+    kf_plan *built = NULL, *p = NULL;
+    kf_status st = kf_model_load_memory(bytes, len, NULL, &m);
+    /* static shapes, so codegen has groups to write (as `kfuse fuse -D`) */
+    for (uint32_t i = 1; !st && i < m->graph->nsyms; i++) st = kf_graph_bind_sym(m->graph, m->graph->syms[i], 2);
+    if (!st) {
+        kf_opt_options o;
+        kf_opt_options_default(&o);
+        o.disable = disable;
+        kf_opt_result res;
+        st = kf_optimize(m, &o, &res);
+        kf_rules_free(&res.rules);
+    }
+    if (!st) {
+        kf_plan_options po;
+        kf_plan_options_default(&po);
+        st = kf_plan_build(m, &po, &built);
+    }
+    if (!st) st = gen_kernels(m, built, r);
+    if (!st) st = kf_fuse_plan_copy(m, built, &p);
+    kf_plan_free(built);
+    kf_fuse_stats fs;
+    if (!st) st = kf_fuse_apply(m, p, &fs);
+    if (!st) st = kf_model_save_memory(m, &r->bytes, &r->len);
+    kf_fuse_simple_plan_free(p);
+    kf_model_free(m);
+    if (st) result_free(r);
+    return st;
+}
+
+/* KF_FAULT_TRACE=N prints the stack of the Nth allocation's failure (feed
+ * the +0x offsets to addr2line -e kfuse_tests) to find the site quickly. */
+static void trace_hook(uint64_t nth) {
+    const char *want = getenv("KF_FAULT_TRACE");
+    if (!want || strtoull(want, NULL, 10) != nth) return;
+    void *frames[32];
+    int n = backtrace(frames, 32);
+    fprintf(stderr, "allocation %llu failed here:\n", (unsigned long long)nth);
+    backtrace_symbols_fd(frames, n, 2);
+}
+
+/* Walks N over the allocations of one pipeline run (see the file comment). */
+static void walk(const char *what, const void *bytes, size_t len, const char *disable, bool sticky, bool need_kernels) {
+    result want;
+    kf_alloc_fault_hook(trace_hook);
+    kf_alloc_fault_set(UINT64_MAX, false); /* counts, never fails */
+    kf_status st = pipeline(bytes, len, disable, &want);
+    uint64_t total = kf_alloc_fault_count();
+    kf_alloc_fault_set(0, false);
+    cr_assert_eq(st, KF_OK, "%s: the unfaulted pipeline fails: %s", what, kf_last_error());
+    if (need_kernels) cr_assert_gt(want.kernels, 0, "%s: no kernel generated, codegen is not exercised", what);
+
+    uint64_t step = 1, first = 1;
+    const char *all = getenv("KF_FAULT_ALL");
+    if (!(all && *all == '1') && total > FAULT_EXHAUSTIVE) {
+        step = (total + FAULT_SAMPLE - 1) / FAULT_SAMPLE;
+        first = 1 + tu_seed() % step;
+    }
+    uint64_t runs = 0, degraded = 0;
+    for (uint64_t n = first;; n += step) {
+        result got;
+        kf_alloc_fault_set(n, sticky);
+        st = pipeline(bytes, len, disable, &got);
+        bool fired = kf_alloc_fault_fired();
+        kf_alloc_fault_set(0, false);
+        if (!fired) {
+            /* past the last allocation: the run must be the normal one */
+            cr_assert_eq(st, KF_OK, "%s: N=%llu: no fault injected, yet %s: %s", what, (unsigned long long)n,
+                         kf_status_name(st), kf_last_error());
+            cr_assert(got.len == want.len && memcmp(got.bytes, want.bytes, want.len) == 0,
+                      "%s: N=%llu: output differs from the unfaulted run", what, (unsigned long long)n);
+            result_free(&got);
+            break;
+        }
+        runs++;
+        if (st == KF_OK && got.len == want.len && !memcmp(got.bytes, want.bytes, want.len)) {
+            /* the allocation only served diagnostics (a near-miss note),
+             * which are dropped: same result, not an error */
+            degraded++;
+            result_free(&got);
+            continue;
+        }
+        cr_assert_eq(st, KF_ERR_NOMEM, "%s: allocation %llu of %llu failed%s, got %s instead of out of memory: %s", what,
+                     (unsigned long long)n, (unsigned long long)total, sticky ? " (and all after it)" : "",
+                     kf_status_name(st), kf_last_error());
+        cr_assert(kf_last_error()[0], "%s: N=%llu: out of memory without a message", what, (unsigned long long)n);
+        cr_assert_null(got.bytes);
+        cr_assert(n <= total + 1, "%s: N=%llu: more allocations than the unfaulted run's %llu", what,
+                  (unsigned long long)n, (unsigned long long)total);
+    }
+    cr_log_info("%s: %llu allocations, %llu faulted runs (every %llu-th from %llu)%s, %llu only lost diagnostics\n",
+                what, (unsigned long long)total, (unsigned long long)runs, (unsigned long long)step,
+                (unsigned long long)first, sticky ? ", sticky" : "", (unsigned long long)degraded);
+    result_free(&want);
+}
+
+/* Load + save of a model (the fused one, holding model-local functions),
+ * for N = 1, 2, ...: every failure is KF_ERR_NOMEM; the end matches. */
+static void walk_load(const char *what, const void *bytes, size_t len) {
+    kf_model *m = NULL;
+    void *want = NULL;
+    size_t wlen = 0;
+    cr_assert_eq(kf_model_load_memory(bytes, len, NULL, &m), KF_OK, "%s", kf_last_error());
+    cr_assert(m->nfuncs > 0, "%s: no model-local function to load", what);
+    cr_assert_eq(kf_model_save_memory(m, &want, &wlen), KF_OK, "%s", kf_last_error());
+    kf_model_free(m);
+    uint64_t n = 1;
+    for (;; n++) {
+        void *got = NULL;
+        size_t glen = 0;
+        m = NULL;
+        kf_alloc_fault_set(n, false);
+        kf_status st = kf_model_load_memory(bytes, len, NULL, &m);
+        if (!st) st = kf_model_save_memory(m, &got, &glen);
+        bool fired = kf_alloc_fault_fired();
+        kf_alloc_fault_set(0, false);
+        kf_model_free(m);
+        if (!fired) {
+            cr_assert_eq(st, KF_OK, "%s: N=%llu: %s", what, (unsigned long long)n, kf_last_error());
+            cr_assert(glen == wlen && !memcmp(got, want, wlen), "%s: N=%llu: output differs", what,
+                      (unsigned long long)n);
+            free(got);
+            break;
+        }
+        cr_assert_eq(st, KF_ERR_NOMEM, "%s: allocation %llu failed, got %s: %s", what, (unsigned long long)n,
+                     kf_status_name(st), kf_last_error());
+        cr_assert_null(got);
+    }
+    cr_log_info("%s: %llu allocations to load and save\n", what, (unsigned long long)(n - 1));
+    free(want);
+}
+
+static void walk_text(const char *what, const char *text, const char *disable, bool sticky, bool need_kernels) {
+    kf_model *m = gt_parse(text);
+    void *bytes;
+    size_t len;
+    cr_assert_eq(kf_model_save_memory(m, &bytes, &len), KF_OK, "%s", kf_last_error());
+    kf_model_free(m);
+    walk(what, bytes, len, disable, sticky, need_kernels);
+    free(bytes);
+}
+
+static void walk_file(const char *what, const char *rel, bool sticky, bool need_kernels) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", KF_SOURCE_DIR, rel);
+    uint8_t *bytes;
+    size_t len;
+    if (kf_read_file(path, &bytes, &len)) cr_skip_test("%s: %s", path, kf_last_error());
+    walk(what, bytes, len, NULL, sticky, need_kernels);
+    kf_free(bytes);
+}
+
+/* A small MNIST-style classifier: conv, pooling, dense layers, softmax. */
+static const char *mnist_text = "opset 13\n"
+                                "input x float[1, 1, 8, 8]\n"
+                                "const w1 float[4, 1, 3, 3] = random\n"
+                                "const b1 float[4] = random\n"
+                                "const shp int64[2] = 1 64\n"
+                                "const w2 float[64, 10] = random\n"
+                                "const b2 float[10] = random\n"
+                                "c = Conv(x, w1, b1) {pads=[1,1,1,1]}\n"
+                                "r = Relu(c)\n"
+                                "p = MaxPool(r) {kernel_shape=[2,2], strides=[2,2]}\n"
+                                "f = Reshape(p, shp)\n"
+                                "d = MatMul(f, w2)\n"
+                                "e = Add(d, b2)\n"
+                                "s = Softmax(e) {axis=1}\n"
+                                "output s\n";
+
+/* Element-wise chains, a rewrite (x*1, double negation) and a layer norm
+ * written out by hand, so rules, planning and codegen all do work. */
+static const char *norm_text = "opset 17\n"
+                               "input x float[2, 3, 8]\n"
+                               "const one float[] = 1\n"
+                               "const eps float[] = 0.00001\n"
+                               "const two float[] = 2\n"
+                               "const g float[8] = random\n"
+                               "const b float[8] = random\n"
+                               "a = Mul(x, one)\n"
+                               "n1 = Neg(a)\n"
+                               "n2 = Neg(n1)\n"
+                               "m = ReduceMean(n2) {axes=[-1]}\n"
+                               "d = Sub(n2, m)\n"
+                               "q = Pow(d, two)\n"
+                               "v = ReduceMean(q) {axes=[-1]}\n"
+                               "ve = Add(v, eps)\n"
+                               "sd = Sqrt(ve)\n"
+                               "nn = Div(d, sd)\n"
+                               "sc = Mul(nn, g)\n"
+                               "y0 = Add(sc, b)\n"
+                               "y1 = Tanh(y0)\n"
+                               "y = Sigmoid(y1)\n"
+                               "t0 = Mul(x, two)\n"
+                               "t1 = Sub(t0, one)\n"
+                               "t2 = Abs(t1)\n"
+                               "output y, t2\n";
+
+Test(faults, mnist_every_allocation) { walk_text("mnist", mnist_text, NULL, false, false); }
+
+Test(faults, mnist_sticky) { walk_text("mnist", mnist_text, NULL, true, false); }
+
+Test(faults, norm_every_allocation) { walk_text("norm", norm_text, NULL, false, true); }
+
+/* Disabled rules take the optimizer's rule-removal path; more than 8, so
+ * the list of removed rules grows twice (an allocation failing there must
+ * leave the rule set whole). */
+static const char *many_disabled = "cse,add_zero,gelu_erf_div_half_x,gelu_erf_div_half_last,gelu_erf_div_half_cdf,"
+                                   "gelu_erf_mul_half_x,gelu_erf_mul_half_last,gelu_erf_mul_half_cdf,"
+                                   "gelu_tanh_pow_half_x,gelu_tanh_pow_half_last,gelu_tanh_pow_half_cdf";
+
+Test(faults, norm_disabled_rules) { walk_text("norm (disable)", norm_text, many_disabled, false, true); }
+
+/* The fused norm model: its groups are model-local functions (doc strings
+ * on the graph and a function too), so the loader's function path runs. */
+Test(faults, fused_model_load_and_save) {
+    kf_model *m = gt_parse(norm_text);
+    void *bytes;
+    size_t len;
+    cr_assert_eq(kf_model_save_memory(m, &bytes, &len), KF_OK, "%s", kf_last_error());
+    kf_model_free(m);
+    result fused;
+    cr_assert_eq(pipeline(bytes, len, NULL, &fused), KF_OK, "%s", kf_last_error());
+    free(bytes);
+    cr_assert_eq(kf_model_load_memory(fused.bytes, fused.len, NULL, &m), KF_OK, "%s", kf_last_error());
+    result_free(&fused);
+    m->graph->doc = kf_strdup("graph documentation");
+    if (m->nfuncs) m->funcs[0]->doc = kf_strdup("function documentation");
+    cr_assert_eq(kf_model_save_memory(m, &bytes, &len), KF_OK, "%s", kf_last_error());
+    kf_model_free(m);
+    walk_load("fused norm", bytes, len);
+    free(bytes);
+}
+
+Test(faults, small_bert) { walk_file("bert", "bench/models/small/bert/model.onnx", false, true); }
+
+Test(faults, small_vit_sticky) { walk_file("vit", "bench/models/small/vit_b16/model.onnx", true, false); }
+
+/* NVRTC rejecting a kernel is KF_ERR_COMPILE with the compiler's log in
+ * the message (the OpenCL side: cg/opencl_build_error_is_compile_status_
+ * with_log). The broken line is built from the seed, so the log must name
+ * that very line. */
+Test(faults, nvrtc_compile_error_is_clean) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) cr_skip_test("NVRTC: %s", why);
+    unsigned tag = (unsigned)(tu_seed() % 100000);
+    char src[256];
+    snprintf(src, sizeof src, "extern \"C\" __global__ void k(float *o) {\n  o[0] = undeclared_%u;\n}\n", tag);
+    kf_nvrtc_report r;
+    kf_clear_error();
+    kf_status st = kf_nvrtc_compile(src, "sm_80", &r);
+    cr_assert_eq(st, KF_ERR_COMPILE, "got %s: %s", kf_status_name(st), kf_last_error());
+    char name[32];
+    snprintf(name, sizeof name, "undeclared_%u", tag);
+    cr_assert(strstr(kf_last_error(), name), "the message does not carry the compiler log: %s", kf_last_error());
+    /* an unknown architecture is refused cleanly too, not a crash */
+    st = kf_nvrtc_compile("extern \"C\" __global__ void k() {}\n", "sm_1", &r);
+    cr_assert_neq(st, KF_OK, "sm_1 accepted");
+    cr_assert(kf_last_error()[0], "no message for a bad architecture");
+}

@@ -1,0 +1,33 @@
+/*
+ * kfuse_tool.h: what the `compile` and `bench` verbs share (cmd_compile.c):
+ * their options, input types with --dim bindings, random inputs.
+ */
+#ifndef KFUSE_TOOL_H
+#define KFUSE_TOOL_H
+
+#include "kf_exec.h"
+
+/* --dim bindings at most: a model has a handful of symbolic dims */
+#define KFUSE_TOOL_MAX_DIMS 32
+
+typedef struct kfuse_tool_args {
+    const char *model, *backend, *arch;
+    int warmup, iters, threads;
+    uint64_t seed;
+    const char *dim_names[KFUSE_TOOL_MAX_DIMS];
+    int64_t dim_values[KFUSE_TOOL_MAX_DIMS];
+    int ndims;
+} kfuse_tool_args;
+
+/* false on a usage error */
+bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv);
+bool kfuse_tool_backend(const char *name, kf_exec_backend *b);
+/* prints the status and last error; returns exit code 3 */
+int kfuse_tool_fail(kf_status st);
+/* Concrete types of m's real inputs (symbolic dims bound by --dim, else 1);
+ * *types malloc'ed (free). */
+kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type **types, uint32_t *n);
+/* Random data (floats in [-1, 1), small non-negative integers) of the types. */
+kf_status kfuse_tool_inputs(const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins);
+
+#endif
