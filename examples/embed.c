@@ -2,8 +2,9 @@
  * embed.c: the smallest program that embeds kfuse. Loads an ONNX model,
  * optimizes it, compiles it on the best backend here, runs it once on
  * random float inputs and prints each output's shape and first values.
- *   embed MODEL.onnx SHAPE...   one SHAPE per input, e.g. 2,3,8,8
- * (The public API does not yet say an input's shape, so the caller does.)
+ *   embed MODEL.onnx [SHAPE...]   SHAPE per input, e.g. 2,3,8,8; without
+ *                                 them each input takes its declared shape,
+ *                                 symbolic dims set to 1
  */
 #include <kfuse/kfuse.h>
 #include <stdio.h>
@@ -20,20 +21,27 @@ int main(int argc, char **argv) {
     kf_model *m;
     kf_compiled *c;
     kf_status st;
-    if (argc < 2) return fprintf(stderr, "usage: embed MODEL.onnx SHAPE...\n"), 2;
+    if (argc < 2) return fprintf(stderr, "usage: embed MODEL.onnx [SHAPE...]\n"), 2;
     if ((st = kf_model_load(argv[1], &m))) return die("load", st);
     if ((st = kf_model_optimize(m)) || (st = kf_compile(m, KF_BACKEND_BEST, &c))) return die("compile", st);
     kf_model_free(m); /* kf_compile keeps what it needs */
     int nin = kf_compiled_num_inputs(c), nout = kf_compiled_num_outputs(c);
-    if (nin > MAX_INPUTS || argc - 2 != nin) return fprintf(stderr, "embed: the model has %d inputs\n", nin), 2;
+    if (nin > MAX_INPUTS || (argc > 2 && argc - 2 != nin)) return fprintf(stderr, "embed: the model has %d inputs\n", nin), 2;
     kf_host_tensor in[MAX_INPUTS];
     int64_t dims[MAX_INPUTS][8];
     srand(42);
     for (int i = 0; i < nin; i++) {
-        char *s = argv[2 + i], *end;
         int64_t n = 1;
         in[i] = (kf_host_tensor){.dtype = 1 /* float */, .rank = 0, .dims = dims[i]};
-        for (int r = 0; r < 8 && *s; r++, s = end + (*end == ',')) {
+        if (argc == 2) { /* the declared shape; symbolic dims 1 */
+            int dtype, rank;
+            if ((st = kf_compiled_input_info(c, i, &dtype, &rank, dims[i]))) return die("input info", st);
+            if (dtype != 1 || rank < 0) return fprintf(stderr, "embed: input %d is not a float tensor of known rank\n", i), 2;
+            in[i].rank = rank;
+            for (int d = 0; d < rank; d++) n *= dims[i][d] = dims[i][d] < 0 ? 1 : dims[i][d];
+        }
+        for (char *s = argc > 2 ? argv[2 + i] : "", *end; *s && in[i].rank < 8; s = end + (*end == ',')) {
+            int r = in[i].rank;
             dims[i][r] = strtoll(s, &end, 10);
             if (end == s || dims[i][r] < 0) return fprintf(stderr, "embed: bad shape %s\n", argv[2 + i]), 2;
             n *= dims[i][r];

@@ -72,6 +72,17 @@ const char *kf_compiled_input_name(const kf_compiled *c, int i) {
     return c && i >= 0 ? kf_exec_input_name(c->x, (uint32_t)i) : NULL;
 }
 
+kf_status kf_compiled_input_info(const kf_compiled *c, int i, int *dtype, int *rank, int64_t dims[8]) {
+    const kf_type *t = c && i >= 0 ? kf_exec_input_type(c->x, (uint32_t)i) : NULL;
+    if (!t || !dtype || !rank || !dims)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_input_info: input %d of %d, or a NULL pointer", i,
+                       kf_compiled_num_inputs(c));
+    *dtype = (int)t->dtype;
+    *rank = t->rank > 8 ? -1 : t->rank; /* kf_run takes at most 8 dims (kf_output's bound) */
+    for (int d = 0; d < *rank; d++) dims[d] = t->dims[d] < 0 ? -1 : t->dims[d];
+    return KF_OK;
+}
+
 const char *kf_compiled_output_name(const kf_compiled *c, int i) {
     return c && i >= 0 ? kf_exec_output_name(c->x, (uint32_t)i) : NULL;
 }

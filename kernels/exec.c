@@ -624,6 +624,9 @@ void kf_exec_free(kf_exec *e) {
 
 uint32_t kf_exec_num_inputs(const kf_exec *e) { return e->nin; }
 const char *kf_exec_input_name(const kf_exec *e, uint32_t i) { return i < e->nin ? e->in_names[i] : NULL; }
+const kf_type *kf_exec_input_type(const kf_exec *e, uint32_t i) {
+    return i < e->nin ? &e->base->graph->values[e->in_ids[i]].type : NULL;
+}
 uint32_t kf_exec_num_outputs(const kf_exec *e) { return e->nout; }
 const char *kf_exec_output_name(const kf_exec *e, uint32_t i) { return i < e->nout ? e->out_names[i] : NULL; }
 kf_exec_backend kf_exec_get_backend(const kf_exec *e) { return e->o.backend; }

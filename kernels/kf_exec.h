@@ -71,6 +71,9 @@ kf_status kf_exec_create(const kf_model *m, const kf_exec_options *o, kf_exec **
  * and outputs, in order; owned by e. */
 uint32_t kf_exec_num_inputs(const kf_exec *e);
 const char *kf_exec_input_name(const kf_exec *e, uint32_t i);
+/* Input i's declared type in the model as given (dims -1 where symbolic or
+ * unknown, rank -1 when unknown); NULL for i out of range. Owned by e. */
+const kf_type *kf_exec_input_type(const kf_exec *e, uint32_t i);
 uint32_t kf_exec_num_outputs(const kf_exec *e);
 const char *kf_exec_output_name(const kf_exec *e, uint32_t i);
 kf_exec_backend kf_exec_get_backend(const kf_exec *e);

@@ -64,6 +64,10 @@ step "pkg-config, shared ($(pkg-config --modversion kfuse))"
 $CC $CFLAGS "$SRC/examples/embed.c" -o "$TMP/embed_pc" $(pkg-config --cflags --libs kfuse) \
     -Wl,-rpath,"$LIBDIR" || fail "pkg-config shared build"
 run_embed pc-shared "$TMP/embed_pc"
+# without a shape the example takes the declared one, symbolic N as 1
+out=$("$TMP/embed_pc" "$MODEL") || fail "pc-shared, declared shape: embed exited $?"
+printf '%s\n' "$out" | sed "s/^/     pc-shared, declared shape: /"
+printf '%s\n' "$out" | grep -q '^probs: dtype 1 \[1,10\]' || fail "pc-shared, declared shape: unexpected output"
 
 step "pkg-config, static"
 # -lkfuse would pick the .so; -l:libkfuse.a names the archive, the rest is Libs.private

@@ -243,3 +243,34 @@ Test(api, optimize_keeps_outputs) {
     kf_model_free(o);
     kf_model_free(m);
 }
+
+Test(api, input_info_gives_declared_dtype_and_shape) {
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[N, 10]\n"
+                           "input ids int64[3]\n"
+                           "const w float[10, 4] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "c = Cast(ids) {to=1}\n"
+                           "output y\n"
+                           "output c\n");
+    kf_compiled *c = NULL;
+    cr_assert_eq(kf_compile(m, KF_BACKEND_REF, &c), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_compiled_num_inputs(c), 2);
+    int dtype = 0, rank = 0;
+    int64_t dims[8];
+    cr_assert_eq(kf_compiled_input_info(c, 0, &dtype, &rank, dims), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(dtype, 1); /* float */
+    cr_assert_eq(rank, 2);
+    cr_assert_eq(dims[0], -1, "a symbolic dim reads -1, got %lld", (long long)dims[0]);
+    cr_assert_eq(dims[1], 10);
+    cr_assert_eq(kf_compiled_input_info(c, 1, &dtype, &rank, dims), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(dtype, 7); /* int64 */
+    cr_assert_eq(rank, 1);
+    cr_assert_eq(dims[0], 3);
+    cr_assert_eq(kf_compiled_input_info(c, 2, &dtype, &rank, dims), KF_ERR_INVALID_ARG);
+    cr_assert_eq(kf_compiled_input_info(c, -1, &dtype, &rank, dims), KF_ERR_INVALID_ARG);
+    cr_assert_eq(kf_compiled_input_info(c, 0, NULL, &rank, dims), KF_ERR_INVALID_ARG);
+    cr_assert_eq(kf_compiled_input_info(NULL, 0, &dtype, &rank, dims), KF_ERR_INVALID_ARG);
+    kf_compiled_free(c);
+    kf_model_free(m);
+}

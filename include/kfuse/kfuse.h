@@ -121,6 +121,11 @@ KF_API kf_backend kf_compiled_backend(const kf_compiled *c);
  * order) and outputs; names are owned by c. NULL for i out of range. */
 KF_API int kf_compiled_num_inputs(const kf_compiled *c);
 KF_API const char *kf_compiled_input_name(const kf_compiled *c, int i);
+/* Input i's declared dtype (ONNX number, 0 when undeclared) and shape:
+ * *rank (-1 when undeclared) and dims[0..*rank), -1 for a symbolic or
+ * unknown dim, which kf_run accepts at any size. KF_ERR_INVALID_ARG for i
+ * out of range or a NULL pointer. */
+KF_API kf_status kf_compiled_input_info(const kf_compiled *c, int i, int *dtype, int *rank, int64_t dims[8]);
 KF_API int kf_compiled_num_outputs(const kf_compiled *c);
 KF_API const char *kf_compiled_output_name(const kf_compiled *c, int i);
 
