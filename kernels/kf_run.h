@@ -41,10 +41,11 @@ kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs
                          FILE *trace, kf_run_summary *sum);
 
 /* --check tolerance per dtype: float32/float64 atol 1e-5 rtol 1e-4,
- * float16/bfloat16 atol 2.5e-3 rtol 1e-3, integers and bool exactly; NaN
- * matches NaN, an infinity matches the same infinity. Returns true when
- * got matches want (dtype and shape too); else writes the first differing
- * element (linear index, both values) into why and returns false. */
+ * float16 atol 2.5e-3 rtol 1e-3, bfloat16 atol 2e-2 rtol 1e-2, integers and
+ * bool exactly; NaN matches NaN, an infinity matches the same infinity.
+ * Returns true when got matches want (dtype and shape too); else writes
+ * the first differing element (linear index, both values) into why and
+ * returns false. */
 bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t whylen);
 
 #endif

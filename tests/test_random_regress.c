@@ -41,6 +41,9 @@ static const char *ln16 = "opset 17\n"
                           "output v25\n";
 
 /* Largest |a - b| over the elements. */
+/* Runs a one-output, one-input graph on ref and on OpenCL; asserts they agree. */
+static void one_output_on_opencl(const char *text);
+
 static double max_diff(const kf_tensor *a, const kf_tensor *b) {
     double d = 0;
     for (int64_t i = 0; i < a->numel; i++) d = fmax(d, fabs(kf_get_f64(a, i) - kf_get_f64(b, i)));
@@ -142,28 +145,12 @@ Test(random_regress, layernorm_reduction_group_compiles_and_agrees_on_opencl) {
  * The reduction kernel of the test above failed the same way (v5_r1): one
  * bug in codegen/'s variadic lowering, fixed there (fresh temporaries). */
 Test(random_regress, variadic_sum_compiles_on_opencl) {
-    const char *why = kf_cl_unavailable();
-    if (why) cr_skip_test("OpenCL: %s", why);
-    kf_model *m = gt_parse("opset 17\n"
-                           "const c32 float[3, 4] = random\n"
-                           "const c33 float[3, 4] = random\n"
-                           "input v30 float[1, 1]\n"
-                           "v34 = Sum(v30, c32, c33)\n"
-                           "output v34\n");
-    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_tensor *ins;
-    uint32_t n;
-    gt_random_inputs(m, &ins, &n);
-    kf_tensor want = {0}, got = {0};
-    cr_assert_eq(kf_eval_model(m, ins, (int)n, &want, NULL), KF_OK, "%s", kf_last_error());
-    cr_assert_eq(kf_run_opencl(m, ins, (int)n, &got, NULL, NULL), KF_OK, "%s", kf_last_error());
-    char w[512];
-    cr_expect(kf_run_close(&got, &want, w, sizeof w), "%s", w);
-    kf_tensor_release(&got);
-    kf_tensor_release(&want);
-    kf_tensor_release(&ins[0]);
-    free(ins);
-    kf_model_free(m);
+    one_output_on_opencl("opset 17\n"
+                         "const c32 float[3, 4] = random\n"
+                         "const c33 float[3, 4] = random\n"
+                         "input v30 float[1, 1]\n"
+                         "v34 = Sum(v30, c32, c33)\n"
+                         "output v34\n");
 }
 
 /* kfuse_randgraph --seed 607269 (fuse path, campaign 4 at a487d49), shrunk
@@ -219,8 +206,6 @@ Test(random_regress, plan_of_matmuls_around_a_reduction_has_no_cycle) {
     kf_model_free(f);
 }
 
-static void one_output_on_opencl(const char *text);
-
 /* kfuse_randgraph --seed 500253 (and 500273; opencl path, session-2 working
  * tree), shrunk to one node: an Identity from a graph input to a graph
  * output. The optimizer keeps it (the output must keep its name and the
@@ -230,8 +215,6 @@ static void one_output_on_opencl(const char *text);
  * Fixed in codegen/: a lane of the 128-bit path reads its quad's register
  * and never computes an offset from the lane's (undeclared) index name. */
 Test(random_regress, identity_copy_group_compiles_on_opencl) {
-    const char *why = kf_cl_unavailable();
-    if (why) cr_skip_test("OpenCL: %s", why);
     one_output_on_opencl("opset 12\n"
                          "input x0 float[8, 5]\n"
                          "v4 = Identity(x0)\n"
@@ -245,8 +228,6 @@ Test(random_regress, identity_copy_group_compiles_on_opencl) {
  * 1/std (got -0.45, want -1.91). Fixed in codegen/: a softmax/layernorm
  * result read outside the current row declines the group (it runs on ref). */
 Test(random_regress, transpose_after_layernorm_reads_its_own_row) {
-    const char *why = kf_cl_unavailable();
-    if (why) cr_skip_test("OpenCL: %s", why);
     one_output_on_opencl("opset 17\n"
                          "const c4 float[4] = 1.28831029 1.21073854 1.40368128 1.00873518\n"
                          "input x3 float[4, 4, 4]\n"
@@ -255,8 +236,11 @@ Test(random_regress, transpose_after_layernorm_reads_its_own_row) {
                          "output v17\n");
 }
 
-/* Runs a one-output, one-input graph on ref and on OpenCL; asserts they agree. */
+/* Runs a one-output, one-input graph on ref and on OpenCL; asserts they
+ * agree (skips with the reason when there is no OpenCL device). */
 static void one_output_on_opencl(const char *text) {
+    const char *why = kf_cl_unavailable();
+    if (why) cr_skip_test("OpenCL: %s", why);
     kf_model *m = gt_parse(text);
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
     kf_tensor *ins;

@@ -141,6 +141,27 @@ Test(run_opencl, close_names_first_difference) {
     kf_tensor_release(&i2);
 }
 
+/* DESIGN.md's policy per dtype: 1 against 1 + 2^-6 is within bfloat16's
+ * (atol 2e-2, rtol 1e-2) and outside float16's (2.5e-3, 1e-3). */
+Test(run_opencl, close_uses_the_dtype_tolerance) {
+    int64_t d[1] = {2};
+    kf_dtype dts[2] = {KF_DT_BFLOAT16, KF_DT_FLOAT16};
+    for (int k = 0; k < 2; k++) {
+        kf_tensor a = {0}, b = {0};
+        cr_assert_eq(kf_tensor_alloc(&a, dts[k], 1, d), KF_OK);
+        cr_assert_eq(kf_tensor_alloc(&b, dts[k], 1, d), KF_OK);
+        kf_set_f64(&a, 0, 1.0);
+        kf_set_f64(&b, 0, 1.0 + 1.0 / 64);
+        kf_set_f64(&a, 1, -3.0);
+        kf_set_f64(&b, 1, -3.0);
+        char why[256];
+        cr_assert_eq(kf_run_close(&a, &b, why, sizeof why), dts[k] == KF_DT_BFLOAT16, "%s: %s",
+                     kf_dtype_name(dts[k]), why);
+        kf_tensor_release(&a);
+        kf_tensor_release(&b);
+    }
+}
+
 Test(run_opencl, no_device_is_an_error_not_a_fallback) {
     if (!kf_cl_unavailable()) cr_skip_test("an OpenCL device is present");
     kf_model *m = gt_parse(EW);
