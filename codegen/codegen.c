@@ -243,8 +243,8 @@ static const char *mtype(kf_dtype dt) {
 static const char *kind_reason(kf_group_kind k) {
     switch (k) {
     case KF_GROUP_ELEMWISE:
-    case KF_GROUP_REDUCTION: return NULL;
-    case KF_GROUP_ANCHOR: return "anchor (GEMM/conv) groups are not generated yet";
+    case KF_GROUP_REDUCTION:
+    case KF_GROUP_ANCHOR: return NULL;
     case KF_GROUP_OPAQUE: return "opaque ops are not generated (they run on the reference evaluator)";
     case KF_GROUP_CONST: return "plan-time constant groups launch no kernel";
     }
@@ -900,6 +900,9 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
                 return fail(st, "node '%s': %s output %d is used (only the first output is generated)",
                             kf_node_label(n), n->op_type, j);
     if (st->red && n == st->red) return emit_red_value(st, n, v, at, name);
+    if (st->grp->kind == KF_GROUP_ANCHOR && (kf_id)(n - st->g->nodes) == st->grp->anchor)
+        return fail(st, "node '%s': the %s result is read at another element than the one stored (not generated)",
+                    kf_node_label(n), n->op_type);
     const kf_type *ot = &st->g->values[v].type;
     switch (n->op) {
     case KF_OP_CAST:
@@ -1446,6 +1449,11 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     return ok;
 }
 
+/* anchor groups: tiled GEMM and direct convolution (cg_anchor.c, which uses
+ * this file's static emitter) */
+#define KF_CG_ANCHOR_IMPL
+#include "cg_anchor.c"
+
 /* ---- entry points ---------------------------------------------------------- */
 
 static void set_param(kf_cg_param *pr, const kf_graph *g, kf_id v) {
@@ -1547,7 +1555,9 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
     for (uint32_t o = 0; o < k->nouts; o++)
         if (k->outs[o].numel > INT32_MAX / 2) st.ity = "kf_i64";
     kf_cg_str s = {0};
-    bool ok = red ? gen_reduction(&st, &s, red) : gen_elementwise(&st, &s);
+    bool ok = g->kind == KF_GROUP_ANCHOR ? gen_anchor(&st, &s)
+              : red                      ? gen_reduction(&st, &s, red)
+                                         : gen_elementwise(&st, &s);
     if (red && k->numel > INT32_MAX / 2 && !strcmp(st.ity, "int")) {
         snprintf(why, whylen, "reduction launch of %lld work-items needs 64-bit indices (not generated)", (long long)k->numel);
         ok = false;

@@ -1,0 +1,66 @@
+/*
+ * cg_util.c: helpers the codegen tests share (see cg_util.h).
+ */
+#include "cg_util.h"
+
+#include <criterion/criterion.h>
+#include <stdlib.h>
+
+kf_plan *cgu_plan(kf_model *m) {
+    kf_plan_options o = {false, -1, false};
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
+    return p;
+}
+
+static void keep(void *user, const kf_graph *g, kf_id node, const kf_tensor *outs) {
+    cgu_refvals *r = user;
+    const kf_node *n = &g->nodes[node];
+    for (int j = 0; j < n->nout; j++)
+        if (n->out[j]) cr_assert_eq(kf_tensor_copy(&r->t[n->out[j]], &outs[j]), KF_OK);
+}
+
+cgu_refvals cgu_reference(const kf_model *m) {
+    const kf_graph *g = m->graph;
+    cgu_refvals r = {calloc(g->nvalues + 1, sizeof(kf_tensor)), g->nvalues};
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(m, &ins, &nins);
+    kf_id *real;
+    uint32_t nreal;
+    cr_assert_eq(kf_graph_real_inputs(g, &real, &nreal), KF_OK);
+    for (uint32_t i = 0; i < nreal; i++) cr_assert_eq(kf_tensor_copy(&r.t[real[i]], &ins[i]), KF_OK);
+    for (kf_id v = 1; v < g->nvalues; v++)
+        if (g->values[v].init && !r.t[v].data) cr_assert_eq(kf_tensor_copy(&r.t[v], g->values[v].init), KF_OK);
+    kf_tensor *outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
+    kf_eval_opts o = {keep, &r};
+    cr_assert_eq(kf_eval_model(m, ins, (int)nins, outs, &o), KF_OK, "%s", kf_last_error());
+    for (uint32_t i = 0; i < g->noutputs; i++) kf_tensor_release(&outs[i]);
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(outs);
+    free(ins);
+    free(real);
+    return r;
+}
+
+void cgu_refvals_free(cgu_refvals *r) {
+    for (uint32_t v = 0; v <= r->n; v++) kf_tensor_release(&r->t[v]);
+    free(r->t);
+}
+
+void cgu_need_opencl(void) {
+    const char *why = kf_cl_unavailable();
+    if (why) cr_skip_test("OpenCL: %s", why);
+}
+
+void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch) {
+    char *src;
+    cr_assert_eq(kf_cg_source(k, KF_CG_CUDA, &src), KF_OK);
+    kf_nvrtc_report r;
+    cr_assert_eq(kf_nvrtc_compile(src, arch, &r), KF_OK, "%s\n%s", kf_last_error(), src);
+    cr_assert_gt(r.binary_bytes, 0);
+    cr_assert_geq(r.registers, 0, "ptxas printed no register figure; log:\n%s", r.log);
+    cr_assert_eq(r.spill_stores, 0, "%s: spill stores; log:\n%s", arch, r.log);
+    cr_assert_eq(r.spill_loads, 0, "%s: spill loads; log:\n%s", arch, r.log);
+    kf_free(src);
+}
