@@ -18,8 +18,9 @@ passed=0; failed=0; failed_names=()
 stage() { # name, command...
   local name=$1; shift
   echo "=== $name"
-  if "$@"; then passed=$((passed + 1)); echo "=== $name: ok"
-  else failed=$((failed + 1)); failed_names+=("$name"); echo "=== $name: FAILED"; fi
+  local t0=$SECONDS
+  if "$@"; then passed=$((passed + 1)); echo "=== $name: ok ($((SECONDS - t0)) s)"
+  else failed=$((failed + 1)); failed_names+=("$name"); echo "=== $name: FAILED ($((SECONDS - t0)) s)"; fi
 }
 
 build() { # dir, cmake args...
@@ -96,5 +97,5 @@ stage "fuzz 60s per target" "$root/tests/fuzz/run.sh" all 60
 
 echo
 [ "$failed" -eq 0 ] || echo "failed stages: ${failed_names[*]}"
-echo "stages: $passed passed, $failed failed"
+echo "stages: $passed passed, $failed failed ($((SECONDS / 60)) min $((SECONDS % 60)) s)"
 [ "$failed" -eq 0 ]
