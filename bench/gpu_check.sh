@@ -248,6 +248,21 @@ export -f benches
 step "kfuse bench --backend cuda (BERT, ResNet small)" 60 benches
 grep -E "bench: .*(p50|launches|arena)" "$log" | sed 's/^/      /' >>"$summary"
 
+# ---- BERT-base and ResNet-50 against PyTorch eager and torch.compile ----------------------
+# The image's python3 holds torch, torchvision and transformers (device/KINDS.md); random
+# weights, batch 1, BERT at sequence 128: bench/gpu_torch_latency.py times eager and
+# torch.compile with CUDA events and `kfuse bench --backend cuda` on the same module exported
+# to ONNX. Last, as the longest step: what is left of the budget.
+torch_latency() { OUT="$OUT" python3 "$root/bench/gpu_torch_latency.py" --kfuse "$kfuse" --out "$OUT"; }
+export root OUT
+export -f torch_latency
+if python3 -c "import torch, torchvision, transformers; assert torch.cuda.is_available()" >>"$log" 2>&1; then
+  step "BERT-base and ResNet-50: PyTorch eager, torch.compile, kfuse" 200 torch_latency
+  grep -E "^\| (bert|resnet50) " "$OUT/torch_latency.md" 2>/dev/null | sed 's/^/      /' >>"$summary"
+else
+  note "SKIP  PyTorch comparison: python3 lacks torch/torchvision/transformers or a CUDA device"
+fi
+
 note "done in $(($(date +%s) - start))s"
 rm -rf "$work"
 cat "$summary"

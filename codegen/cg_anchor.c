@@ -546,10 +546,12 @@ static bool row_pass(gen *st, const kf_node *r, const gemm *gmp, const kf_type *
     char nf[48]; /* float literal of N */
     kf_cg_str lit = {0};
     put_float(&lit, (double)N);
-    snprintf(nf, sizeof nf, "%s", lit.p ? lit.p : "1.0f");
+    if (lit.oom || !lit.p) ok = fail_oom(st); /* a literal cut short must not become a default */
+    snprintf(nf, sizeof nf, "%s", lit.p && !lit.oom ? lit.p : "1.0f");
     kf_cg_str_release(&lit);
     if (st->rk == RK_LAYERNORM) {
         if (!put_float(&lit, kf_attr_f(r, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(r));
+        else if (lit.oom || !lit.p) ok = fail_oom(st);
         kf_cg_printf(b, "                float rsum = 0.0f;\n                %s rsum += %s[rr][j];\n", lp, buf);
         kf_cg_printf(b, "                const float rmean = kf_block_sum(rsum, kf_red, KF_LOCAL_SIZE) / %s;\n", nf);
         kf_cg_printf(b, "                float rvar = 0.0f;\n                %s rvar += (%s[rr][j] - rmean) * (%s[rr][j] - rmean);\n", lp, buf, buf);

@@ -637,13 +637,16 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
             }
             kf_cg_str fold = {0};
             ok = expand(st, &fold, n, e, pair, 2);
+            if (ok && fold.oom) ok = fail_oom(st); /* an empty expression would compile wrong */
             /* a fresh temporary: the same node may be emitted several times
              * in one scope (vector lanes, a prologue replayed per output) */
             snprintf(pair[0], NAMELEN, "t%d", st->ntemp++);
-            kf_cg_printf(st->s, "%sconst %s %s = %s;\n", st->ind, ctype(ot->dtype), pair[0], fold.p ? fold.p : "");
+            if (ok)
+                kf_cg_printf(st->s, "%sconst %s %s = %s;\n", st->ind, ctype(ot->dtype), pair[0], fold.p ? fold.p : "");
             kf_cg_str_release(&fold);
         }
     }
+    if (ok && rhs.oom) ok = fail_oom(st); /* same: never define a value from a cut expression */
     if (ok) define(st, v, name, rhs.p ? rhs.p : "");
     kf_cg_str_release(&rhs);
     kf_free(ops);
@@ -758,7 +761,11 @@ static bool emit_concat(gen *st, const kf_node *n, kf_id v, const ix *at, char *
         } else kf_cg_puts(&sel, x);
     }
     for (int i = 0; i < open; i++) kf_cg_puts(&sel, ")");
-    bool ok = !sel.oom && sel.p && define(st, v, name, sel.p);
+    if (sel.oom) {
+        kf_cg_str_release(&sel);
+        return fail_oom(st);
+    }
+    bool ok = sel.p && define(st, v, name, sel.p);
     kf_cg_str_release(&sel);
     return ok || fail(st, "node '%s': Concat has no elements", kf_node_label(n));
 }
@@ -847,7 +854,7 @@ static bool emit_pad(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
     } else kf_cg_printf(&lit, "%lld", (long long)value);
     if (cond.len) kf_cg_printf(&rhs, "(%s) ? %s : %s", cond.p, x, lit.p);
     else kf_cg_puts(&rhs, x);
-    bool ok = !rhs.oom && define(st, v, name, rhs.p);
+    bool ok = rhs.oom || cond.oom || lit.oom ? fail_oom(st) : define(st, v, name, rhs.p);
     kf_cg_str_release(&rhs);
     kf_cg_str_release(&lit);
     kf_cg_str_release(&cond);
@@ -1321,8 +1328,13 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     char eps[48] = "", kf[48]; /* float literals */
     kf_cg_str lit = {0};
     put_float(&lit, (double)K);
-    snprintf(kf, sizeof kf, "%s", lit.p ? lit.p : "1.0f");
+    bool lit_ok = !lit.oom && lit.p; /* a literal cut short must not become a default (1.0f) */
+    if (lit_ok) snprintf(kf, sizeof kf, "%s", lit.p);
     kf_cg_str_release(&lit);
+    if (!lit_ok) {
+        kf_cg_str_release(&body);
+        return fail_oom(st);
+    }
     switch (st->rk) {
     case RK_SUM:
     case RK_MEAN:
@@ -1344,7 +1356,8 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     case RK_LAYERNORM: {
         lit = (kf_cg_str){0};
         if (!put_float(&lit, kf_attr_f(n, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(n));
-        snprintf(eps, sizeof eps, "%s", lit.p ? lit.p : "0.0f");
+        else if (lit.oom || !lit.p) ok = fail_oom(st);
+        snprintf(eps, sizeof eps, "%s", lit.p && !lit.oom ? lit.p : "0.0f");
         kf_cg_str_release(&lit);
         ok = ok && red_pass(st, n, xt, &rowix, "rsum", "0.0f", "%1$s + %2$s", "%1$s", NULL, bsum, block, K, tail);
         if (ok) kf_cg_printf(&body, "        const float rmean = rsum / %s;\n", kf);

@@ -1019,10 +1019,13 @@ kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name) 
     kf_free(data);
     if (!tp && pb_nomem) return kf_fail(KF_ERR_NOMEM, "%s: out of memory decoding the tensor", path);
     if (!tp) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid TensorProto", path);
-    char *dir = dir_of(path);
-    st = tensor_from_proto(tp, dir, t, true);
+    char *dir = dir_of(path); /* failing, external data would be "without a model folder" */
+    st = dir ? tensor_from_proto(tp, dir, t, true) : kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_free(dir);
-    if (!st && name && tp->name && !(*name = kf_strdup(tp->name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && name && tp->name && !(*name = kf_strdup(tp->name))) {
+        kf_tensor_release(t); /* a failed read returns nothing */
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
     onnx__tensor_proto__free_unpacked(tp, &pb_allocator);
     if (st) kf_fail_context(st, "%s", path);
     return st;
@@ -1513,8 +1516,8 @@ kf_status kf_model_save(const kf_model *m, const char *path) {
     if (!st) st = save_impl(m, &sink, NULL, NULL);
     bool closed = !sink.f || fclose(sink.f) == 0;
     bool ext_closed = !sink.ext || fclose(sink.ext) == 0;
-    if (!st && (sink.failed || !closed || !ext_closed))
-        st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
+    if (!st && (sink.failed || !closed || !ext_closed)) /* name the file that failed */
+        st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", sink.failed || !closed ? path : ext_path, strerror(errno));
     /* the data file goes into place first: a model never names missing data */
     if (!st && sink.ext && rename(ext_tmp, ext_path) != 0)
         st = kf_fail(KF_ERR_IO, "cannot move external data into '%s': %s", ext_path, strerror(errno));

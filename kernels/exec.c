@@ -175,8 +175,8 @@ static void spec_free(kf_exec *e, spec *s) {
         kf_free(s->kerns[i].src);
         kf_free(s->kerns[i].entry);
     }
-    for (uint32_t i = 0; i < s->nsteps; i++)
-        if (s->steps[i].kern >= 0) kf_cg_kernel_release(&s->steps[i].k);
+    for (uint32_t i = 0; i < s->nsteps; i++) /* also a step whose kernel failed half way (kern still -1) */
+        kf_cg_kernel_release(&s->steps[i].k);
     kf_memplan_release(&s->mp);
     kf_free(s->kerns);
     kf_free(s->steps);
@@ -356,9 +356,22 @@ static kf_status make_steps(kf_exec *e, spec *s) {
         st->kern = -1;
         /* 256 bytes hold codegen's reasons, which name one node or value */
         char why[256];
-        const char *reason = gr->kind == KF_GROUP_CONST ? "plan-time constant"
-                             : !e->dev                  ? "backend ref"
-                                                        : kf_cg_unsupported(s->m, p, gi, why, sizeof why);
+        const char *reason = gr->kind == KF_GROUP_CONST ? "plan-time constant" : !e->dev ? "backend ref" : NULL;
+        if (!reason) {
+            /* the kernel itself, not kf_cg_unsupported: that answers an
+             * allocation failure with a reason, which would quietly move
+             * the group to the reference evaluator; here out of memory
+             * fails the compile */
+            kf_status cst = kf_cg_group(s->m, p, gi, &st->k);
+            if (cst == KF_ERR_UNSUPPORTED) {
+                const char *m = kf_last_error(), *c = strncmp(m, "group ", 6) ? NULL : strstr(m, ": ");
+                snprintf(why, sizeof why, "%s", c ? c + 2 : m); /* the reason without "group N: " */
+                kf_clear_error();
+                reason = why;
+            } else if (cst) {
+                return cst;
+            }
+        }
         if (e->o.trace)
             fprintf(e->o.trace, "kfuse: backend: group %u (%s, %u nodes, first '%s'): %s%s%s\n", gi,
                     kind_name(gr->kind), gr->nnodes, gr->nnodes ? kf_node_label(&g->nodes[gr->nodes[0]]) : "-",
@@ -378,18 +391,21 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             continue;
         }
         if (gr->view && view_aliases(s, gr)) {
+            kf_cg_kernel_release(&st->k);
             st->kern = STEP_ALIAS;
             s->stats.groups_dev++; /* on the device, with nothing to launch */
             continue;
         }
-        KF_TRY(kf_cg_group(s->m, p, gi, &st->k));
         char *src;
         KF_TRY(kf_cg_source(&st->k, e->dev->target, &src));
         uint32_t u = 0;
         while (u < s->nkerns && strcmp(s->kerns[u].src, src) != 0) u++;
         if (u == s->nkerns) {
+            if (!(s->kerns[u].entry = kf_strdup(st->k.name))) {
+                kf_free(src);
+                return kf_fail(KF_ERR_NOMEM, "out of memory");
+            }
             s->kerns[u].src = src;
-            if (!(s->kerns[u].entry = kf_strdup(st->k.name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
             s->nkerns++;
         } else
             kf_free(src);

@@ -26,8 +26,8 @@
 /* Every Nth graph also runs on OpenCL: PoCL compiles each kernel (~0.1-0.5
  * s), so the whole set would not fit the stage's 3-minute budget. Not under
  * ASan: some PoCL/LLVM compiles leave allocations LeakSanitizer reports
- * (third-party; tests/lsan.supp has no entry for libpocl), which would fail
- * the sanitizer stage for nothing kfuse did. */
+ * (third-party), which would fail the sanitizer stage for nothing kfuse
+ * did. */
 #if defined(__SANITIZE_ADDRESS__)
 #define CI_GRAPHS 200
 #define CI_CL_EVERY 0

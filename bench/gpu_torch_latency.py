@@ -1,0 +1,118 @@
+#!/usr/bin/env python3
+"""BERT-base and ResNet-50 latency: PyTorch eager, torch.compile and kfuse on one GPU, side by side.
+
+For each model (random weights, bench/models/export.py's builders): batch 1, BERT at sequence
+128, ResNet-50 at 3x224x224, fp32. PyTorch eager and torch.compile (default mode) are timed
+with CUDA events, median (p50) and p99 of --iters runs after --warmup runs; the same module is
+exported to ONNX with static shapes and `kfuse bench --backend cuda` times it the same way
+(its own p50/p99 line). One table on stdout (and --out DIR/torch_latency.md). Used by
+bench/gpu_check.sh; a CPU dry run (no GPU) is `--device cpu --no-compile --backend ref`.
+
+    python3 bench/gpu_torch_latency.py --kfuse build/tools/kfuse [--models bert,resnet50] [--out DIR]
+"""
+import argparse
+import os
+import re
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+
+import torch
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, "models"))
+import export as ex  # noqa: E402  (bench/models/export.py: the model builders)
+
+
+def inputs_for(name, device):
+    g = torch.Generator().manual_seed(7)
+    if name == "bert":
+        ids = torch.randint(0, 30522, (1, 128), generator=g)
+        return {"input_ids": ids.to(device), "attention_mask": torch.ones(1, 128, dtype=torch.int64, device=device)}
+    return {"input": torch.randn(1, 3, 224, 224, generator=g).to(device)}
+
+
+def time_fn(fn, args, device, warmup, iters):
+    with torch.no_grad():
+        for _ in range(warmup):
+            fn(*args)
+        ts = []
+        for _ in range(iters):
+            if device == "cuda":
+                s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                s.record()
+                fn(*args)
+                e.record()
+                torch.cuda.synchronize()
+                ts.append(s.elapsed_time(e))
+            else:
+                t = time.perf_counter()
+                fn(*args)
+                ts.append((time.perf_counter() - t) * 1e3)
+    ts.sort()
+    return statistics.median(ts), ts[min(len(ts) - 1, int(0.99 * len(ts)))]
+
+
+def kfuse_bench(kfuse, path, backend, warmup, iters):
+    r = subprocess.run([kfuse, "bench", path, "--backend", backend, "--warmup", str(warmup), "--iters", str(iters)],
+                       capture_output=True, text=True, timeout=600)
+    text = r.stdout + r.stderr
+    m50 = re.search(r"p50[ =:]+([0-9.]+) ?ms", text)
+    m99 = re.search(r"p99[ =:]+([0-9.]+) ?ms", text)
+    if r.returncode != 0 or not m50:
+        return None, None, text.strip().splitlines()[-1] if text.strip() else f"exit {r.returncode}"
+    return float(m50.group(1)), float(m99.group(1)) if m99 else None, text.strip().splitlines()[-1]
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--kfuse", default=os.path.join(os.path.dirname(HERE), "build/tools/kfuse"))
+    ap.add_argument("--models", default="bert,resnet50")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--backend", default="cuda", help="kfuse bench backend")
+    ap.add_argument("--no-compile", action="store_true", help="skip torch.compile")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    a = ap.parse_args()
+    os.makedirs(a.out, exist_ok=True)
+    rows = ["| model | PyTorch eager p50 / p99 | torch.compile p50 / p99 | kfuse (%s) p50 / p99 | kfuse time ÷ eager | kfuse time ÷ compile |" % a.backend,
+            "|---|---:|---:|---:|---:|---:|"]
+    for name in a.models.split(","):
+        torch.manual_seed(0)
+        model, _, _, outs = ex.build(name, False)
+        model.eval().to(a.device)
+        inp = inputs_for(name, a.device)
+        args = tuple(inp.values())
+        eager = time_fn(model, args, a.device, a.warmup, a.iters)
+        comp = (None, None)
+        if not a.no_compile:
+            try:
+                cm = torch.compile(model)
+                comp = time_fn(cm, args, a.device, a.warmup, a.iters)
+            except Exception as e:  # torch.compile needs a working Triton/inductor setup
+                print(f"{name}: torch.compile failed: {e}", file=sys.stderr)
+        path = os.path.join(a.out, f"{name}_static.onnx")
+        with torch.no_grad(), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            cpu_model = model.to("cpu")
+            torch.onnx.export(cpu_model, tuple(t.cpu() for t in args), path, dynamo=False, opset_version=ex.OPSET,
+                              input_names=list(inp), output_names=outs, do_constant_folding=True)
+            model.to(a.device)
+        k50, k99, last = kfuse_bench(a.kfuse, path, a.backend, a.warmup, a.iters)
+        fmt = lambda p: "—" if p[0] is None else f"{p[0]:.3f} / {p[1]:.3f} ms"
+        ratio = lambda x, y: "—" if x is None or y is None else f"{x / y:.2f}x"
+        rows.append(f"| {name} | {fmt(eager)} | {fmt(comp)} | {fmt((k50, k99)) if k50 is not None else 'failed: ' + last} | "
+                    f"{ratio(k50, eager[0])} | {ratio(k50, comp[0])} |")
+        print(rows[-1], flush=True)
+    table = "\n".join(rows)
+    print(table)
+    with open(os.path.join(a.out, "torch_latency.md"), "w") as f:
+        f.write(f"device {a.device}, batch 1, BERT seq 128, ResNet-50 224x224, fp32, {a.iters} iters after {a.warmup}\n\n{table}\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
