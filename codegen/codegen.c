@@ -1534,6 +1534,26 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
             return KF_ERR_UNSUPPORTED;
         }
     }
+    /* every element count (and a few multiples of it: bytes, nrows x block)
+     * must fit int64: shapes from a hostile model may not (fuzz finding) */
+    for (uint32_t j = 0; j <= g->nnodes; j++) {
+        const kf_id *vs = j < g->nnodes ? gr->nodes[g->nodes[j]].out : g->inputs;
+        uint32_t nvs = j < g->nnodes ? (uint32_t)gr->nodes[g->nodes[j]].nout : g->ninputs;
+        for (uint32_t i = 0; i < nvs; i++) {
+            if (!vs[i]) continue;
+            const kf_type *t = &gr->values[vs[i]].type;
+            int64_t count = 1;
+            bool fits = true, unknown = false; /* unknown dims are declined later, with their own reason */
+            for (int d = 0; fits && !unknown && d < t->rank; d++)
+                if (t->dims[d] < 0) unknown = true;
+                else fits = kf_mul_ok(count, t->dims[d], &count);
+            if (!unknown && (!fits || count > INT64_MAX / 1024)) {
+                snprintf(why, whylen, "value '%s': element count does not fit 64-bit index math (not generated)",
+                         gr->values[vs[i]].name);
+                return KF_ERR_UNSUPPORTED;
+            }
+        }
+    }
     uint32_t nv = g->ninputs;
     for (uint32_t j = 0; j < g->nnodes; j++) nv += (uint32_t)gr->nodes[g->nodes[j]].nout;
     kf_id *vals = kf_calloc((size_t)nv + 1, sizeof *vals);

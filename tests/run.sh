@@ -125,7 +125,20 @@ tsan_threads() { # Criterion cannot start under TSan, so the thread tests are th
   TSAN_OPTIONS=halt_on_error=1 "$root/build-tsan/tests/kfuse_threads"
 }
 stage "thread tests (tsan)" tsan_threads
-stage "fuzz 60s per target" "$root/tests/fuzz/run.sh" all 60
+fuzz_explore() { # a minute per target from the seeds: a NEW finding is printed loudly but does
+  # not fail CI (which inputs a random walk reaches differs run to run, so gating on it would
+  # make CI flaky); findings are minimized into tests/fuzz/corpus, whose replay above gates.
+  # A build or harness failure (no FINDING line) still fails the stage.
+  local log; log=$(mktemp)
+  "$root/tests/fuzz/run.sh" all 60 2>&1 | tee "$log" | grep -E "FINDING|runtime error|ERROR: " ; local rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ] && grep -q "FINDING" "$log"; then
+    echo "NEW FUZZ FINDINGS (not gating; minimize with tests/fuzz/run.sh minimize TARGET FILE):"
+    grep "FINDING" "$log"; rc=0
+  fi
+  tail -n 3 "$log"; rm -f "$log"
+  return "$rc"
+}
+stage "fuzz 60s per target" fuzz_explore
 
 echo
 [ "$failed" -eq 0 ] || echo "failed stages: ${failed_names[*]}"
