@@ -33,41 +33,40 @@ static kf_status merge(kf_model *m, const kf_node *n, kf_id v, kf_type *dec, con
         dec->dtype = inf->dtype;
     }
     if (inf->rank < 0) return KF_OK;
-    /* the loader refuses such a type, so inference must not write one */
-    int64_t known = 1;
-    for (int d = 0; d < inf->rank; d++)
-        if (inf->dims[d] >= 0 && !kf_mul_ok(known, inf->dims[d], &known))
-            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' would have more elements than fit in 64 bits",
-                           kf_node_label(n), n->op_type, vname);
-    if (dec->rank < 0) {
-        kf_type keep = *dec;
-        *dec = *inf;
-        dec->dtype = keep.dtype;
-        return KF_OK;
-    }
-    if (dec->rank != inf->rank) {
-        char what[96];
-        snprintf(what, sizeof what, "has rank %d, the model declares %d", inf->rank, dec->rank);
-        shape_warning(m, n, vname, what);
-        kf_dtype keep = dec->dtype;
-        *dec = *inf;
-        dec->dtype = keep;
-        return KF_OK;
-    }
-    for (int d = 0; d < dec->rank; d++) {
-        if (inf->dims[d] >= 0) {
-            if (dec->dims[d] >= 0 && dec->dims[d] != inf->dims[d]) {
-                char what[128];
-                snprintf(what, sizeof what, "dim %d is %lld, the model declares %lld", d, (long long)inf->dims[d],
-                         (long long)dec->dims[d]);
-                shape_warning(m, n, vname, what);
+    kf_type out = *dec;
+    if (dec->rank < 0 || dec->rank != inf->rank) {
+        if (dec->rank >= 0) {
+            char what[96];
+            snprintf(what, sizeof what, "has rank %d, the model declares %d", inf->rank, dec->rank);
+            shape_warning(m, n, vname, what);
+        }
+        out = *inf;
+        out.dtype = dec->dtype;
+    } else {
+        for (int d = 0; d < dec->rank; d++) {
+            if (inf->dims[d] >= 0) {
+                if (dec->dims[d] >= 0 && dec->dims[d] != inf->dims[d]) {
+                    char what[128];
+                    snprintf(what, sizeof what, "dim %d is %lld, the model declares %lld", d,
+                             (long long)inf->dims[d], (long long)dec->dims[d]);
+                    shape_warning(m, n, vname, what);
+                }
+                out.dims[d] = inf->dims[d];
+                out.syms[d] = 0;
+            } else if (dec->dims[d] < 0 && !dec->syms[d]) {
+                out.syms[d] = inf->syms[d];
             }
-            dec->dims[d] = inf->dims[d];
-            dec->syms[d] = 0;
-        } else if (dec->dims[d] < 0 && !dec->syms[d]) {
-            dec->syms[d] = inf->syms[d];
         }
     }
+    /* The loader refuses a type whose known dims multiply past 64 bits, so
+     * inference must not write one; the check is on the merged type, since
+     * a declared dim can fill the one an inferred shape left open. */
+    int64_t known = 1;
+    for (int d = 0; d < out.rank; d++)
+        if (out.dims[d] >= 0 && !kf_mul_ok(known, out.dims[d], &known))
+            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' would have more elements than fit in 64 bits",
+                           kf_node_label(n), n->op_type, vname);
+    *dec = out;
     return KF_OK;
 }
 

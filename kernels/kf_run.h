@@ -47,5 +47,8 @@ kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs
  * the first differing element (linear index, both values) into why and
  * returns false. */
 bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t whylen);
+/* The tolerance kf_run_close holds dtype dt to (0 and 0 for exact dtypes):
+ * one statement of DESIGN.md's policy for the CLI and the tests. */
+void kf_run_tolerance(kf_dtype dt, double *atol, double *rtol);
 
 #endif

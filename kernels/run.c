@@ -45,6 +45,15 @@ kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_te
 #define RUN_BF16_ATOL 2e-2 /* bfloat16 keeps 8 mantissa bits to float16's 11 */
 #define RUN_BF16_RTOL 1e-2
 
+void kf_run_tolerance(kf_dtype dt, double *atol, double *rtol) {
+    if (!kf_dtype_is_float(dt)) {
+        *atol = *rtol = 0;
+        return;
+    }
+    *atol = dt == KF_DT_FLOAT16 ? RUN_F16_ATOL : dt == KF_DT_BFLOAT16 ? RUN_BF16_ATOL : RUN_F32_ATOL;
+    *rtol = dt == KF_DT_FLOAT16 ? RUN_F16_RTOL : dt == KF_DT_BFLOAT16 ? RUN_BF16_RTOL : RUN_F32_RTOL;
+}
+
 bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t whylen) {
     if (got->dtype != want->dtype || got->rank != want->rank || got->numel != want->numel) {
         snprintf(why, whylen, "dtype/shape differ: got dtype %d rank %d numel %lld, want dtype %d rank %d numel %lld",
@@ -64,8 +73,8 @@ bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t
         snprintf(why, whylen, "%s tensors differ", dt == KF_DT_STRING ? "string" : "complex");
         return false;
     }
-    double atol = dt == KF_DT_FLOAT16 ? RUN_F16_ATOL : dt == KF_DT_BFLOAT16 ? RUN_BF16_ATOL : RUN_F32_ATOL;
-    double rtol = dt == KF_DT_FLOAT16 ? RUN_F16_RTOL : dt == KF_DT_BFLOAT16 ? RUN_BF16_RTOL : RUN_F32_RTOL;
+    double atol, rtol;
+    kf_run_tolerance(dt, &atol, &rtol);
     for (int64_t i = 0; i < got->numel; i++) {
         if (kf_dtype_is_float(dt)) {
             double a = kf_get_f64(got, i), b = kf_get_f64(want, i);

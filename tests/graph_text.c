@@ -364,3 +364,14 @@ int gt_walk_models(const char *dir, void (*fn)(const char *model, const char *da
     closedir(d);
     return found;
 }
+
+bool gt_load_dataset_inputs(const kf_model *m, const char *dir, kf_tensor *ins, uint32_t nreal, const kf_id *real) {
+    for (uint32_t i = 0; i < nreal; i++) {
+        char p[1400];
+        snprintf(p, sizeof p, "%s/input_%u.pb", dir, i);
+        if (kf_onnx_read_tensor_file(p, &ins[i], NULL) != KF_OK) return false;
+        if (ins[i].dtype == KF_DT_UINT16 && m->graph->values[real[i]].type.dtype == KF_DT_BFLOAT16)
+            ins[i].dtype = KF_DT_BFLOAT16;
+    }
+    return true;
+}

@@ -38,5 +38,9 @@ uint64_t gt_hits(const kf_ruleset *rs, const char *name);
 int gt_walk_models(const char *dir, void (*fn)(const char *model, const char *data_dir, void *user), void *user);
 /* Deep copy through ONNX serialisation. */
 kf_model *gt_copy(const kf_model *m);
+/* Reads input_<i>.pb of a test data set folder into ins[i] for m's real
+ * inputs real[0..nreal) (by position; a uint16 file for a bfloat16 input
+ * is taken as bfloat16). False when a file is missing or bad. */
+bool gt_load_dataset_inputs(const kf_model *m, const char *dir, kf_tensor *ins, uint32_t nreal, const kf_id *real);
 
 #endif

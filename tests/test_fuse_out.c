@@ -17,6 +17,7 @@
 #include "kf_fuse.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kf_run.h"
 
 #define TESTDATA "/usr/share/libonnx-testdata/data"
 #define SHARED_MODELS KF_SOURCE_DIR "/../shared/models/ort"
@@ -431,29 +432,8 @@ typedef struct tally {
     char first[1536];
 } tally;
 
-static void tol_for(kf_dtype dt, double *atol, double *rtol) {
-    switch (dt) {
-    case KF_DT_FLOAT16: *atol = 2.5e-3; *rtol = 1e-3; break;
-    case KF_DT_BFLOAT16: *atol = 2e-2; *rtol = 1e-2; break;
-    case KF_DT_FLOAT:
-    case KF_DT_DOUBLE: *atol = 1e-5; *rtol = 1e-4; break;
-    default: *atol = 0; *rtol = 0; break;
-    }
-}
-
 static void note(tally *t, const char *fmt, const char *a, const char *b) {
     if (!t->failed++) snprintf(t->first, sizeof t->first, fmt, a, b);
-}
-
-static bool load_inputs(const kf_model *m, const char *dir, kf_tensor *ins, uint32_t nreal, const kf_id *real) {
-    for (uint32_t i = 0; i < nreal; i++) {
-        char p[1400];
-        snprintf(p, sizeof p, "%s/input_%u.pb", dir, i);
-        if (kf_onnx_read_tensor_file(p, &ins[i], NULL) != KF_OK) return false;
-        if (ins[i].dtype == KF_DT_UINT16 && m->graph->values[real[i]].type.dtype == KF_DT_BFLOAT16)
-            ins[i].dtype = KF_DT_BFLOAT16;
-    }
-    return true;
 }
 
 /* Fuses the model at path (optimized first) and writes the result to
@@ -527,7 +507,7 @@ static void check_model(const char *path, const char *data_dir, tally *t) {
     kf_tensor *a = calloc(nout + 1, sizeof(kf_tensor)), *b = calloc(nout + 1, sizeof(kf_tensor));
     bool have = true;
     if (data_dir) {
-        have = load_inputs(m, data_dir, ins, nreal, real);
+        have = gt_load_dataset_inputs(m, data_dir, ins, nreal, real);
     } else {
         for (uint32_t i = 0; i < nreal && have; i++) {
             const kf_type *ty = &m->graph->values[real[i]].type;
@@ -547,7 +527,7 @@ static void check_model(const char *path, const char *data_dir, tally *t) {
         } else {
             for (uint32_t k = 0; k < nout; k++) {
                 double atol, rtol;
-                tol_for(a[k].dtype, &atol, &rtol);
+                kf_run_tolerance(a[k].dtype, &atol, &rtol);
                 char why[512];
                 if (!tu_close(&b[k], &a[k], atol, rtol, why, sizeof why)) {
                     note(t, "%s: fused output differs: %s", path, why);

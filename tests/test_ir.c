@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "graph_text.h"
 #include "kf_onnx.h"
 #include "test_util.h"
 
@@ -155,5 +156,44 @@ Test(ir, large_weights_go_to_external_data_that_loads_back) {
     remove(data);
     rmdir(dir);
     kf_model_free(back);
+    kf_model_free(m);
+}
+
+/* Shape inference merges what it infers with what the file declares; a
+ * declared dim that fills a dim the graph left open must not make a type
+ * whose element count overflows (the loader refuses such a type, so a
+ * rewritten model would not load back; fuzz finding, session 3). */
+Test(ir, merged_declared_and_inferred_shape_never_overflows) {
+    const char *text = "opset 13\n"
+                       "input x float[2, 3, N, 5]\n"
+                       "const sh int64[4] = 1 134217729 0 8589934604\n"
+                       "z = Reshape(x, sh)\n"
+                       "output z\n";
+    kf_model *m = gt_parse(text);
+    kf_id z = kf_graph_find(m->graph, "z");
+    cr_assert(z);
+    /* no declaration: the open dim stays symbolic and the product fits */
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(m->graph->values[z].type.dims[2], -1);
+    cr_assert_eq(m->graph->values[z].type.dims[3], 8589934604LL);
+    /* a declared 12 for the open dim would overflow 64 bits: refused,
+     * naming the node's output, and the declared type is left as it was */
+    kf_type *t = &m->graph->values[z].type;
+    int64_t declared[4] = {1, 1, 12, 12};
+    t->rank = 4;
+    for (int d = 0; d < 4; d++) t->dims[d] = declared[d], t->syms[d] = 0;
+    cr_assert_eq(kf_infer_shapes(m), KF_ERR_SHAPE);
+    cr_assert(strstr(kf_last_error(), "output 'z' would have more elements than fit in 64 bits"), "%s",
+              kf_last_error());
+    for (int d = 0; d < 4; d++) cr_assert_eq(t->dims[d], declared[d]);
+    kf_model_free(m);
+    /* a declared dim that keeps the product in range is taken */
+    m = gt_parse("opset 13\ninput x float[2, 3, N, 5]\nconst sh int64[4] = 1 6 0 5\nz = Reshape(x, sh)\noutput z\n");
+    z = kf_graph_find(m->graph, "z");
+    t = &m->graph->values[z].type;
+    t->rank = 4;
+    t->dims[0] = 1, t->dims[1] = 6, t->dims[2] = 7, t->dims[3] = 5;
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(t->dims[2], 7);
     kf_model_free(m);
 }

@@ -14,6 +14,7 @@
 
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kf_run.h"
 #include "graph_text.h"
 #include "test_util.h"
 
@@ -26,30 +27,8 @@ typedef struct tally {
     char first[1536];
 } tally;
 
-static void tol_for(kf_dtype dt, double *atol, double *rtol) {
-    switch (dt) {
-    case KF_DT_FLOAT16: *atol = 2.5e-3; *rtol = 1e-3; break;
-    case KF_DT_BFLOAT16: *atol = 2e-2; *rtol = 1e-2; break;
-    case KF_DT_FLOAT:
-    case KF_DT_DOUBLE: *atol = 1e-5; *rtol = 1e-4; break;
-    default: *atol = 0; *rtol = 0; break;
-    }
-}
-
 static void note(tally *t, const char *fmt, const char *a, const char *b) {
     if (!t->failed++) snprintf(t->first, sizeof t->first, fmt, a, b);
-}
-
-/* Loads the inputs of data set dir for m's real inputs (by position). */
-static bool load_inputs(const kf_model *m, const char *dir, kf_tensor *ins, uint32_t nreal, const kf_id *real) {
-    for (uint32_t i = 0; i < nreal; i++) {
-        char p[1400];
-        snprintf(p, sizeof p, "%s/input_%u.pb", dir, i);
-        if (kf_onnx_read_tensor_file(p, &ins[i], NULL) != KF_OK) return false;
-        if (ins[i].dtype == KF_DT_UINT16 && m->graph->values[real[i]].type.dtype == KF_DT_BFLOAT16)
-            ins[i].dtype = KF_DT_BFLOAT16;
-    }
-    return true;
 }
 
 static void check_model(const char *path, const char *data_dir, tally *t) {
@@ -93,7 +72,7 @@ static void check_model(const char *path, const char *data_dir, tally *t) {
     kf_tensor *a = calloc(nout + 1, sizeof(kf_tensor)), *b = calloc(nout + 1, sizeof(kf_tensor));
     bool have = true;
     if (data_dir) {
-        have = load_inputs(m, data_dir, ins, nreal, real);
+        have = gt_load_dataset_inputs(m, data_dir, ins, nreal, real);
     } else {
         for (uint32_t i = 0; i < nreal && have; i++) {
             const kf_type *ty = &m->graph->values[real[i]].type;
@@ -113,7 +92,7 @@ static void check_model(const char *path, const char *data_dir, tally *t) {
         } else {
             for (uint32_t k = 0; k < nout; k++) {
                 double atol, rtol;
-                tol_for(a[k].dtype, &atol, &rtol);
+                kf_run_tolerance(a[k].dtype, &atol, &rtol);
                 char why[512];
                 if (strcmp(m->graph->values[m->graph->outputs[k]].name, o->graph->values[o->graph->outputs[k]].name)) {
                     note(t, "%s: output name changed (%s)", path, m->graph->values[m->graph->outputs[k]].name);
