@@ -5,9 +5,11 @@
  * summary line, --json, --report and --dot. Graph logic lives in the library
  * (fusion/fuse_export.c); this file parses arguments and prints.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "kf_codegen.h"
 #include "kf_fuse.h"
@@ -61,13 +63,16 @@ static kf_status write_text(const char *path, const char *text) {
  * CUDA source (prelude + the shared body); the others named with their
  * reason on stderr. Runs before kf_fuse_apply changes the model. */
 static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan *p) {
-    uint32_t written = 0, declined = 0;
+    uint32_t written = 0, declined = 0, symbolic = 0;
+    if (mkdir(dir, 0777) && errno != EEXIST)
+        return kf_fail(KF_ERR_IO, "cannot create the kernel folder %s: %s", dir, strerror(errno));
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         char why[512];
         if (p->groups[gi].kind == KF_GROUP_CONST) continue;
         if (kf_cg_unsupported(m, p, gi, why, sizeof why)) {
             fprintf(stderr, "kfuse: group %u not generated: %s\n", gi, why);
             declined++;
+            symbolic += strstr(why, "symbolic or unknown shape") != NULL;
             continue;
         }
         kf_cg_kernel k;
@@ -87,6 +92,9 @@ static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan 
     }
     fprintf(stderr, "kfuse: %u kernels written to %s (.cl and .cu), %u groups not generated\n", written, dir,
             declined);
+    if (symbolic)
+        fprintf(stderr, "kfuse: %u of them have symbolic dims; fix them with --dim NAME=N (see kfuse info) to "
+                        "generate those kernels\n", symbolic);
     return KF_OK;
 }
 
