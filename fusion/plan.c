@@ -14,7 +14,7 @@
 /* ---- node facts ---------------------------------------------------------- */
 
 kf_fclass pl_fclass(const kf_node *n) {
-    const kf_op_info *oi = kf_op_get(n->op);
+    const kf_op_info *oi = kf_node_op(n); /* a malformed or other-version node is opaque */
     return oi ? oi->fclass : KF_FC_OPAQUE;
 }
 

@@ -100,4 +100,13 @@ const kf_op_info *kf_op_get(kf_op op);
  * Returns KF_OP_UNKNOWN when kfuse does not know it. */
 kf_op kf_op_lookup(const char *domain, const char *op_type);
 
+/* The op table entry of n when n is an instance kfuse implements: a known
+ * op, at an opset version in the entry's range (or no version recorded),
+ * with an input and output count the op allows and its required inputs
+ * present. NULL otherwise: the loader carries such nodes (unknown ops, other
+ * versions) without judgement, so stages that read a node's inputs by
+ * position (planner, codegen) ask this, not kf_op_get, and treat the rest
+ * as opaque. */
+const kf_op_info *kf_node_op(const kf_node *n);
+
 #endif

@@ -33,3 +33,13 @@ kf_op kf_op_lookup(const char *domain, const char *op_type) {
             return i;
     return KF_OP_UNKNOWN;
 }
+
+const kf_op_info *kf_node_op(const kf_node *n) {
+    const kf_op_info *info = kf_op_get(n->op);
+    if (!info || (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi))) return NULL;
+    if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max)) return NULL;
+    if (n->nout < info->out_min || (info->out_max >= 0 && n->nout > info->out_max)) return NULL;
+    for (int i = 0; i < info->in_min; i++)
+        if (!n->in[i]) return NULL;
+    return info;
+}

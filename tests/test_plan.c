@@ -12,6 +12,7 @@
 #include <time.h>
 
 #include "graph_text.h"
+#include "kf_codegen.h"
 #include "kf_opt.h"
 #include "kf_plan.h"
 
@@ -771,5 +772,35 @@ Test(plan_fuse, gather_is_charged_for_the_rows_it_reads) {
     cr_assert_eq(G->bytes_read, rows + ids, "read %lld bytes", (long long)G->bytes_read);
     cr_assert_eq(p->bytes_lower_bound, rows + ids + rows, "lower bound %lld", (long long)p->bytes_lower_bound);
     kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* A node the loader carried without judgement (an opset newer than kfuse
+ * implements, here with too few inputs) is opaque to the planner, so codegen
+ * never reads its inputs by position (fuzz finding, session 3: a one-input
+ * Gemm at opset 36 was planned as an anchor and codegen read input 1). */
+Test(plan_fuse, malformed_or_unknown_version_node_is_opaque) {
+    kf_model *m = gt_parse("opset 13\ninput a float[2, 4]\ninput b float[4, 3]\ny = Gemm(a, b)\nr = Relu(y)\noutput r\n");
+    kf_id y = kf_graph_find(m->graph, "y");
+    kf_node *n = &m->graph->nodes[m->graph->values[y].producer];
+    cr_assert_not_null(kf_node_op(n));
+    kf_plan *p = plan(m);
+    cr_assert_eq(p->groups[grp(m, p, "y")].kind, KF_GROUP_ANCHOR);
+    kf_plan_free(p);
+    int64_t opset = n->opset;
+    n->opset = 36; /* beyond every version kfuse implements */
+    cr_assert_null(kf_node_op(n));
+    p = plan(m);
+    cr_assert_eq(p->groups[grp(m, p, "y")].kind, KF_GROUP_OPAQUE);
+    char why[256];
+    cr_assert_not_null(kf_cg_unsupported(m, p, grp(m, p, "y"), why, sizeof why));
+    kf_plan_free(p);
+    n->opset = opset;
+    n->nin = 1; /* too few inputs for Gemm at a version kfuse knows */
+    cr_assert_null(kf_node_op(n));
+    p = plan(m);
+    cr_assert_eq(p->groups[grp(m, p, "y")].kind, KF_GROUP_OPAQUE);
+    kf_plan_free(p);
+    n->nin = 2;
     kf_model_free(m);
 }
