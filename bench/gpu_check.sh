@@ -118,7 +118,8 @@ nolibcuda() {
   local f bad=0
   for f in "$@"; do
     [ -e "$f" ] || continue
-    if ldd "$f" | grep -q 'libcuda\.so'; then echo "$f links libcuda"; bad=1; else echo "$f: no libcuda"; fi
+    # cuBLASLt and cuDNN are loaded at run time too (kernels/cuda_lib.c)
+    if ldd "$f" | grep -qE 'libcuda\.so|libcublas|libcudnn'; then echo "$f links libcuda/cuBLAS/cuDNN"; bad=1; else echo "$f: no libcuda"; fi
   done
   return $bad
 }
@@ -129,6 +130,7 @@ step "ldd: kfuse and libkfuse.so do not link libcuda" 10 nolibcuda "$kfuse" "$(d
 if [ -n "$tests" ]; then
   step "unit tests exec/* (cuda ones run here)" 60 "$tests" --jobs 4 --filter 'exec/*'
   step "unit tests api/*" 45 "$tests" --jobs 4 --filter 'api/*'
+  step "unit tests libanchor/* (cuBLASLt and cuDNN calls run here)" 60 "$tests" --jobs 4 --filter 'libanchor/*'
 fi
 
 # ---- run --check on the bundled models -------------------------------------------
@@ -242,10 +244,14 @@ benches() {
   for m in "$bert" "$resnet"; do
     "$kfuse" bench "$m" --backend cuda --warmup 10 --iters 100 || return 1
     KFUSE_DISABLE_FUSION=1 "$kfuse" bench "$m" --backend cuda --warmup 10 --iters 100 | sed 's/^/unfused: /'
+    # anchors as generated kernels instead of cuBLASLt calls (kf_libanchor.h), side by side
+    KFUSE_NO_VENDOR_LIB=1 "$kfuse" bench "$m" --backend cuda --warmup 10 --iters 100 | sed 's/^/no vendor lib: /'
+    # every group its own launch (codegen/cg_batch.c off), side by side
+    KFUSE_DISABLE_BATCHING=1 "$kfuse" bench "$m" --backend cuda --warmup 10 --iters 100 | sed 's/^/no batching: /'
   done
 }
 export -f benches
-step "kfuse bench --backend cuda (BERT, ResNet small)" 60 benches
+step "kfuse bench --backend cuda (BERT, ResNet small; fused, unfused, no vendor lib, no batching)" 120 benches
 grep -E "bench: .*(p50|launches|arena)" "$log" | sed 's/^/      /' >>"$summary"
 
 # ---- BERT-base and ResNet-50 against PyTorch eager and torch.compile ----------------------

@@ -383,8 +383,9 @@ static bool anchor_value(gen *st, const kf_node *n, const gemm *gm, const char *
     if (gm->c) {
         ix ci;
         char cx[NAMELEN];
-        bcast_ix(oi, ot, &st->g->values[gm->c].type, &ci);
-        if (!emit(st, gm->c, &ci, cx)) return false;
+        if (!bcast_ix(st, n, oi, ot, &st->g->values[gm->c].type, &ci) ||
+            !emit(st, gm->c, &ci, cx))
+            return false;
         kf_cg_printf(rhs, " + %s * ", cx);
         put_float(rhs, gm->beta);
     }

@@ -129,6 +129,16 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_LOAD_HALF(p, i) kf_h2f((p)[i])\n"
                       "#define KF_STORE_HALF(p, i, v) ((p)[i] = kf_f2h(v))\n"
                       "#define KF_ROUND_HALF(x) kf_h2f(kf_f2h(x))\n"
+                      /* bfloat16 storage: the upper 16 bits of a float; kf_f2bf rounds to
+                       * nearest even and keeps a NaN quiet, as graph/tensor.c does */
+                      "#define KF_BF16 unsigned short\n"
+                      "__device__ inline float kf_bf2f(unsigned short b) { return __uint_as_float((unsigned)b << 16); }\n"
+                      "__device__ inline unsigned short kf_f2bf(float f) { const unsigned u = __float_as_uint(f); "
+                      "return (u & 0x7fffffffu) > 0x7f800000u ? (unsigned short)((u >> 16) | 0x40u) "
+                      ": (unsigned short)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"
+                      "#define KF_LOAD_BF16(p, i) kf_bf2f((p)[i])\n"
+                      "#define KF_STORE_BF16(p, i, v) ((p)[i] = kf_f2bf(v))\n"
+                      "#define KF_ROUND_BF16(x) kf_bf2f(kf_f2bf(x))\n"
                       /* 128-bit access: float4 of vector_types.h, which NVRTC always has */
                       "#define KF_F4 float4\n"
                       "#define KF_VLOAD4(p, q) (((const float4 *)(p))[q])\n"
@@ -145,6 +155,24 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "    __syncthreads(); \\\n"
                       "    v = s[0]; \\\n"
                       "    for (int w = 1; w < n / 32; w++) v = OP(v, s[w]); \\\n"
+                      "    return v; \\\n"
+                      "}\n"
+                      /* segmented reduce: the block of n threads is cut into segments of seg
+                       * consecutive threads (seg a power of two <= 32 or a multiple of 32;
+                       * n a multiple of 32) and every lane returns its own segment's result;
+                       * a segment of up to a warp is shuffles only (no barrier), a longer one
+                       * sums its warps' results through shared memory */
+                      "#define KF_DEF_SEG(name, OP) \\\n"
+                      "__device__ float name(float v, float *s, int seg, int n) { \\\n"
+                      "    for (int o = (seg < 32 ? seg : 32) / 2; o > 0; o /= 2) v = OP(v, __shfl_xor_sync(0xffffffffu, v, o)); \\\n"
+                      "    if (seg <= 32) return v; \\\n"
+                      "    const int t = (int)threadIdx.x; \\\n"
+                      "    __syncthreads(); \\\n"
+                      "    if ((t & 31) == 0) s[t / 32] = v; \\\n"
+                      "    __syncthreads(); \\\n"
+                      "    const int w0 = t / seg * (seg / 32); \\\n"
+                      "    v = s[w0]; \\\n"
+                      "    for (int w = 1; w < seg / 32 && w0 + w < n / 32; w++) v = OP(v, s[w0 + w]); \\\n"
                       "    return v; \\\n"
                       "}\n");
     } else {
@@ -173,6 +201,15 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "float kf_round_half(float x) { ushort u; vstore_half_rte(x, 0, (__private half *)&u); "
                       "return vload_half(0, (const __private half *)&u); }\n"
                       "#define KF_ROUND_HALF(x) kf_round_half(x)\n"
+                      /* bfloat16 storage: bit operations, the same as the CUDA prelude's */
+                      "#define KF_BF16 ushort\n"
+                      "float kf_bf2f(ushort b) { return as_float((uint)b << 16); }\n"
+                      "ushort kf_f2bf(float f) { const uint u = as_uint(f); "
+                      "return (u & 0x7fffffffu) > 0x7f800000u ? (ushort)((u >> 16) | 0x40u) "
+                      ": (ushort)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16); }\n"
+                      "#define KF_LOAD_BF16(p, i) kf_bf2f((p)[i])\n"
+                      "#define KF_STORE_BF16(p, i, v) ((p)[i] = kf_f2bf(v))\n"
+                      "#define KF_ROUND_BF16(x) kf_bf2f(kf_f2bf(x))\n"
                       "#define KF_F4 float4\n"
                       "#define KF_VLOAD4(p, q) vload4((q), (p))\n"
                       "#define KF_VSTORE4(p, q, a, b, c, d) vstore4((float4)((a), (b), (c), (d)), (q), (p))\n"
@@ -191,6 +228,24 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "        barrier(CLK_LOCAL_MEM_FENCE); \\\n"
                       "    } \\\n"
                       "    return s[0]; \\\n"
+                      "}\n"
+                      /* segmented reduce: segments of seg consecutive work-items (any seg;
+                       * the last one may be cut short by n), a local-memory tree in each;
+                       * every lane returns its own segment's result */
+                      "#define KF_DEF_SEG(name, OP) \\\n"
+                      "float name(float v, __local float *s, int seg, int n) { \\\n"
+                      "    const int t = (int)get_local_id(0); \\\n"
+                      "    const int b = t - t % seg; \\\n"
+                      "    barrier(CLK_LOCAL_MEM_FENCE); \\\n"
+                      "    s[t] = v; \\\n"
+                      "    barrier(CLK_LOCAL_MEM_FENCE); \\\n"
+                      "    int p = 1; \\\n"
+                      "    while (p < seg) p *= 2; \\\n"
+                      "    for (int h = p / 2; h > 0; h /= 2) { \\\n"
+                      "        if (t - b < h && t - b + h < seg && t + h < n) s[t] = OP(s[t], s[t + h]); \\\n"
+                      "        barrier(CLK_LOCAL_MEM_FENCE); \\\n"
+                      "    } \\\n"
+                      "    return s[b]; \\\n"
                       "}\n");
     }
     for (size_t i = 0; i < NMATH; i++) {
@@ -203,19 +258,25 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                   "KF_DEF_BLOCK(kf_block_sum, KF_OP_SUM)\n"
                   "KF_DEF_BLOCK(kf_block_prod, KF_OP_PROD)\n"
                   "KF_DEF_BLOCK(kf_block_max, KF_FMAX)\n"
-                  "KF_DEF_BLOCK(kf_block_min, KF_FMIN)\n");
+                  "KF_DEF_BLOCK(kf_block_min, KF_FMIN)\n"
+                  "KF_DEF_SEG(kf_seg_sum, KF_OP_SUM)\n"
+                  "KF_DEF_SEG(kf_seg_prod, KF_OP_PROD)\n"
+                  "KF_DEF_SEG(kf_seg_max, KF_FMAX)\n"
+                  "KF_DEF_SEG(kf_seg_min, KF_FMIN)\n");
     kf_cg_puts(s, "\n");
 }
 
 /* ---- dtypes ------------------------------------------------------------------ */
 
-/* Storage types this slice reads and writes: float16 is kept as 16 bits in
- * memory and computed in float (DESIGN numerics: fp16 tolerance covers the
- * unrounded intermediates), bool is one byte, integers compute as they are. */
+/* Storage types this slice reads and writes: float16 and bfloat16 are kept
+ * as 16 bits in memory and computed in float (DESIGN numerics: the fp16 and
+ * bf16 tolerances cover the unrounded intermediates), bool is one byte,
+ * integers compute as they are. */
 static bool dtype_ok(kf_dtype dt) {
-    return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BOOL || dt == KF_DT_INT32 || dt == KF_DT_INT64;
+    return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16 || dt == KF_DT_BOOL ||
+           dt == KF_DT_INT32 || dt == KF_DT_INT64;
 }
-static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16; }
+static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
 
 /* The register type values of dt compute in. */
 static const char *ctype(kf_dtype dt) {
@@ -232,6 +293,7 @@ static const char *mtype(kf_dtype dt) {
     switch (dt) {
     case KF_DT_BOOL: return "unsigned char";
     case KF_DT_FLOAT16: return "KF_HALF";
+    case KF_DT_BFLOAT16: return "KF_BF16";
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
     default: return "float";
@@ -519,13 +581,22 @@ static void offset_of(gen *st, const kf_type *t, const ix *at, char *out) {
 }
 
 /* Index of an operand of type in that broadcasts into a value of type out
- * (numpy rules: trailing dims align, dims of 1 read element 0). */
-static void bcast_ix(const ix *at, const kf_type *out, const kf_type *in, ix *res) {
+ * (numpy rules: trailing dims align, dims of 1 read element 0). False, with
+ * the reason naming node n, when in does not broadcast into out: a declared
+ * type the graph could not check (a shape known only at run time) may
+ * disagree with its operands (fuzz finding: an Expand to a lower rank). */
+static bool bcast_ix(gen *st, const kf_node *n, const ix *at, const kf_type *out, const kf_type *in, ix *res) {
     int shift = out->rank - in->rank;
+    bool fits = shift >= 0;
+    for (int d = 0; fits && d < in->rank; d++) fits = in->dims[d] == 1 || in->dims[d] == out->dims[d + shift];
+    if (!fits)
+        return fail(st, "node '%s' (%s): an operand does not broadcast into the output (numpy rules)",
+                    kf_node_label(n), n->op_type);
     res->rank = in->rank;
     for (int d = 0; d < in->rank; d++)
         snprintf(res->c[d], NAMELEN, "%s", in->dims[d] == 1 ? "0" : at->c[d + shift]);
     snprintf(res->lin, NAMELEN, "%s", same_dims(out, in) ? at->lin : "");
+    return true;
 }
 
 /* Index into a value of type in with the same elements in the same row-major
@@ -581,6 +652,8 @@ static bool define(gen *st, kf_id v, char *name, const char *rhs) {
     kf_dtype dt = st->g->values[v].type.dtype;
     if (dt == KF_DT_FLOAT16) /* a float16 value holds what 16 bits hold, as unfused */
         kf_cg_printf(st->s, "%sconst float %s = KF_ROUND_HALF(%s);\n", st->ind, name, rhs);
+    else if (dt == KF_DT_BFLOAT16) /* the same for bfloat16 */
+        kf_cg_printf(st->s, "%sconst float %s = KF_ROUND_BF16(%s);\n", st->ind, name, rhs);
     else kf_cg_printf(st->s, "%sconst %s %s = %s;\n", st->ind, ctype(dt), name, rhs);
     return true;
 }
@@ -618,8 +691,7 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     bool ok = true;
     for (int i = 0; ok && i < n->nin; i++) {
         ix a;
-        bcast_ix(at, ot, &st->g->values[n->in[i]].type, &a);
-        ok = emit(st, n->in[i], &a, ops[i]);
+        ok = bcast_ix(st, n, at, ot, &st->g->values[n->in[i]].type, &a) && emit(st, n->in[i], &a, ops[i]);
     }
     kf_cg_str rhs = {0};
     const kf_op_info *oi = kf_op_get(n->op);
@@ -884,11 +956,10 @@ static bool emit_red_value(gen *st, const kf_node *n, kf_id v, const ix *at, cha
         const kf_type *xt = &st->g->values[n->in[0]].type;
         char sc[NAMELEN], bi[NAMELEN] = "";
         ix a;
-        bcast_ix(at, xt, &st->g->values[n->in[1]].type, &a);
-        if (!emit(st, n->in[1], &a, sc)) return false;
+        if (!bcast_ix(st, n, at, xt, &st->g->values[n->in[1]].type, &a) || !emit(st, n->in[1], &a, sc)) return false;
         if (n->nin > 2 && n->in[2]) {
-            bcast_ix(at, xt, &st->g->values[n->in[2]].type, &a);
-            if (!emit(st, n->in[2], &a, bi)) return false;
+            if (!bcast_ix(st, n, at, xt, &st->g->values[n->in[2]].type, &a) || !emit(st, n->in[2], &a, bi))
+                return false;
         }
         snprintf(rhs, sizeof rhs, "(%s - %s) * %s * %s%s%s", x, st->stat[0], st->stat[1], sc, bi[0] ? " + " : "", bi);
         break;
@@ -934,8 +1005,7 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     }
     case KF_OP_EXPAND: {
         ix a;
-        bcast_ix(at, ot, &st->g->values[n->in[0]].type, &a);
-        return emit(st, n->in[0], &a, name);
+        return bcast_ix(st, n, at, ot, &st->g->values[n->in[0]].type, &a) && emit(st, n->in[0], &a, name);
     }
     case KF_OP_TRANSPOSE: return emit_transpose(st, n, at, name);
     case KF_OP_SLICE: return emit_slice(st, n, at, name);
@@ -954,7 +1024,7 @@ static bool emit(gen *st, kf_id v, const ix *at, char *name) {
     }
     const kf_value *val = &st->g->values[v];
     if (!dtype_ok(val->type.dtype))
-        return fail(st, "value '%s' is %s: float32, float16, int32, int64 and bool are generated", val->name,
+        return fail(st, "value '%s' is %s: float32, float16, bfloat16, int32, int64 and bool are generated", val->name,
                     kf_dtype_name(val->type.dtype));
     if (!kf_type_is_static(&val->type))
         return fail(st, "value '%s' has a symbolic or unknown shape: kernels are generated per static shape", val->name);
@@ -976,6 +1046,7 @@ static bool emit(gen *st, kf_id v, const ix *at, char *name) {
         kf_cg_printf(st->s, "%sconst %s %s = ", st->ind, ctype(dt), name);
         if (quad) kf_cg_printf(st->s, "w%d.%c;\n", pi, "xyzw"[st->lane]);
         else if (dt == KF_DT_FLOAT16) kf_cg_printf(st->s, "KF_LOAD_HALF(in%d, %s);\n", pi, off);
+        else if (dt == KF_DT_BFLOAT16) kf_cg_printf(st->s, "KF_LOAD_BF16(in%d, %s);\n", pi, off);
         else if (dt == KF_DT_BOOL) kf_cg_printf(st->s, "in%d[%s] != 0;\n", pi, off);
         else kf_cg_printf(st->s, "in%d[%s];\n", pi, off);
     }
@@ -990,6 +1061,7 @@ static bool store(gen *st, uint32_t o, const ix *at) {
     if (!emit(st, v, at, x)) return false;
     offset_of(st, t, at, off);
     if (t->dtype == KF_DT_FLOAT16) kf_cg_printf(st->s, "%sKF_STORE_HALF(out%u, %s, %s);\n", st->ind, o, off, x);
+    else if (t->dtype == KF_DT_BFLOAT16) kf_cg_printf(st->s, "%sKF_STORE_BF16(out%u, %s, %s);\n", st->ind, o, off, x);
     else if (t->dtype == KF_DT_BOOL) kf_cg_printf(st->s, "%sout%u[%s] = (unsigned char)(%s != 0);\n", st->ind, o, off, x);
     else kf_cg_printf(st->s, "%sout%u[%s] = %s;\n", st->ind, o, off, x);
     return true;
@@ -1239,13 +1311,22 @@ static bool red_setup(gen *st, const kf_node *n) {
     return true;
 }
 
+/* The loop of a segment's lanes over its row (KF_CG_SEGMENT): lane l takes
+ * elements l, l + seg, ...; a lane without a row (the work-group's last
+ * rows run out, or the segments do not fill the work-group) starts past the
+ * end, so it loads nothing but still reaches every barrier. */
+static void seg_loop(gen *st, int64_t K) {
+    kf_cg_printf(st->s, "        for (%s j = kf_on ? (%s)kf_lane : %lld; j < %lld; j += (%s)kf_seg) {\n", st->ity, st->ity,
+                 (long long)K, (long long)K, st->ity);
+}
+
 /* One statistics pass over the current row: acc = fold(map(x)) over the
- * reduced dims, then across the work-group. */
+ * reduced dims, then across the row's segment. */
 static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *rowix, const char *acc, const char *init,
                      const char *fold, const char *map, const char *map2, const char *blockfn, uint32_t block,
                      int64_t K, bool tail) {
     kf_cg_printf(st->s, "        float %s = %s;\n", acc, init);
-    if (block) kf_cg_printf(st->s, "        for (%s j = (%s)KF_LOCAL_ID; j < %lld; j += (%s)KF_LOCAL_SIZE) {\n", st->ity, st->ity, (long long)K, st->ity);
+    if (block) seg_loop(st, K);
     else kf_cg_printf(st->s, "        for (%s j = 0; j < %lld; j++) {\n", st->ity, (long long)K);
     const char *outer = st->ind;
     st->ind = "            ";
@@ -1267,17 +1348,37 @@ static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *row
     kf_cg_printf(st->s, "            %s = %s;\n        }\n", acc, f);
     st->nmemo = mark;
     st->ind = outer;
-    if (block) kf_cg_printf(st->s, "        %s = %s(%s, kf_red, KF_LOCAL_SIZE);\n", acc, blockfn, acc);
+    if (block) kf_cg_printf(st->s, "        %s = %s(%s, kf_red, kf_seg, KF_LOCAL_SIZE);\n", acc, blockfn, acc);
     return true;
 }
 
-/* Smallest work-group that reduces a row in one sweep, as a power of two
- * between a warp (32: the shuffle reduce needs whole warps) and 256 (the
- * local-memory tree's array; 256 threads per row saturate memory on GPUs
- * and keep 4+ groups per SM). */
-static uint32_t block_for(int64_t K) {
-    uint32_t b = 32;
-    while (b < 256 && b < K) b *= 2;
+/* KF_CG_SEGMENT: several rows per work-group. The work-group is cut into
+ * segments of T consecutive lanes and each segment reduces one row (the
+ * segmented reduces kf_seg_* of the prelude). T is the smallest power of
+ * two >= K / 4, clamped to [32, 256]:
+ *  - >= K / 4: each lane folds about 4 elements before the log2(T) reduce
+ *    steps, so the loads, not the reduce, set the time, and a row of 64
+ *    (LayerNorm over 64, Softmax over 128 keys) no longer leaves 3/4 of a
+ *    256-wide work-group idle;
+ *  - >= 32: a segment is whole warps, so on CUDA a segment of 32 reduces
+ *    with shuffles alone (no barrier, no shared memory);
+ *  - <= 256: rows of 1024 and more keep one work-group of 256 per row, as
+ *    before (256 threads saturate memory and keep 4+ groups per SM).
+ * The preferred work-group (kf_cg_kernel.block) is T times the smallest
+ * power of two >= the row count, at most 256. The body takes the segment
+ * size from the launch, min(T, work-group size), and the segment count as
+ * the work-group size / segment (lanes past the last whole segment idle),
+ * so any work-group size up to KF_MAX_BLOCK stays correct (CUDA: whole
+ * warps, then a segment is T or the whole block, both as kf_seg_* need). */
+static uint32_t seg_for(int64_t K) {
+    uint32_t t = 32;
+    while (t < 256 && (int64_t)t * 4 < K) t *= 2;
+    return t;
+}
+
+static uint32_t block_for(uint32_t T, int64_t nrows) {
+    uint32_t b = T;
+    while (b < 256 && (int64_t)(b / T) < nrows) b *= 2;
     return b;
 }
 
@@ -1309,9 +1410,12 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         if (st->mask[d]) seen_red = true;
         else if (seen_red) tail = false;
     }
-    uint32_t block = K < KF_CG_ROW_PER_ITEM ? 0 : block_for(K);
+    uint32_t T = K < KF_CG_ROW_PER_ITEM ? 0 : seg_for(K), block = T ? block_for(T, nrows) : 0;
     st->k->block = block;
-    st->k->numel = block ? nrows * block : nrows;
+    if (block) {
+        int64_t per = block / T; /* rows per work-group */
+        st->k->numel = (nrows + per - 1) / per * block;
+    } else st->k->numel = nrows;
     kf_free(st->k->name);
     st->k->name = kf_strdup("kf_reduce");
     if (!st->k->name) return fail_oom(st);
@@ -1324,7 +1428,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     st->row = rowix;
     bool ok = true;
     char m[NAMELEN] = "", sum[NAMELEN] = "";
-    const char *bsum = "kf_block_sum";
+    const char *bsum = "kf_seg_sum";
     char eps[48] = "", kf[48]; /* float literals */
     kf_cg_str lit = {0};
     put_float(&lit, (double)K);
@@ -1342,13 +1446,13 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     case RK_L1: ok = red_pass(st, n, xt, &rowix, "acc", "0.0f", "%1$s + %2$s", "KF_FABS(%1$s)", NULL, bsum, block, K, tail); break;
     case RK_L2:
     case RK_SUMSQ: ok = red_pass(st, n, xt, &rowix, "acc", "0.0f", "%1$s + %2$s", "%1$s * %1$s", NULL, bsum, block, K, tail); break;
-    case RK_MAX: ok = red_pass(st, n, xt, &rowix, "acc", "-KF_INF", "KF_FMAX(%1$s, %2$s)", "%1$s", NULL, "kf_block_max", block, K, tail); break;
-    case RK_MIN: ok = red_pass(st, n, xt, &rowix, "acc", "KF_INF", "KF_FMIN(%1$s, %2$s)", "%1$s", NULL, "kf_block_min", block, K, tail); break;
-    case RK_PROD: ok = red_pass(st, n, xt, &rowix, "acc", "1.0f", "%1$s * %2$s", "%1$s", NULL, "kf_block_prod", block, K, tail); break;
+    case RK_MAX: ok = red_pass(st, n, xt, &rowix, "acc", "-KF_INF", "KF_FMAX(%1$s, %2$s)", "%1$s", NULL, "kf_seg_max", block, K, tail); break;
+    case RK_MIN: ok = red_pass(st, n, xt, &rowix, "acc", "KF_INF", "KF_FMIN(%1$s, %2$s)", "%1$s", NULL, "kf_seg_min", block, K, tail); break;
+    case RK_PROD: ok = red_pass(st, n, xt, &rowix, "acc", "1.0f", "%1$s * %2$s", "%1$s", NULL, "kf_seg_prod", block, K, tail); break;
     case RK_LOGSUMEXP:
     case RK_SOFTMAX:
     case RK_LOGSOFTMAX:
-        ok = red_pass(st, n, xt, &rowix, "rmax", "-KF_INF", "KF_FMAX(%1$s, %2$s)", "%1$s", NULL, "kf_block_max", block, K, tail) &&
+        ok = red_pass(st, n, xt, &rowix, "rmax", "-KF_INF", "KF_FMAX(%1$s, %2$s)", "%1$s", NULL, "kf_seg_max", block, K, tail) &&
              red_pass(st, n, xt, &rowix, "rsum", "0.0f", "%1$s + %2$s", "KF_EXP(%1$s - %2$s)", "rmax", bsum, block, K, tail);
         snprintf(m, NAMELEN, "rmax");
         snprintf(sum, NAMELEN, "rsum");
@@ -1422,7 +1526,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     }
     if (ok && any_out) {
         if (block) {
-            kf_cg_puts(&body, "        if (KF_LOCAL_ID == 0) {\n");
+            kf_cg_puts(&body, "        if (kf_on && kf_lane == 0) {\n");
             st->ind = "            ";
         }
         for (uint32_t o = 0; ok && o < st->k->nouts; o++)
@@ -1431,7 +1535,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         st->ind = "        ";
     }
     if (ok && any_in) {
-        if (block) kf_cg_printf(&body, "        for (%s j = (%s)KF_LOCAL_ID; j < %lld; j += (%s)KF_LOCAL_SIZE) {\n", st->ity, st->ity, (long long)K, st->ity);
+        if (block) seg_loop(st, K);
         else kf_cg_printf(&body, "        for (%s j = 0; j < %lld; j++) {\n", st->ity, (long long)K);
         st->ind = "            ";
         ix full = rowix;
@@ -1447,11 +1551,18 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     }
     if (ok) {
         header(st, s, "reduction");
-        if (block) kf_cg_puts(s, "    KF_SHARED float kf_red[KF_MAX_BLOCK];\n");
-        if (block)
-            kf_cg_printf(s, "    for (%s row = (%s)KF_GROUP_ID; row < %lld; row += (%s)KF_NUM_GROUPS) {\n", st->ity, st->ity,
-                         (long long)nrows, st->ity);
-        else
+        if (block) {
+            /* the segment and this lane's place in it (KF_CG_SEGMENT) */
+            kf_cg_puts(s, "    KF_SHARED float kf_red[KF_MAX_BLOCK];\n");
+            kf_cg_printf(s, "    const int kf_seg = KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
+            kf_cg_puts(s, "    const int kf_nseg = KF_LOCAL_SIZE / kf_seg;\n"
+                          "    const int kf_sid = KF_LOCAL_ID / kf_seg;\n"
+                          "    const int kf_lane = KF_LOCAL_ID - kf_sid * kf_seg;\n");
+            kf_cg_printf(s, "    for (%s row0 = (%s)KF_GROUP_ID * kf_nseg; row0 < %lld; row0 += (%s)KF_NUM_GROUPS * kf_nseg) {\n",
+                         st->ity, st->ity, (long long)nrows, st->ity);
+            kf_cg_printf(s, "        const %s row = row0 + kf_sid;\n", st->ity);
+            kf_cg_printf(s, "        const int kf_on = kf_sid < kf_nseg && row < %lld;\n", (long long)nrows);
+        } else
             kf_cg_printf(s, "    for (%s row = (%s)KF_GLOBAL_ID; row < %lld; row += (%s)KF_GLOBAL_SIZE) {\n", st->ity,
                          st->ity, (long long)nrows, st->ity);
         kf_cg_puts(s, body.p ? body.p : "");
@@ -1517,7 +1628,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
             return KF_ERR_UNSUPPORTED;
         }
         if (!dtype_ok(v->type.dtype)) {
-            snprintf(why, whylen, "value '%s' is %s: float32, float16, int32, int64 and bool are generated", v->name,
+            snprintf(why, whylen, "value '%s' is %s: float32, float16, bfloat16, int32, int64 and bool are generated", v->name,
                      kf_dtype_name(v->type.dtype));
             return KF_ERR_UNSUPPORTED;
         }

@@ -11,15 +11,17 @@
  *    Transpose, Reshape family, Expand, Slice, Concat, Gather, Pad), so
  *    injective ops fuse without intermediate buffers;
  *  - reduction groups (Reduce*, Softmax, LogSoftmax, LayerNormalization):
- *    one work-group per row with a block reduce (KF_SHARED, KF_BARRIER and
- *    kf_block_* from the prelude), or one work-item per row for rows shorter
+ *    each row reduced by a segment of T lanes of a work-group (T from the
+ *    row length, 32..256, so one work-group holds several short rows or
+ *    one long one) with a segmented reduce (KF_SHARED, KF_BARRIER and
+ *    kf_seg_* from the prelude), or one work-item per row for rows shorter
  *    than a warp; prologue and epilogue ops fused in the same kernel;
  *  - anchor groups (cg_anchor.c): a tiled GEMM for MatMul/Gemm, the same
  *    with a whole-row Softmax/LogSoftmax/LayerNorm epilogue, GEMM -> GEMM
  *    through on-chip rows, a direct convolution for Conv and conv -> 1x1
  *    conv, with operand prologues and epilogues fused;
- *  - dtypes float32, float16 (stored 16-bit, computed in float), int32,
- *    int64, bool.
+ *  - dtypes float32, float16 and bfloat16 (stored 16-bit, computed in
+ *    float), int32, int64, bool.
  *
  * cg_expr conventions (graph/ops_*.def, last column), read only here:
  *   x0, x1, ...     operands (input slots of the node)
@@ -61,7 +63,7 @@ typedef enum kf_cg_target { KF_CG_OPENCL = 0, KF_CG_CUDA = 1 } kf_cg_target;
 /* One kernel parameter: a dense row-major buffer of a group input/output. */
 typedef struct kf_cg_param {
     kf_id value;     /* value id in the model the kernel was generated from */
-    kf_dtype dtype;  /* float32, float16 (16-bit storage), int32, int64, bool (one
+    kf_dtype dtype;  /* float32, float16, bfloat16 (16-bit storage), int32, int64, bool (one
                       * byte); another dtype only for a parameter the body never
                       * reads (a Reshape's shape, say) */
     int rank;
@@ -77,10 +79,12 @@ typedef struct kf_cg_kernel {
     uint32_t nins, nouts;
     int64_t numel;       /* work items worth launching (a multiple of block when block > 0) */
     uint32_t block;      /* preferred work-group size (a power of two, 32..256) of a
-                          * reduction kernel, 0 for a kernel with no work-group
-                          * cooperation; the body is correct for ANY work-group size up
-                          * to KF_MAX_BLOCK (CUDA: a multiple of 32), so a launcher that
-                          * ignores this field stays correct, only slower. EXCEPT
+                          * reduction kernel (its rows per work-group are block / the
+                          * segment size, codegen.c KF_CG_SEGMENT), 0 for a kernel with no
+                          * work-group cooperation; the body is correct for ANY work-group
+                          * size up to KF_MAX_BLOCK (CUDA: a multiple of 32) and any
+                          * work-group count, so a launcher that ignores this field
+                          * stays correct, only slower. EXCEPT
                           * the anchor kernels that cooperate (kf_gemm, kf_gemm_rows,
                           * kf_gemm_b2b, kf_conv_b2b): their body needs a work-group
                           * of exactly block (256) work-items */
@@ -110,5 +114,66 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s);
 /* Self-contained source: prelude + body. *text is the caller's (kf_free).
  * KF_ERR_NOMEM only. */
 kf_status kf_cg_source(const kf_cg_kernel *k, kf_cg_target t, char **text);
+
+/* ---- horizontal launches (cg_batch.c) ------------------------------------
+ *
+ * Independent small groups that the planner gave one launch index
+ * (kf_group.launch) become ONE kernel whose work-groups are split by range:
+ *
+ *   work-group  0 ......... b0-1 | b0 ........ b1-1 | ... | b(n-2) ... total-1
+ *               sub-kernel 0     | sub-kernel 1     | ... | sub-kernel n-1
+ *
+ * Each sub-kernel is its member's body, unchanged except that it reads
+ * its own work-group id/count and global id/size (as if launched alone, so
+ * grid-stride loops stay correct) and the batch's parameter names. The
+ * branch is uniform per work-group, so barriers inside a member are legal.
+ * Parameters are the union: a value two members read is passed once.
+ * One work-group size for the launch: the largest preferred block among
+ * members (reductions), else KF_CG_BATCH_BLOCK; members are only templates
+ * whose body is correct for any work-group size (kf_ew, kf_reduce).
+ * Work-groups per member: what it would get alone (elementwise: numel /
+ * block rounded up; block reductions: one per row), at least 1; when the
+ * sum passes the launch cap, each keeps 1 and the rest of the cap is
+ * shared in proportion to the excess over 1, rounded down, with what the
+ * rounding leaves to the member that asked most (grid-stride loops cover
+ * the rest). */
+
+/* Work-items one launch may have: the launchers cap a launch there
+ * (KF_CL_MAX_GLOBAL on OpenCL; CUDA's cap, 4224 blocks of 256, is larger),
+ * and a batched launch must get every work-group it counts on, or the last
+ * members' ranges would never run. */
+#define KF_CG_BATCH_MAX_ITEMS 65536
+/* Work-group size of a batch of elementwise members: CUDA's launcher uses
+ * 256 threads for them too (8 blocks per SM), a multiple of the warp. */
+#define KF_CG_BATCH_BLOCK 256
+/* Parameters of a batched kernel: the launchers pass at most this many
+ * buffers (the same budget as one group's inputs plus outputs). */
+#define KF_CG_BATCH_MAX_PARAMS (KF_PLAN_MAX_INPUTS + KF_PLAN_MAX_OUTPUTS)
+
+/* Parameters a batch of these member kernels would take (distinct input
+ * values plus every output). Callers use it to cut batches to
+ * KF_CG_BATCH_MAX_PARAMS before asking for the kernel. */
+uint32_t kf_cg_batch_params(const kf_cg_kernel *members, uint32_t n);
+
+/* One kernel running n (2..KF_PLAN_MAX_BATCH) already generated member
+ * kernels side by side. The caller promises the members are independent
+ * (no member reads what another writes, directly or through other groups):
+ * the planner's launch index guarantees it (same level). Members are not
+ * changed. Deterministic: the same members in the same order give the same
+ * body, byte for byte. k->numel is exactly k->block times the work-groups
+ * the body splits, and a launcher must launch exactly that (it is at most
+ * KF_CG_BATCH_MAX_ITEMS, so no launcher caps it). On success *k owns its
+ * memory (kf_cg_kernel_release). Errors: KF_ERR_UNSUPPORTED (a member that
+ * needs its own launch, an input that is another member's output, more
+ * than KF_CG_BATCH_MAX_PARAMS parameters, a bad n) with the reason: the
+ * members then run as separate launches, which is always correct;
+ * KF_ERR_NOMEM. */
+kf_status kf_cg_batch_kernels(const kf_cg_kernel *members, uint32_t n, kf_cg_kernel *k);
+
+/* The batched kernel of groups[0..n) of plan p: each must be an elementwise
+ * or reduction group that kf_cg_group generates, and all must be at the
+ * same level of the group DAG (no path between them). Errors: those of
+ * kf_cg_group for a member, and those of kf_cg_batch_kernels. */
+kf_status kf_cg_batch(const kf_model *m, const kf_plan *p, const uint32_t *groups, uint32_t n, kf_cg_kernel *k);
 
 #endif

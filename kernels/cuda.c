@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "kf_exec.h"
+#include "kf_libanchor.h"
 
 /* ---- the driver ABI (stable since CUDA 11.4; *_v2 are the current names) */
 
@@ -293,6 +294,21 @@ static void dev_close(kf_dev *d) {
     kf_free(d);
 }
 
+/* Library anchors (kf_libanchor.h): cuBLASLt / cuDNN on this context and stream. */
+static kf_status dev_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *const bufs[5]) {
+    KF_TRY(bind(d));
+    if (!a) return kf_culib_prepare(s);
+    if (a->is_conv) return kf_cudnn_conv(s, &a->conv, bufs[0], bufs[1], bufs[3], bufs[4]);
+    return kf_cublaslt_gemm(s, &a->gemm, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]);
+}
+
+/* Loads the library on first use (kf_cublaslt_unavailable and
+ * kf_cudnn_unavailable load once per process). */
+static bool dev_lib_has(kf_dev *d, bool conv) {
+    (void)d;
+    return conv ? !kf_cudnn_unavailable() : !kf_cublaslt_unavailable();
+}
+
 kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out) {
     *out = NULL;
     const char *nv = kf_nvrtc_unavailable();
@@ -338,6 +354,8 @@ kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out) {
     d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
     d->replay = dev_replay, d->graph_free = dev_graph_free;
     d->close = dev_close;
+    /* compile-only, or later no library: anchors stay generated kernels */
+    if (!compile_only) d->lib = dev_lib, d->lib_has = dev_lib_has;
     *out = d;
     return KF_OK;
 }

@@ -16,6 +16,7 @@
 #include <unistd.h>
 
 #include "kf_exec.h"
+#include "kf_libanchor.h"
 #include "kf_memplan.h"
 #include "kf_opt.h"
 
@@ -31,12 +32,17 @@ typedef struct step {
     uint32_t group;
     int kern;        /* index into spec.kerns; STEP_REF, STEP_CONST or STEP_ALIAS */
     kf_cg_kernel k;  /* parameters (value ids, sizes) when kern >= 0 */
+    kf_la_anchor *lib; /* a library anchor (kf_libanchor.h): its call runs first, then
+                        * k (the epilogue) when kern >= 0; NULL for every other step */
 } step;
 
 #define STEP_REF (-1)   /* runs on the reference evaluator */
 #define STEP_CONST (-2) /* a plan-time constant, computed when the spec is built */
+#define STEP_LIB (-5)   /* a library anchor's call alone: it writes the group's output */
 #define STEP_ALIAS (-3) /* a view whose outputs share its input's arena bytes: nothing to
                          * launch while the input is on the device, else run on ref */
+#define STEP_BATCHED (-4) /* generated, but launched inside the batched kernel of an earlier
+                           * step of the same plan launch (batch_steps) */
 
 /* What one run needs on the device; kept and reused by later runs. */
 typedef struct slot {
@@ -175,8 +181,11 @@ static void spec_free(kf_exec *e, spec *s) {
         kf_free(s->kerns[i].src);
         kf_free(s->kerns[i].entry);
     }
-    for (uint32_t i = 0; i < s->nsteps; i++) /* also a step whose kernel failed half way (kern still -1) */
+    for (uint32_t i = 0; i < s->nsteps; i++) { /* also a step whose kernel failed half way (kern still -1) */
         kf_cg_kernel_release(&s->steps[i].k);
+        kf_la_anchor_release(s->steps[i].lib);
+        kf_free(s->steps[i].lib);
+    }
     kf_memplan_release(&s->mp);
     kf_free(s->kerns);
     kf_free(s->steps);
@@ -342,6 +351,170 @@ static bool view_aliases(const spec *s, const kf_group *gr) {
     return true;
 }
 
+/* May step st share a launch with others (cg_batch.c)? Generated, of a
+ * plan launch, and a template that runs at any work-group size. */
+static bool batchable(const kf_plan *p, const step *st) {
+    if (st->kern < 0) return false;
+    const kf_group *gr = &p->groups[st->group];
+    return gr->launch != UINT32_MAX && (gr->kind == KF_GROUP_ELEMWISE || gr->kind == KF_GROUP_REDUCTION);
+}
+
+/* Horizontal launches: the generated steps of one plan launch (same level
+ * of the group DAG, so no path between them) become one batched kernel,
+ * launched at the step of the first member. The memory planner widened
+ * every member's values to the whole launch's span of steps (kf_memplan.h),
+ * so all of them are live there; producers sit at lower levels (earlier
+ * steps) and consumers at higher ones (later steps). Members join in step
+ * order while the batch's parameters fit KF_CG_BATCH_MAX_PARAMS; one left
+ * out may lead a batch of its own. A batch codegen declines stays as
+ * separate launches. Kernels only the members used are dropped before the
+ * compile. KFUSE_DISABLE_BATCHING=1 turns it off (bisecting, benchmarks). */
+static kf_status batch_steps(kf_exec *e, spec *s) {
+    const char *off = getenv("KFUSE_DISABLE_BATCHING");
+    if (!e->dev || (off && off[0] && strcmp(off, "0"))) return KF_OK;
+    const kf_plan *p = s->p;
+    /* room for a new text per batch (at most one per two steps) while the
+     * members' own texts are still listed */
+    ukern *grown = kf_realloc(s->kerns, ((size_t)s->nkerns + s->nsteps / 2 + 1) * sizeof *grown);
+    if (!grown) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    s->kerns = grown;
+    for (uint32_t i = 0; i < s->nsteps; i++) {
+        if (!batchable(p, &s->steps[i])) continue;
+        uint32_t launch = p->groups[s->steps[i].group].launch, idx[KF_PLAN_MAX_BATCH], n = 1;
+        kf_cg_kernel ks[KF_PLAN_MAX_BATCH]; /* shallow copies of the members' kernels */
+        idx[0] = i, ks[0] = s->steps[i].k;
+        for (uint32_t j = i + 1; j < s->nsteps && n < KF_PLAN_MAX_BATCH; j++) {
+            if (!batchable(p, &s->steps[j]) || p->groups[s->steps[j].group].launch != launch) continue;
+            ks[n] = s->steps[j].k;
+            if (kf_cg_batch_params(ks, n + 1) <= KF_CG_BATCH_MAX_PARAMS) idx[n++] = j;
+        }
+        if (n < 2) continue;
+        kf_cg_kernel bk;
+        kf_status cst = kf_cg_batch_kernels(ks, n, &bk);
+        if (cst == KF_ERR_UNSUPPORTED) {
+            if (e->o.trace) fprintf(e->o.trace, "kfuse: backend: launch %u not batched: %s\n", launch, kf_last_error());
+            kf_clear_error();
+            continue;
+        }
+        KF_TRY(cst);
+        char *src = NULL;
+        cst = kf_cg_source(&bk, e->dev->target, &src);
+        uint32_t u = 0;
+        while (!cst && u < s->nkerns && strcmp(s->kerns[u].src, src) != 0) u++;
+        if (!cst && u == s->nkerns) {
+            if (!(s->kerns[u].entry = kf_strdup(bk.name))) cst = kf_fail(KF_ERR_NOMEM, "out of memory");
+            else s->kerns[u].src = src, src = NULL, s->nkerns++;
+        }
+        kf_free(src);
+        if (cst) {
+            kf_cg_kernel_release(&bk);
+            return cst;
+        }
+        if (e->o.trace) {
+            fprintf(e->o.trace, "kfuse: backend: launch %u: groups", launch);
+            for (uint32_t m = 0; m < n; m++) fprintf(e->o.trace, " %u", s->steps[idx[m]].group);
+            fprintf(e->o.trace, " in one kernel (%lld work-groups of %u)\n", (long long)(bk.numel / bk.block), bk.block);
+        }
+        for (uint32_t m = 0; m < n; m++) {
+            step *st = &s->steps[idx[m]];
+            kf_cg_kernel_release(&st->k);
+            st->kern = STEP_BATCHED;
+        }
+        s->steps[i].k = bk;
+        s->steps[i].kern = (int)u;
+        s->stats.launches -= n - 1;
+    }
+    /* drop kernels no step launches any more, keeping the order of the rest */
+    int *map = kf_calloc((size_t)s->nkerns + 1, sizeof *map);
+    if (!map) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kern >= 0) map[s->steps[i].kern] = 1;
+    uint32_t kept = 0;
+    for (uint32_t u = 0; u < s->nkerns; u++) {
+        if (!map[u]) {
+            kf_free(s->kerns[u].src);
+            kf_free(s->kerns[u].entry);
+            map[u] = -1;
+            continue;
+        }
+        s->kerns[kept] = s->kerns[u];
+        map[u] = (int)kept++;
+    }
+    for (uint32_t u = kept; u < s->nkerns; u++) s->kerns[u] = (ukern){0};
+    s->nkerns = kept;
+    for (uint32_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kern >= 0) s->steps[i].kern = map[s->steps[i].kern];
+    kf_free(map);
+    return KF_OK;
+}
+
+/* ---- library anchors (kf_libanchor.h) ----------------------------------- */
+
+/* Turns anchor step st into a library call when the device has one and
+ * the group maps: *lib_only when the call writes everything (STEP_LIB);
+ * else st->k becomes the epilogue kernel, compiled like any other. A
+ * declined group keeps its generated kernel (the reason goes to the trace). */
+static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
+    *lib_only = false;
+    const char *off = getenv("KFUSE_NO_VENDOR_LIB");
+    if (!e->dev->lib || e->o.no_vendor_lib || (off && off[0] && strcmp(off, "0"))) return KF_OK;
+    kf_la_anchor la;
+    char why[512]; /* a reason names one node or value */
+    kf_status cst = kf_la_plan_group(s->m, s->p, st->group, &la, why, sizeof why);
+    if (cst == KF_ERR_UNSUPPORTED) {
+        if (e->o.trace) fprintf(e->o.trace, "kfuse: backend: group %u: library declined: %s\n", st->group, why);
+        return KF_OK;
+    }
+    if (cst) return kf_fail(cst, "out of memory mapping group %u onto the library", st->group);
+    if (!e->dev->lib_has(e->dev, la.is_conv)) {
+        if (e->o.trace) fprintf(e->o.trace, "kfuse: backend: group %u: the device has no library for it\n", st->group);
+        kf_la_anchor_release(&la);
+        return KF_OK;
+    }
+    if (!(st->lib = kf_malloc(sizeof *st->lib))) {
+        kf_la_anchor_release(&la);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    *st->lib = la;
+    kf_cg_kernel_release(&st->k);
+    if (la.has_epilogue) {
+        st->k = la.epilogue; /* moved: the step owns it now */
+        st->lib->epilogue = (kf_cg_kernel){0};
+        st->lib->has_epilogue = false;
+    }
+    kf_id vals[5];
+    kf_la_anchor_values(&la, vals);
+    for (int i = 0; i < 4; i++)
+        if (vals[i]) s->dev_read[vals[i]] = true;
+    if (e->o.trace && la.is_conv)
+        fprintf(e->o.trace, "kfuse: backend: group %u: library conv %lldx%lld -> %lld channels (%d-D)%s\n", st->group,
+                (long long)la.conv.n, (long long)la.conv.c, (long long)la.conv.k, la.conv.nspatial,
+                la.has_epilogue ? " + epilogue kernel" : "");
+    else if (e->o.trace)
+        fprintf(e->o.trace, "kfuse: backend: group %u: library GEMM %lldx%lldx%lld (batch %lld)%s\n", st->group,
+                (long long)la.gemm.m, (long long)la.gemm.n, (long long)la.gemm.k, (long long)la.gemm.batch,
+                la.has_epilogue ? " + epilogue kernel" : "");
+    s->stats.launches++; /* the call; an epilogue kernel counts as one more below */
+    if (!la.has_epilogue) {
+        st->kern = STEP_LIB;
+        s->stats.groups_dev++;
+        *lib_only = true;
+    }
+    return KF_OK;
+}
+
+/* The five buffers of st's call (A, B, C, bias, D; NULL where absent). */
+static kf_status run_buf_of(void *r, kf_id v, void **buf);
+static kf_status lib_bufs(void *r, const step *st, void *bufs[5]) {
+    kf_id v[5];
+    kf_la_anchor_values(st->lib, v);
+    for (int i = 0; i < 5; i++) {
+        bufs[i] = NULL;
+        if (v[i]) KF_TRY(run_buf_of(r, v[i], &bufs[i]));
+    }
+    return KF_OK;
+}
+
 /* Generates every group's kernel (or leaves it to ref), finds distinct texts. */
 static kf_status make_steps(kf_exec *e, spec *s) {
     const kf_plan *p = s->p;
@@ -372,10 +545,16 @@ static kf_status make_steps(kf_exec *e, spec *s) {
                 return cst;
             }
         }
+        /* an anchor the library takes runs there, also when codegen declined it */
+        bool lib_only = false;
+        if (gr->kind == KF_GROUP_ANCHOR && e->dev) {
+            KF_TRY(lib_step(e, s, st, &lib_only));
+            if (st->lib) reason = NULL;
+        }
         if (e->o.trace)
             fprintf(e->o.trace, "kfuse: backend: group %u (%s, %u nodes, first '%s'): %s%s%s\n", gi,
                     kind_name(gr->kind), gr->nnodes, gr->nnodes ? kf_node_label(&g->nodes[gr->nodes[0]]) : "-",
-                    reason ? "ref: " : e->dev->name, reason ? reason : " (generated)", "");
+                    reason ? "ref: " : e->dev->name, reason ? reason : st->lib ? " (library call)" : " (generated)", "");
         if (reason) {
             if (gr->kind == KF_GROUP_CONST) {
                 /* known before anything runs: computed once here; a group
@@ -390,6 +569,7 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             s->stats.groups_ref++;
             continue;
         }
+        if (lib_only) continue;
         if (gr->view && view_aliases(s, gr)) {
             kf_cg_kernel_release(&st->k);
             st->kern = STEP_ALIAS;
@@ -416,6 +596,7 @@ static kf_status make_steps(kf_exec *e, spec *s) {
     }
     for (uint32_t i = 0; i < s->nsteps; i++)
         if (s->steps[i].kern == STEP_CONST) s->stats.groups_ref++;
+    KF_TRY(batch_steps(e, s));
     s->stats.kernels_unique = s->nkerns;
     return KF_OK;
 }
@@ -565,12 +746,22 @@ static bool declared_static(const kf_exec *e, kf_type *t) {
     return true;
 }
 
+/* The host model of the library (kf_la_dev_host_lib) takes both kinds. */
+static bool host_lib_has(kf_dev *d, bool conv) {
+    (void)d, (void)conv;
+    return true;
+}
+
 static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e) {
     e->o = *o;
     if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(&e->dev));
     else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, &e->dev));
     else if (o->backend != KF_EXEC_REF) return kf_fail(KF_ERR_INVALID_ARG, "unknown backend %d", (int)o->backend);
     if (e->dev && o->compile_only) e->dev->can_run = false; /* nothing is loaded or uploaded */
+    /* the host model of the library call (tests, bisecting): it downloads
+     * and syncs, so never on a device whose runs are captured */
+    if (e->dev && !e->dev->lib && !e->dev->capture_begin && env_has("KFUSE_LIBANCHOR_HOST", "1"))
+        e->dev->lib = kf_la_dev_host_lib, e->dev->lib_has = host_lib_has;
     if (e->dev) {
         kf_status cst = kf_cache_open(o->cache_dir, &e->cache);
         if (!e->cache) return cst;
@@ -758,8 +949,17 @@ static kf_status to_host(run *r, kf_id v) {
                                (size_t)r->vals[v].numel * kf_dtype_size(t->dtype));
 }
 
+static kf_status run_buf_of(void *r, kf_id v, void **buf) { return buf_of(r, v, buf); }
+
+/* Launches st: its library call first, if any, then its kernel, if any. */
 static kf_status launch(run *r, const step *st) {
     kf_dev *d = r->e->dev;
+    if (st->lib) {
+        void *lb[5];
+        KF_TRY(lib_bufs(r, st, lb));
+        KF_TRY(d->lib(d, r->sl->stream, st->lib, lb));
+        if (st->kern < 0) return KF_OK;
+    }
     void *bufs[KF_PLAN_MAX_INPUTS + KF_PLAN_MAX_OUTPUTS];
     const kf_cg_kernel *k = &st->k;
     if (k->nins + k->nouts > sizeof bufs / sizeof bufs[0])
@@ -781,16 +981,25 @@ static kf_status run_steps(run *r) {
     double t0 = now_s();
     for (uint32_t i = 0; i < r->s->nsteps; i++) {
         const step *st = &r->s->steps[i];
-        if (st->kern == STEP_CONST) continue;
+        if (st->kern == STEP_CONST || st->kern == STEP_BATCHED) continue;
         const kf_group *gr = &p->groups[st->group];
         if (st->kern == STEP_ALIAS && r->dvalid[view_source(g, gr)]) {
             /* same arena bytes under a new shape: the outputs are current */
             for (uint32_t o = 0; o < gr->noutputs; o++) r->dvalid[gr->outputs[o]] = true;
             continue;
         }
-        if (st->kern >= 0) {
-            for (uint32_t j = 0; j < st->k.nins; j++) KF_TRY(to_dev(r, st->k.ins[j].value));
+        if (st->kern >= 0 || st->kern == STEP_LIB) {
+            kf_id lv[5] = {0, 0, 0, 0, 0}; /* the library call's buffers; lv[4] it writes */
+            if (st->lib) kf_la_anchor_values(st->lib, lv);
+            for (int j = 0; j < 4; j++)
+                if (lv[j]) KF_TRY(to_dev(r, lv[j]));
+            for (uint32_t j = 0; j < st->k.nins; j++)
+                if (!st->lib || st->k.ins[j].value != lv[4]) KF_TRY(to_dev(r, st->k.ins[j].value));
             KF_TRY(launch(r, st));
+            if (st->lib) {
+                r->dvalid[lv[4]] = true;
+                kf_tensor_release(&r->vals[lv[4]]);
+            }
             for (uint32_t o = 0; o < st->k.nouts; o++) {
                 kf_id v = st->k.outs[o].value;
                 r->dvalid[v] = true;
@@ -831,12 +1040,15 @@ static kf_status run_graph(run *r) {
         void *b;
         for (uint32_t j = 0; st->kern >= 0 && j < st->k.nins + st->k.nouts; j++)
             KF_TRY(buf_of(r, j < st->k.nins ? st->k.ins[j].value : st->k.outs[j - st->k.nins].value, &b));
+        void *lb[5];
+        if (st->lib) KF_TRY(lib_bufs(r, st, lb));
+        if (st->lib) KF_TRY(d->lib(d, sl->stream, NULL, lb)); /* the workspace, before capture */
     }
     if (!sl->graph) {
         KF_TRY(d->capture_begin(d, sl->stream));
         kf_status st = KF_OK;
         for (uint32_t i = 0; i < r->s->nsteps && !st; i++)
-            if (r->s->steps[i].kern >= 0) st = launch(r, &r->s->steps[i]);
+            if (r->s->steps[i].kern >= 0 || r->s->steps[i].kern == STEP_LIB) st = launch(r, &r->s->steps[i]);
         void *graph = NULL;
         kf_status st2 = d->capture_end(d, sl->stream, &graph);
         KF_TRY(st ? st : st2);
@@ -849,6 +1061,7 @@ static kf_status run_graph(run *r) {
     for (uint32_t i = 0; i < r->s->nsteps; i++) {
         const step *st = &r->s->steps[i];
         for (uint32_t o = 0; st->kern >= 0 && o < st->k.nouts; o++) r->dvalid[st->k.outs[o].value] = true;
+        if (st->lib) r->dvalid[st->lib->is_conv ? st->lib->conv.d : st->lib->gemm.d] = true;
         const kf_group *gr = &r->s->p->groups[st->group];
         for (uint32_t o = 0; st->kern == STEP_ALIAS && o < gr->noutputs; o++) r->dvalid[gr->outputs[o]] = true;
     }

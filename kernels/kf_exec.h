@@ -15,6 +15,8 @@
 #include "kf_cache.h"
 #include "kf_kernels.h"
 
+struct kf_la_anchor;
+
 typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA = 3 } kf_exec_backend;
 
 /* Compile threads at most: kernels are independent and NVRTC/PoCL use one
@@ -36,6 +38,8 @@ typedef struct kf_exec_options {
     int threads;           /* compile threads; 0: the online cores, capped at KF_EXEC_MAX_THREADS */
     const char *cache_dir; /* NULL: kf_cache_default_dir() */
     FILE *trace;           /* one line per group when the plan is made (NULL: none) */
+    bool no_vendor_lib;    /* cuda: anchors stay generated kernels instead of cuBLASLt/cuDNN
+                            * calls (kf_libanchor.h); also KFUSE_NO_VENDOR_LIB=1 */
 } kf_exec_options;
 
 /* backend opencl, optimize on, threads 0, everything else NULL/false. */
@@ -150,6 +154,15 @@ typedef struct kf_dev {
     kf_status (*replay)(struct kf_dev *d, void *s, void *graph);
     void (*graph_free)(struct kf_dev *d, void *graph);
     void (*close)(struct kf_dev *d);
+    /* optional (cuda with cuBLASLt/cuDNN): one library anchor call
+     * (kf_libanchor.h) on stream s, buffers in kf_la_anchor_values order
+     * (NULL where none). a NULL: only make what calls on s need (the
+     * workspace), before a capture, where allocating is not allowed.
+     * lib_has: whether lib takes convolutions (conv) or GEMMs (!conv);
+     * asked only when a group maps, so a library (cuDNN and cuBLASLt are
+     * hundreds of MB) loads only for models that use it. */
+    kf_status (*lib)(struct kf_dev *d, void *s, const struct kf_la_anchor *a, void *const bufs[5]);
+    bool (*lib_has)(struct kf_dev *d, bool conv);
 } kf_dev;
 
 /* Opens the first OpenCL device. KF_ERR_NO_DEVICE with the reason. */

@@ -67,6 +67,20 @@ run_models_opencl() { # every bundled model and ../shared/models on OpenCL, chec
   echo "$n models passed on opencl --check, $skipped skipped"
 }
 
+run_models_variants() { # the bundled models through the other execution paths, against ref:
+  # library anchors (the host model of the cuBLASLt/cuDNN calls + generated epilogue kernels)
+  # and every group launched alone (horizontal batching off)
+  local m n=0
+  for m in "$root"/bench/models/small/*/model.onnx; do
+    KFUSE_LIBANCHOR_HOST=1 "$root/build/tools/kfuse" run "$m" --backend opencl --check >/dev/null ||
+      { echo "FAILED with library anchors (host model): $m"; return 1; }
+    KFUSE_DISABLE_BATCHING=1 "$root/build/tools/kfuse" run "$m" --backend opencl --check >/dev/null ||
+      { echo "FAILED without batching: $m"; return 1; }
+    n=$((n + 1))
+  done
+  echo "$n models passed with library anchors (host model) and without batching"
+}
+
 "$root/tools/setup-deps.sh" || { echo "dependency setup failed"; exit 1; }
 # A private kernel cache per run: nothing left by an earlier run (or another
 # checkout) is read, and every cache path is exercised cold, then warm.
@@ -80,16 +94,17 @@ exported_symbols() { # the shared library exports the public API and nothing els
   echo "libkfuse.so exports $(nm -D --defined-only "$root/build/libkfuse.so" | grep -c ' kf_') kf_ symbols only"
 }
 stage "exported symbols" exported_symbols
-no_libcuda() { # the CUDA driver is loaded at run time: nothing may need it to start
-  if ldd "$root/build/tools/kfuse" "$root/build/libkfuse.so" | grep -q 'libcuda\.so'; then
-    echo "kfuse or libkfuse.so links libcuda"; return 1; fi
-  echo "neither kfuse nor libkfuse.so links libcuda"
+no_libcuda() { # the CUDA driver, cuBLASLt and cuDNN are loaded at run time: nothing may need them to start
+  if ldd "$root/build/tools/kfuse" "$root/build/libkfuse.so" | grep -qE 'libcuda\.so|libcublas|libcudnn'; then
+    echo "kfuse or libkfuse.so links libcuda, cuBLAS or cuDNN"; return 1; fi
+  echo "neither kfuse nor libkfuse.so links libcuda, cuBLAS or cuDNN"
 }
 stage "no libcuda linked" no_libcuda
 stage "unit tests" "$root/build/tests/kfuse_tests" --jobs "$jobs"
 stage "conformance (ref)" conform "$root/build/tools/kfuse"
 stage "conformance (opencl)" conform_opencl "$root/build/tools/kfuse"
 stage "bundled and shared models on opencl --check" run_models_opencl
+stage "bundled models: library anchors, no batching" run_models_variants
 stage "cuda kernels compile (NVRTC, sm_80 + sm_90)" bash -c "'$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_80 && '$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_90"
 stage "emitted kernels compile on their own (nvcc, OpenCL)" "$root/tests/emit_check.sh" "$root/build"
 stage "install + embed example" "$root/tests/install_check.sh" "$root/build-install"

@@ -27,7 +27,8 @@ static void fuse_usage(FILE *f) {
                "  --report  table of groups and boundary reasons (stderr with --json)\n"
                "  --json    one JSON object on stdout\n"
                "  --dot F   Graphviz picture, one cluster per group (F.svg too when dot is installed)\n"
-               "  --emit DIR  write each generated kernel as DIR/group_N.cl and DIR/group_N.cu (groups\n"
+               "  --emit DIR  write each generated kernel as DIR/group_N.cl and DIR/group_N.cu, and each\n"
+               "            horizontal launch of several groups as DIR/launch_L.cl and .cu (groups\n"
                "            codegen does not handle yet are listed with the reason)\n"
                "  --no-opt  plan the model as loaded, without kfuse opt's rewrites\n");
 }
@@ -59,15 +60,35 @@ static kf_status write_text(const char *path, const char *text) {
     return ok ? KF_OK : kf_fail(KF_ERR_IO, "cannot write %s", path);
 }
 
+/* Writes k as DIR/NAME.cl and DIR/NAME.cu, each self-contained. */
+static kf_status write_kernel(const char *dir, const char *name, const kf_cg_kernel *k) {
+    static const struct { kf_cg_target t; const char *ext; } targets[] = {{KF_CG_OPENCL, "cl"}, {KF_CG_CUDA, "cu"}};
+    kf_status st = KF_OK;
+    for (int t = 0; t < 2 && !st; t++) {
+        char path[4096], *src = NULL;
+        snprintf(path, sizeof path, "%s/%s.%s", dir, name, targets[t].ext);
+        st = kf_cg_source(k, targets[t].t, &src);
+        if (!st) st = write_text(path, src);
+        kf_free(src);
+    }
+    return st;
+}
+
 /* --emit DIR: every group codegen supports, as a self-contained OpenCL and
- * CUDA source (prelude + the shared body); the others named with their
- * reason on stderr. Runs before kf_fuse_apply changes the model. */
+ * CUDA source (prelude + the shared body), DIR/group_N.{cl,cu}; the others
+ * named with their reason on stderr. Each launch of the plan that batches
+ * two or more generated groups (horizontal launch) is also written as the
+ * one kernel that runs them, DIR/launch_L.{cl,cu}. Runs before
+ * kf_fuse_apply changes the model. */
 static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan *p) {
-    uint32_t written = 0, declined = 0, symbolic = 0;
+    uint32_t written = 0, declined = 0, symbolic = 0, batches = 0;
     if (mkdir(dir, 0777) && errno != EEXIST)
         return kf_fail(KF_ERR_IO, "cannot create the kernel folder %s: %s", dir, strerror(errno));
-    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
-        char why[512];
+    bool *gen = kf_calloc((size_t)p->ngroups + 1, sizeof *gen);
+    if (!gen) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = KF_OK;
+    for (uint32_t gi = 0; gi < p->ngroups && !st; gi++) {
+        char why[512], name[32];
         if (p->groups[gi].kind == KF_GROUP_CONST) continue;
         if (kf_cg_unsupported(m, p, gi, why, sizeof why)) {
             fprintf(stderr, "kfuse: group %u not generated: %s\n", gi, why);
@@ -76,22 +97,40 @@ static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan 
             continue;
         }
         kf_cg_kernel k;
-        KF_TRY(kf_cg_group(m, p, gi, &k));
-        static const struct { kf_cg_target t; const char *ext; } targets[] = {{KF_CG_OPENCL, "cl"}, {KF_CG_CUDA, "cu"}};
-        kf_status st = KF_OK;
-        for (int t = 0; t < 2 && !st; t++) {
-            char path[4096], *src = NULL;
-            snprintf(path, sizeof path, "%s/group_%u.%s", dir, gi, targets[t].ext);
-            st = kf_cg_source(&k, targets[t].t, &src);
-            if (!st) st = write_text(path, src);
-            kf_free(src);
-        }
+        if ((st = kf_cg_group(m, p, gi, &k))) break;
+        snprintf(name, sizeof name, "group_%u", gi);
+        st = write_kernel(dir, name, &k);
         kf_cg_kernel_release(&k);
-        if (st) return st;
+        gen[gi] = true;
         written++;
     }
-    fprintf(stderr, "kfuse: %u kernels written to %s (.cl and .cu), %u groups not generated\n", written, dir,
-            declined);
+    for (uint32_t l = 0; l < p->launches && !st; l++) {
+        uint32_t members[KF_PLAN_MAX_BATCH], n = 0;
+        for (uint32_t gi = 0; gi < p->ngroups && n < KF_PLAN_MAX_BATCH; gi++) {
+            const kf_group *G = &p->groups[gi];
+            if (gen[gi] && G->launch == l && (G->kind == KF_GROUP_ELEMWISE || G->kind == KF_GROUP_REDUCTION))
+                members[n++] = gi;
+        }
+        if (n < 2) continue;
+        kf_cg_kernel k;
+        st = kf_cg_batch(m, p, members, n, &k);
+        if (st == KF_ERR_UNSUPPORTED) {
+            fprintf(stderr, "kfuse: launch %u not batched: %s\n", l, kf_last_error());
+            kf_clear_error();
+            st = KF_OK;
+            continue;
+        }
+        if (st) break;
+        char name[32];
+        snprintf(name, sizeof name, "launch_%u", l);
+        st = write_kernel(dir, name, &k);
+        kf_cg_kernel_release(&k);
+        batches++;
+    }
+    kf_free(gen);
+    if (st) return st;
+    fprintf(stderr, "kfuse: %u kernels written to %s (.cl and .cu), %u batched launches, %u groups not generated\n",
+            written, dir, batches, declined);
     if (symbolic)
         fprintf(stderr, "kfuse: %u of them have symbolic dims; fix them with --dim NAME=N (see kfuse info) to "
                         "generate those kernels\n", symbolic);

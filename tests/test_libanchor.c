@@ -1,0 +1,584 @@
+/*
+ * test_libanchor.c: library anchors (kernels/kf_libanchor.h) without a GPU.
+ * For every anchor group that maps onto cuBLASLt, the host model of the
+ * call (kf_la_gemm_host, which reads m, n, k, transposes, leading dims,
+ * batch strides, alpha/beta, bias and activation exactly as they are
+ * handed to the library) must equal the reference evaluator's value of
+ * what the library writes, and that value run through the generated
+ * epilogue kernel on OpenCL must equal the reference group outputs. Also
+ * the declines with their reasons, and cuBLASLt's clean "not available".
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg_util.h"
+#include "kf_exec.h"
+#include "kf_libanchor.h"
+#include "kf_opt.h"
+
+/* DESIGN.md numerics, fused vs unfused */
+#define ATOL 1e-5
+#define RTOL 1e-4
+#define ATOL16 2.5e-3
+#define RTOL16 1e-3
+
+/* fp32 dot products of length K against the double reference: see
+ * test_cg_anchor.c's tol_for (K * sqrt(K) half-ulps of partial sums). */
+static double tol_for(int64_t K) {
+    double t = (double)K * sqrt((double)K) / 16777216.0;
+    return t > ATOL ? t : ATOL;
+}
+
+static char *exec_matches_ref(const kf_model *m, bool lib);
+
+/* When set, every epilogue kernel also compiles for CUDA (NVRTC sm_90, no spills). */
+static bool nvrtc_epilogues;
+
+typedef struct tally {
+    uint32_t mapped, declined, with_epilogue, acts, biases, convs;
+    char first_reason[512];
+} tally;
+
+/* Checks every anchor group of m (planned by p, reference r). */
+static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals *r, tally *t) {
+    const kf_graph *g = m->graph;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        if (p->groups[gi].kind != KF_GROUP_ANCHOR) continue;
+        kf_la_anchor la, la2;
+        char why[512];
+        kf_status st = kf_la_plan_group(m, p, gi, &la, why, sizeof why);
+        if (st == KF_ERR_UNSUPPORTED) {
+            if (getenv("KF_TEST_VERBOSE")) fprintf(stderr, "libanchor: group %u declined: %s\n", gi, why);
+            if (!t->declined++) snprintf(t->first_reason, sizeof t->first_reason, "%s", why);
+            continue;
+        }
+        cr_assert_eq(st, KF_OK, "group %u", gi);
+        cr_assert_eq(kf_la_plan_group(m, p, gi, &la2, why, sizeof why), KF_OK);
+        cr_assert(!memcmp(&la.gemm, &la2.gemm, sizeof la.gemm), "descriptor not deterministic");
+        if (la.has_epilogue) cr_assert_str_eq(la.epilogue.body, la2.epilogue.body);
+        kf_la_anchor_release(&la2);
+        t->mapped++;
+        t->convs += la.is_conv;
+        const kf_la_gemm *G = &la.gemm;
+        const kf_la_conv *C = &la.conv;
+        kf_id lv[5];
+        kf_la_anchor_values(&la, lv);
+        t->acts += (la.is_conv ? C->act : G->act) != KF_LA_ACT_NONE;
+        t->biases += lv[3] != 0;
+        const kf_type *dt = &g->values[lv[4]].type;
+        kf_tensor d = {0};
+        cr_assert_eq(kf_tensor_alloc(&d, dt->dtype, dt->rank, dt->dims), KF_OK);
+        int64_t K = G->k;
+        if (la.is_conv) {
+            K = C->c / C->groups;
+            for (int i = 0; i < C->nspatial; i++) K *= C->kern[i];
+            cr_assert_eq(kf_la_conv_host(C, &r->t[C->x], &r->t[C->w], C->bias ? &r->t[C->bias] : NULL, &d), KF_OK,
+                         "group %u: %s", gi, kf_last_error());
+        } else {
+            cr_assert_eq(kf_la_gemm_host(G, &r->t[G->a], &r->t[G->b], G->c ? &r->t[G->c] : NULL,
+                                         G->bias ? &r->t[G->bias] : NULL, &d),
+                         KF_OK, "group %u: %s", gi, kf_last_error());
+        }
+        bool half = dt->dtype == KF_DT_FLOAT16;
+        double atol = half ? ATOL16 : tol_for(K), rtol = half ? RTOL16 : RTOL;
+        char w[256];
+        cr_assert(tu_close(&d, &r->t[lv[4]], atol, rtol, w, sizeof w),
+                  "group %u: library output '%s' (%s; gemm m %lld n %lld k %lld batch %lld ta %d tb %d): %s", gi,
+                  g->values[lv[4]].name, la.is_conv ? "conv" : "gemm", (long long)G->m, (long long)G->n,
+                  (long long)G->k, (long long)G->batch, G->trans_a, G->trans_b, w);
+        if (la.has_epilogue) {
+            t->with_epilogue++;
+            const kf_cg_kernel *k = &la.epilogue;
+            const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+            bool reads_d = false;
+            for (uint32_t i = 0; i < k->nins; i++) {
+                in[i] = k->ins[i].value == lv[4] ? &d : &r->t[k->ins[i].value];
+                reads_d |= k->ins[i].value == lv[4];
+            }
+            cr_assert(reads_d, "group %u: the epilogue does not read the library output", gi);
+            if (nvrtc_epilogues) cgu_nvrtc_check(k, "sm_90");
+            kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
+            cr_assert_eq(kf_cl_run_kernel(k, in, out), KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k->body);
+            for (uint32_t o = 0; o < k->nouts; o++) {
+                /* the epilogue may amplify the GEMM's rounding (LayerNorm
+                 * divides by a row's spread): allow the GEMM's tolerance */
+                cr_assert(tu_close(&out[o], &r->t[k->outs[o].value], atol * 4, rtol * 4, w, sizeof w),
+                          "group %u epilogue output %u: %s\n%s", gi, o, w, k->body);
+                kf_tensor_release(&out[o]);
+            }
+        }
+        kf_tensor_release(&d);
+        kf_la_anchor_release(&la);
+    }
+}
+
+static tally check_text(const char *text) {
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    cgu_refvals r = cgu_reference(m);
+    tally t = {0};
+    check_groups(m, p, &r, &t);
+    cgu_refvals_free(&r);
+    kf_plan_free(p);
+    kf_model_free(m);
+    return t;
+}
+
+/* A decline's reason for the (single) anchor group of text. */
+static void expect_decline(const char *text, const char *part) {
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    bool seen = false;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        if (p->groups[gi].kind != KF_GROUP_ANCHOR) continue;
+        kf_la_anchor la;
+        char why[512] = "";
+        cr_assert_eq(kf_la_plan_group(m, p, gi, &la, why, sizeof why), KF_ERR_UNSUPPORTED);
+        cr_assert_not_null(strstr(why, part), "reason '%s' lacks '%s'", why, part);
+        seen = true;
+    }
+    cr_assert(seen, "no anchor group");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(libanchor, matmul_bias_relu_all_in_the_library) {
+    cgu_need_opencl();
+    tally t = check_text("input x float[70, 45]\nconst w float[45, 33] = random\nconst b float[33] = random\n"
+                         "y = MatMul(x, w)\nz = Add(b, y)\nr = Relu(z)\noutput r\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 0);
+    cr_assert_eq(t.acts, 1);
+    cr_assert_eq(t.biases, 1);
+}
+
+Test(libanchor, batched_matmul_folded_strided_and_broadcast) {
+    cgu_need_opencl();
+    /* [2,3,17,40] x [40,20]: batches folded into rows; [4,17,40] x [4,40,20]:
+     * strided batch; [1,17,40] x [4,40,20]: left operand stride 0 */
+    tally t = check_text("input a float[2, 3, 17, 40]\nconst w float[40, 20] = random\n"
+                         "input b float[4, 17, 40]\ninput c float[4, 40, 20]\ninput e float[1, 17, 40]\n"
+                         "y = MatMul(a, w)\nt = Tanh(y)\noutput t\n"
+                         "z = MatMul(b, c)\noutput z\nq = MatMul(e, c)\nn = Neg(q)\noutput n\n");
+    cr_assert_eq(t.mapped, 3, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 2);
+}
+
+Test(libanchor, transposed_operands_taken_as_trans_flags) {
+    cgu_need_opencl();
+    tally t = check_text("input x float[2, 40, 17]\ninput w float[2, 23, 40]\n"
+                         "xt = Transpose(x) {perm=[0,2,1]}\nwt = Transpose(w) {perm=[0,2,1]}\n"
+                         "y = MatMul(xt, wt)\ns = Sigmoid(y)\noutput s\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+}
+
+Test(libanchor, gemm_trans_alpha_beta_full_c_and_bias_c) {
+    cgu_need_opencl();
+    tally t = check_text("input a float[37, 66]\ninput b float[70, 37]\nconst c float[66, 70] = random\n"
+                         "y = Gemm(a, b, c) {transA=1, transB=1, alpha=0.5, beta=2.0}\ns = Sigmoid(y)\noutput s\n"
+                         "input p float[66, 20]\ninput q float[20, 9]\nconst cb float[9] = random\n"
+                         "g = Gemm(p, q, cb)\nh = Relu(g)\noutput h\n");
+    cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
+    cr_assert_eq(t.biases, 1);
+}
+
+Test(libanchor, residual_layernorm_rows_after_the_call) {
+    cgu_need_opencl();
+    tally t = check_text("input x float[24, 64]\nconst w float[64, 48] = random\nconst b float[48] = random\n"
+                         "input res float[24, 48]\nconst sc float[48] = random\nconst sh float[48] = random\n"
+                         "y = MatMul(x, w)\nz = Add(y, b)\nq = Add(z, res)\n"
+                         "n = LayerNormalization(q, sc, sh) {axis=-1}\noutput n\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 1);
+    cr_assert_eq(t.biases, 1);
+}
+
+Test(libanchor, gelu_tanh_in_the_library_erf_gelu_in_the_epilogue) {
+    cgu_need_opencl();
+    tally t = check_text("opset 20\ninput x float[16, 32]\nconst w float[32, 64] = random\nconst b float[64] = random\n"
+                         "y = MatMul(x, w)\nz = Add(y, b)\ng = Gelu(z) {approximate=\"tanh\"}\noutput g\n"
+                         "y2 = MatMul(x, w)\nz2 = Add(y2, b)\ng2 = Gelu(z2)\noutput g2\n");
+    cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
+    cr_assert_eq(t.acts, 1);
+    cr_assert_eq(t.with_epilogue, 1);
+}
+
+Test(libanchor, float16_bias_relu) {
+    cgu_need_opencl();
+    tally t = check_text("input x float16[33, 40]\nconst w float16[40, 24] = random\nconst b float16[24] = random\n"
+                         "input r float16[33, 24]\n"
+                         "y = MatMul(x, w)\nz = Add(y, b)\nq = Relu(z)\np = Add(q, r)\noutput p\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 1);
+}
+
+Test(libanchor, store_side_head_split_in_the_epilogue) {
+    cgu_need_opencl();
+    tally t = check_text("input x float[2, 10, 48]\nconst w float[48, 48] = random\nconst b float[48] = random\n"
+                         "const shp int64[4] = 2 10 4 12\n"
+                         "y = MatMul(x, w)\nz = Add(y, b)\nr = Reshape(z, shp)\nt = Transpose(r) {perm=[0,2,1,3]}\n"
+                         "output t\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 1);
+}
+
+Test(libanchor, declines_with_reasons) {
+    expect_decline("input x float[20, 16]\nconst w float[16, 8] = random\n"
+                   "e = Relu(x)\ny = MatMul(e, w)\noutput y\n",
+                   "operand prologue");
+    expect_decline("input x float[1, 3, 8, 8]\nconst w float[4, 3, 3, 3] = random\n"
+                   "y = Conv(x, w) {pads=[1,1,0,0]}\nr = Relu(y)\noutput r\n",
+                   "asymmetric pads");
+    expect_decline("input x float[1, 3, 8, 8]\nconst w float[4, 3, 3, 3] = random\n"
+                   "y = Conv(x, w) {auto_pad=\"SAME_UPPER\"}\nr = Relu(y)\noutput r\n",
+                   "auto_pad");
+    expect_decline("input a float[2, 3, 17, 40]\ninput b float[3, 40, 20]\ny = MatMul(a, b)\noutput y\n",
+                   "broadcast partially");
+    expect_decline("input a float[5, 40]\ninput u float[40]\ny = MatMul(a, u)\nn = Neg(y)\noutput n\n", "1-D");
+}
+
+/* Anchor groups of the bundled models (optimized like kf_exec does):
+ * every one that maps is checked; BERT, GPT-2 and ViT each map some. */
+static void check_model(const char *rel, bool expect_mapped) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bench/models/small/%s/model.onnx", KF_SOURCE_DIR, rel);
+    kf_model *m = NULL;
+    cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
+    /* kf_exec specialises symbolic dims before planning; so does this:
+     * batch 1 and 8 tokens keep the reference run short */
+    for (uint32_t s = 1; s < m->graph->nsyms; s++)
+        if (kf_graph_bind_sym(m->graph, m->graph->syms[s], s == 1 ? 1 : 8) != KF_OK) kf_clear_error();
+    kf_opt_options oo;
+    kf_opt_options_default(&oo);
+    kf_opt_result res;
+    memset(&res, 0, sizeof res);
+    cr_assert_eq(kf_optimize(m, &oo, &res), KF_OK, "%s", kf_last_error());
+    kf_rules_free(&res.rules);
+    kf_plan *p = cgu_plan(m);
+    cgu_refvals r = cgu_reference(m);
+    tally t = {0};
+    check_groups(m, p, &r, &t);
+    fprintf(stderr, "libanchor: %s: %u anchor groups mapped (%u convs, %u with an epilogue kernel, %u biases, %u activations), %u declined (first: %s)\n",
+            rel, t.mapped, t.convs, t.with_epilogue, t.biases, t.acts, t.declined, t.declined ? t.first_reason : "-");
+    if (expect_mapped) cr_assert_gt(t.mapped, 0, "%s: none mapped; first reason: %s", rel, t.first_reason);
+    cgu_refvals_free(&r);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(libanchor, bundled_bert, .timeout = 300) {
+    cgu_need_opencl();
+    check_model("bert", true);
+}
+Test(libanchor, bundled_gpt2, .timeout = 300) {
+    cgu_need_opencl();
+    check_model("gpt2", true);
+}
+Test(libanchor, bundled_vit, .timeout = 300) {
+    cgu_need_opencl();
+    check_model("vit_b16", true);
+}
+
+Test(libanchor, bundled_resnet50, .timeout = 300) {
+    cgu_need_opencl();
+    check_model("resnet50", true);
+}
+Test(libanchor, bundled_mobilenetv2, .timeout = 300) {
+    cgu_need_opencl();
+    check_model("mobilenetv2", true);
+}
+
+Test(libanchor, conv_bias_relu_all_in_the_library) {
+    cgu_need_opencl();
+    tally t = check_text("input x float[2, 3, 11, 9]\nconst w float[8, 3, 3, 3] = random\nconst b float[8] = random\n"
+                         "y = Conv(x, w, b) {pads=[1,1,1,1], strides=[2,1]}\nr = Relu(y)\noutput r\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.convs, 1);
+    cr_assert_eq(t.acts, 1);
+    cr_assert_eq(t.with_epilogue, 0);
+}
+
+Test(libanchor, conv_groups_depthwise_dilation_add_bias_residual) {
+    cgu_need_opencl();
+    /* grouped conv with a per-channel Add taken as the bias, then a residual
+     * in the epilogue; depthwise with dilation and ReLU without bias (the
+     * ReLU stays in the epilogue kernel: cuDNN fuses it only with a bias) */
+    tally t = check_text("input x float[1, 8, 10, 10]\nconst w float[12, 4, 3, 3] = random\n"
+                         "const cb float[12, 1, 1] = random\ninput res float[1, 12, 10, 10]\n"
+                         "y = Conv(x, w) {group=2, pads=[1,1,1,1]}\nz = Add(y, cb)\nq = Add(z, res)\noutput q\n"
+                         "const dw float[8, 1, 3, 3] = random\n"
+                         "y2 = Conv(x, dw) {group=8, pads=[2,2,2,2], dilations=[2,2]}\nr2 = Relu(y2)\noutput r2\n");
+    cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
+    cr_assert_eq(t.biases, 1);
+    cr_assert_eq(t.acts, 0);
+    cr_assert_eq(t.with_epilogue, 2);
+}
+
+Test(libanchor, conv_1d_3d_and_float16) {
+    cgu_need_opencl();
+    tally t = check_text("input a float[2, 4, 17]\nconst wa float[6, 4, 3] = random\nconst ba float[6] = random\n"
+                         "ya = Conv(a, wa, ba) {strides=[2]}\nra = Relu(ya)\noutput ra\n"
+                         "input v float[1, 2, 5, 6, 7]\nconst wv float[3, 2, 3, 3, 3] = random\n"
+                         "yv = Conv(v, wv) {pads=[1,1,1,1,1,1]}\nsv = Sigmoid(yv)\noutput sv\n"
+                         "input h float16[1, 4, 8, 8]\nconst wh float16[8, 4, 3, 3] = random\nconst bh float16[8] = random\n"
+                         "yh = Conv(h, wh, bh) {pads=[1,1,1,1]}\nrh = Relu(yh)\noutput rh\n");
+    cr_assert_eq(t.mapped, 3, "%s", t.first_reason);
+    cr_assert_eq(t.convs, 3);
+}
+
+Test(libanchor, exec_conv_model_on_opencl, .timeout = 300) {
+    cgu_need_opencl();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bench/models/small/resnet50/model.onnx", KF_SOURCE_DIR);
+    kf_model *m = NULL;
+    cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
+    for (uint32_t s = 1; s < m->graph->nsyms; s++)
+        if (kf_graph_bind_sym(m->graph, m->graph->syms[s], 1) != KF_OK) kf_clear_error();
+    char *trace = exec_matches_ref(m, true);
+    cr_assert_not_null(strstr(trace, "library conv"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
+
+Test(libanchor, cublaslt_reports_not_available_cleanly) {
+    const char *why = kf_cublaslt_unavailable();
+    if (!why) cr_skip_test("cuBLASLt and a CUDA device are available here: the call runs in bench/gpu_check.sh");
+    cr_assert(strlen(why) > 0);
+    kf_la_gemm g = {.m = 4, .n = 4, .k = 4, .lda = 4, .ldb = 4, .ldd = 4, .batch = 1, .alpha = 1, .dtype = KF_DT_FLOAT};
+    cr_assert_eq(kf_cublaslt_gemm(NULL, &g, NULL, NULL, NULL, NULL, NULL), KF_ERR_NO_DEVICE);
+    cr_assert_not_null(strstr(kf_last_error(), why), "%s", kf_last_error());
+    kf_clear_error();
+    const char *dwhy = kf_cudnn_unavailable();
+    cr_assert_not_null(dwhy, "cuDNN available without cuBLASLt's device?");
+    kf_la_conv c = {.nspatial = 2, .n = 1, .c = 1, .k = 1, .groups = 1, .dtype = KF_DT_FLOAT};
+    cr_assert_eq(kf_cudnn_conv(NULL, &c, NULL, NULL, NULL, NULL), KF_ERR_NO_DEVICE);
+    cr_assert_not_null(strstr(kf_last_error(), dwhy), "%s", kf_last_error());
+    kf_clear_error();
+}
+
+Test(libanchor, host_model_rejects_short_buffers) {
+    kf_la_gemm g = {.m = 4, .n = 3, .k = 5, .lda = 4, .ldb = 5, .ldd = 4, .batch = 2, .stride_a = 20, .stride_b = 15,
+                    .stride_d = 12, .alpha = 1, .dtype = KF_DT_FLOAT};
+    kf_tensor a = {0}, b = {0}, d = {0};
+    int64_t na = 40, nb = 29, nd = 24; /* b one element short */
+    cr_assert_eq(kf_tensor_alloc(&a, KF_DT_FLOAT, 1, &na), KF_OK);
+    cr_assert_eq(kf_tensor_alloc(&b, KF_DT_FLOAT, 1, &nb), KF_OK);
+    cr_assert_eq(kf_tensor_alloc(&d, KF_DT_FLOAT, 1, &nd), KF_OK);
+    cr_assert_eq(kf_la_gemm_host(&g, &a, &b, NULL, NULL, &d), KF_ERR_INVALID_ARG);
+    kf_clear_error();
+    kf_tensor_release(&a), kf_tensor_release(&b), kf_tensor_release(&d);
+}
+
+/* ---- the exec path: library steps on OpenCL through the host model ------ */
+
+/* Runs text through kf_exec on OpenCL with KFUSE_LIBANCHOR_HOST=1 (the
+ * library call replaced by kf_la_gemm_host on downloaded buffers, the
+ * epilogue kernels on PoCL) and compares every output with the reference
+ * evaluator on the unoptimized model; returns the trace (caller frees). */
+static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend);
+static char *exec_matches_ref(const kf_model *m, bool lib) { return exec_on(m, lib, KF_EXEC_OPENCL); }
+
+static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend) {
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    char *trace = NULL;
+    size_t tlen = 0;
+    FILE *tf = open_memstream(&trace, &tlen);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = backend;
+    o.trace = tf;
+    o.no_vendor_lib = !lib;
+    char dir[] = "/tmp/kf_libanchor_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    o.cache_dir = dir;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    uint32_t nout = m->graph->noutputs;
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(m, &ins, &nins);
+    kf_tensor *want = calloc(nout + 1, sizeof(kf_tensor)), *got = calloc(nout + 1, sizeof(kf_tensor));
+    cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
+    for (int run = 0; run < 2; run++) { /* the second run reuses the slot's buffers */
+        cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", run, kf_last_error());
+        for (uint32_t i = 0; i < nout; i++) {
+            char why[512];
+            /* long dot products in fp32 against the double reference (tol_for) */
+            bool half = want[i].dtype == KF_DT_FLOAT16;
+            cr_assert(tu_close(&got[i], &want[i], half ? ATOL16 : tol_for(768), half ? RTOL16 : RTOL * 4, why, sizeof why),
+                      "run %d output %u: %s", run, i, why);
+            kf_tensor_release(&got[i]);
+        }
+    }
+    for (uint32_t i = 0; i < nout; i++) kf_tensor_release(&want[i]);
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(ins), free(got), free(want);
+    kf_exec_free(x);
+    fclose(tf);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    return trace;
+}
+
+static const char *EXEC_MIX =
+    "input x float[24, 64]\nconst w float[64, 48] = random\nconst b float[48] = random\n"
+    "input res float[24, 48]\nconst sc float[48] = random\nconst sh float[48] = random\n"
+    "y = MatMul(x, w)\nz = Add(y, b)\nq = Add(z, res)\nn = LayerNormalization(q, sc, sh) {axis=-1}\n"
+    "const w2 float[48, 32] = random\nconst b2 float[32] = random\n"
+    "input x2 float[24, 48]\ny2 = MatMul(x2, w2)\nz2 = Add(y2, b2)\nr2 = Relu(z2)\n"
+    "input p float[2, 32, 16]\nconst w3 float[32, 8] = random\n"
+    "t = Transpose(p) {perm=[0,2,1]}\ny3 = MatMul(t, w3)\ns3 = Sigmoid(y3)\n"
+    "output s3\noutput n\noutput r2\n";
+
+Test(libanchor, exec_runs_library_steps_and_epilogues_on_opencl) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(EXEC_MIX);
+    char *trace = exec_matches_ref(m, true);
+    uint32_t calls = 0, epis = 0;
+    for (const char *t = trace; (t = strstr(t, "library GEMM")); t++) {
+        calls++;
+        const char *nl = strchr(t, '\n');
+        const char *ep = strstr(t, "epilogue kernel");
+        epis += ep && (!nl || ep < nl);
+    }
+    cr_assert_eq(calls, 3, "%s", trace);
+    cr_assert_eq(epis, 2, "%s", trace);
+    free(trace);
+    /* and the kill switch: no library step */
+    trace = exec_matches_ref(m, false);
+    cr_assert_null(strstr(trace, "library GEMM"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
+
+Test(libanchor, exec_bundled_bert_with_library_steps, .timeout = 300) {
+    cgu_need_opencl();
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bench/models/small/bert/model.onnx", KF_SOURCE_DIR);
+    kf_model *m = NULL;
+    cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
+    for (uint32_t s = 1; s < m->graph->nsyms; s++)
+        if (kf_graph_bind_sym(m->graph, m->graph->syms[s], s == 1 ? 1 : 8) != KF_OK) kf_clear_error();
+    char *trace = exec_matches_ref(m, true);
+    cr_assert_not_null(strstr(trace, "library GEMM"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
+
+Test(libanchor, cuda_compile_only_keeps_generated_anchors) {
+    const char *nv = kf_nvrtc_unavailable();
+    if (nv) cr_skip_test("NVRTC: %s", nv);
+    kf_model *m = gt_parse(EXEC_MIX);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_CUDA;
+    o.compile_only = true;
+    o.arch = "sm_90";
+    char dir[] = "/tmp/kf_libanchor_XXXXXX";
+    cr_assert_not_null(mkdtemp(dir));
+    o.cache_dir = dir;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    kf_exec_stats st;
+    kf_exec_get_stats(x, &st);
+    cr_assert_geq(st.kernels_unique, 3, "every anchor compiles as a generated kernel");
+    kf_exec_free(x);
+    char cmd[64];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
+    cr_assert_eq(system(cmd), 0);
+    kf_model_free(m);
+}
+
+/* Every allocation of the mapping (the plan view, the epilogue kernel)
+ * failing in turn: out of memory is reported as such, never as a decline
+ * (which would quietly change what runs), and nothing leaks (ASan build). */
+Test(libanchor, allocation_failures_are_out_of_memory_not_declines) {
+    kf_model *m = gt_parse("input x float[24, 64]\nconst w float[64, 48] = random\nconst b float[48] = random\n"
+                           "input res float[24, 48]\nconst sc float[48] = random\nconst sh float[48] = random\n"
+                           "y = MatMul(x, w)\nz = Add(y, b)\nq = Add(z, res)\n"
+                           "n = LayerNormalization(q, sc, sh) {axis=-1}\noutput n\n");
+    kf_plan *p = cgu_plan(m);
+    uint32_t gi = 0;
+    while (gi < p->ngroups && p->groups[gi].kind != KF_GROUP_ANCHOR) gi++;
+    cr_assert_lt(gi, p->ngroups);
+    uint64_t nth = 1, fired = 0;
+    for (;; nth++) {
+        kf_la_anchor la;
+        char why[512] = "";
+        kf_alloc_fault_set(nth, false);
+        kf_status st = kf_la_plan_group(m, p, gi, &la, why, sizeof why);
+        bool f = kf_alloc_fault_fired();
+        kf_alloc_fault_set(0, false);
+        kf_clear_error();
+        if (!f) {
+            cr_assert_eq(st, KF_OK, "%s", why);
+            kf_la_anchor_release(&la);
+            break;
+        }
+        fired++;
+        cr_assert(st == KF_ERR_NOMEM || st == KF_OK, "allocation %llu failing gave status %d: %s", (unsigned long long)nth,
+                  (int)st, why);
+        if (st == KF_OK) kf_la_anchor_release(&la);
+    }
+    cr_assert_gt(fired, 2, "the mapping allocates (plan view, kernel)");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* Codegen declines a tanh Gelu after a GEMM (today: the group would run on
+ * the reference evaluator); the library takes the whole group instead. */
+Test(libanchor, exec_library_takes_an_anchor_codegen_declines) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse("opset 20\ninput x float[16, 32]\nconst w float[32, 64] = random\nconst b float[64] = random\n"
+                           "y = Gemm(x, w, b)\ng = Gelu(y) {approximate=\"tanh\"}\noutput g\n");
+    char *trace = exec_matches_ref(m, true);
+    cr_assert_not_null(strstr(trace, "(library call)"), "%s", trace);
+    cr_assert_null(strstr(trace, "ref:"), "%s", trace);
+    free(trace);
+    trace = exec_matches_ref(m, false);
+    cr_assert_null(strstr(trace, "(library call)"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
+
+Test(libanchor, epilogue_kernels_compile_for_cuda) {
+    cgu_need_opencl();
+    const char *nv = kf_nvrtc_unavailable();
+    if (nv) cr_skip_test("NVRTC: %s", nv);
+    nvrtc_epilogues = true;
+    tally t = check_text("input x float[24, 64]\nconst w float[64, 48] = random\nconst b float[48] = random\n"
+                         "input res float[24, 48]\nconst sc float[48] = random\nconst sh float[48] = random\n"
+                         "y = MatMul(x, w)\nz = Add(y, b)\nq = Add(z, res)\n"
+                         "n = LayerNormalization(q, sc, sh) {axis=-1}\noutput n\n"
+                         "input c float16[1, 8, 10, 10]\nconst cw float16[12, 8, 3, 3] = random\n"
+                         "input cr float16[1, 12, 10, 10]\ncy = Conv(c, cw) {pads=[1,1,1,1]}\ncq = Add(cy, cr)\n"
+                         "cs = Sigmoid(cq)\noutput cs\n");
+    cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 2);
+}
+
+/* On a GPU: the real cuBLASLt and cuDNN calls against the reference
+ * (bench/gpu_check.sh runs this suite there). */
+Test(libanchor, cuda_library_calls_match_ref, .timeout = 300) {
+    const char *why = kf_cu_unavailable();
+    if (why) cr_skip_test("no CUDA device: %s", why);
+    if ((why = kf_cublaslt_unavailable())) cr_skip_test("%s", why);
+    kf_model *m = gt_parse(EXEC_MIX);
+    char *trace = exec_on(m, true, KF_EXEC_CUDA);
+    cr_assert_not_null(strstr(trace, "library GEMM"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+    if ((why = kf_cudnn_unavailable())) cr_skip_test("GEMMs checked; cuDNN: %s", why);
+    m = gt_parse("input x float[2, 3, 11, 9]\nconst w float[8, 3, 3, 3] = random\nconst b float[8] = random\n"
+                 "y = Conv(x, w, b) {pads=[1,1,1,1], strides=[2,1]}\nr = Relu(y)\noutput r\n"
+                 "input h float[1, 8, 10, 10]\nconst dw float[8, 1, 3, 3] = random\n"
+                 "y2 = Conv(h, dw) {group=8, pads=[2,2,2,2], dilations=[2,2]}\ns2 = Sigmoid(y2)\noutput s2\n");
+    trace = exec_on(m, true, KF_EXEC_CUDA);
+    cr_assert_not_null(strstr(trace, "library conv"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
