@@ -1370,9 +1370,12 @@ static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *row
  * the work-group size / segment (lanes past the last whole segment idle),
  * so any work-group size up to KF_MAX_BLOCK stays correct (CUDA: whole
  * warps, then a segment is T or the whole block, both as kf_seg_* need). */
+/* The largest segment: a row this long or longer has a work-group to itself. */
+#define KF_CG_SEG_MAX 256
+
 static uint32_t seg_for(int64_t K) {
     uint32_t t = 32;
-    while (t < 256 && (int64_t)t * 4 < K) t *= 2;
+    while (t < KF_CG_SEG_MAX && (int64_t)t * 4 < K) t *= 2;
     return t;
 }
 
@@ -1554,7 +1557,11 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         if (block) {
             /* the segment and this lane's place in it (KF_CG_SEGMENT) */
             kf_cg_puts(s, "    KF_SHARED float kf_red[KF_MAX_BLOCK];\n");
-            kf_cg_printf(s, "    const int kf_seg = KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
+            /* a segment of the largest size is the whole work-group (one row
+             * per work-group, whatever its size): the segment arithmetic then
+             * folds away once the launch's size is known */
+            if (T >= KF_CG_SEG_MAX) kf_cg_puts(s, "    const int kf_seg = KF_LOCAL_SIZE;\n");
+            else kf_cg_printf(s, "    const int kf_seg = KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
             kf_cg_puts(s, "    const int kf_nseg = KF_LOCAL_SIZE / kf_seg;\n"
                           "    const int kf_sid = KF_LOCAL_ID / kf_seg;\n"
                           "    const int kf_lane = KF_LOCAL_ID - kf_sid * kf_seg;\n");
@@ -1603,6 +1610,54 @@ void kf_cg_kernel_release(kf_cg_kernel *k) {
 /* Writes group gi's kernel into k. KF_OK; KF_ERR_UNSUPPORTED with the
  * reason in why (no kf_fail: kf_cg_unsupported is a question); or
  * KF_ERR_NOMEM. On error k is released. */
+/* True when text[0..len) holds identifier id as a whole token. */
+static bool has_token(const char *text, size_t len, const char *id, size_t idlen) {
+    for (size_t i = 0; i + idlen <= len; i++) {
+        if (text[i] != id[0] || strncmp(text + i, id, idlen)) continue;
+        bool start = i == 0 || !(isalnum((unsigned char)text[i - 1]) || text[i - 1] == '_');
+        bool end = i + idlen == len || !(isalnum((unsigned char)text[i + idlen]) || text[i + idlen] == '_');
+        if (start && end) return true;
+    }
+    return false;
+}
+
+/* Drops the integer index temporaries the body declares and never reads
+ * ("const int t3 = t0 / 1024;" when only some coordinates of an unravelled
+ * index are used): the index maps name every coordinate, the kernel needs a
+ * few. Only whole lines "const int|kf_i64 NAME = EXPR;" with no comma go;
+ * repeated until none is left, since dropping one may orphan the one it
+ * read. In place; the text only shrinks. Readability of the generated
+ * kernel (and no unused-variable warnings from nvcc on emitted files). */
+static void drop_unread_ints(char *body) {
+    for (bool again = true; again;) {
+        again = false;
+        size_t len = strlen(body);
+        for (char *line = body; *line;) {
+            char *nl = strchr(line, '\n');
+            char *end = nl ? nl + 1 : line + strlen(line);
+            const char *q = line;
+            while (*q == ' ') q++;
+            size_t skip = !strncmp(q, "const int ", 10) ? 10 : !strncmp(q, "const kf_i64 ", 13) ? 13 : 0;
+            const char *name = q + skip, *ne = name;
+            while (skip && (isalnum((unsigned char)*ne) || *ne == '_')) ne++;
+            bool decl = skip && ne > name && !strncmp(ne, " = ", 3) && !memchr(line, ',', (size_t)(end - line)) &&
+                        end - line >= 2 && end[nl ? -2 : -1] == ';';
+            if (decl) {
+                /* is the name read anywhere but its own declaration? */
+                size_t before = (size_t)(line - body), after = len - (size_t)(end - body);
+                size_t idlen = (size_t)(ne - name);
+                if (!has_token(body, before, name, idlen) && !has_token(end, after, name, idlen)) {
+                    memmove(line, end, after + 1);
+                    len -= (size_t)(end - line);
+                    again = true;
+                    continue;
+                }
+            }
+            line = end;
+        }
+    }
+}
+
 static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_kernel *k, char *why, size_t whylen) {
     *k = (kf_cg_kernel){0};
     if (gi >= p->ngroups) {
@@ -1712,6 +1767,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
     kf_status rc = KF_OK;
     if (!ok) rc = st.oom ? KF_ERR_NOMEM : KF_ERR_UNSUPPORTED;
     else if (!(k->body = kf_cg_take(&s))) rc = KF_ERR_NOMEM;
+    else drop_unread_ints(k->body);
     kf_cg_str_release(&s);
     if (rc) kf_cg_kernel_release(k);
     return rc;

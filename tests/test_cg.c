@@ -5,11 +5,13 @@
  * spill figures; and the reasons for groups this slice declines.
  */
 #include <criterion/criterion.h>
+#include <ctype.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "cg_util.h"
+#include "kf_opt.h"
 
 /* DESIGN.md numerics: fused vs unfused, fp32; fp16 (intermediates stay in float) */
 #define ATOL 1e-5
@@ -565,6 +567,49 @@ Test(cg, opencl_build_error_is_compile_status_with_log) {
     cr_assert_not_null(strstr(kf_last_error(), "undeclared_name"), "%s", kf_last_error());
     kf_tensor_release(&in);
     kf_cg_kernel_release(&k);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* Every integer temporary a generated body declares is read somewhere
+ * (codegen drops the coordinates an index map unravels but never uses):
+ * checked on every group of the small BERT, whose GEMM prologues and
+ * epilogues read reshaped and transposed values. */
+Test(cg, bodies_declare_no_unread_index) {
+    kf_model *m;
+    cr_assert_eq(kf_model_load(KF_SOURCE_DIR "/bench/models/small/bert/model.onnx", &m), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_graph_bind_sym(m->graph, "batch", 2), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_graph_bind_sym(m->graph, "seq", 16), KF_OK, "%s", kf_last_error());
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(m, &o, &res), KF_OK, "%s", kf_last_error());
+    kf_rules_free(&res.rules);
+    kf_plan *p = cgu_plan(m);
+    uint32_t bodies = 0, decls = 0;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        kf_cg_kernel k;
+        if (kf_cg_group(m, p, gi, &k) != KF_OK) {
+            kf_clear_error();
+            continue;
+        }
+        bodies++;
+        for (const char *q = k.body; (q = strstr(q, "const int ")) != NULL; q += 10) {
+            char name[64];
+            if (sscanf(q + 10, "%63[A-Za-z0-9_] = ", name) != 1) continue;
+            decls++;
+            size_t n = strlen(name), uses = 0;
+            for (const char *r = k.body; (r = strstr(r, name)) != NULL; r += n) {
+                bool start = r == k.body || !(isalnum((unsigned char)r[-1]) || r[-1] == '_');
+                bool end = !(isalnum((unsigned char)r[n]) || r[n] == '_');
+                uses += start && end;
+            }
+            cr_assert_gt(uses, 1, "group %u declares %s and never reads it:\n%s", gi, name, k.body);
+        }
+        kf_cg_kernel_release(&k);
+    }
+    cr_assert_gt(bodies, 5);
+    cr_assert_gt(decls, 50);
     kf_plan_free(p);
     kf_model_free(m);
 }

@@ -172,9 +172,9 @@ Test(rows, segment_and_block_rule) {
         {100, 64, 256, 13 * 256, "< 32 ?"},   /* 8 rows per group, last group 4 of 8 full */
         {100, 128, 256, 13 * 256, "< 32 ?"},  /* K / 4 = 32 */
         {100, 129, 256, 25 * 256, "< 64 ?"},  /* one past: 64 lanes, 4 rows per group */
-        {3, 768, 256, 3 * 256, "< 256 ?"},    /* BERT's LayerNorm: a group per row */
+        {3, 768, 256, 3 * 256, "kf_seg = KF_LOCAL_SIZE;"}, /* BERT's LayerNorm: a whole group per row */
         {2, 100, 64, 64, "< 32 ?"},           /* two rows: a work-group of 64 */
-        {1, 5000, 256, 256, "< 256 ?"},       /* one long row */
+        {1, 5000, 256, 256, "kf_seg = KF_LOCAL_SIZE;"}, /* one long row */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char text[256];
@@ -209,6 +209,9 @@ Test(rows, any_work_group_size) {
         "opset 13\ninput x float[23, 45]\ny = LogSoftmax(x)\noutput y\n",
         "opset 18\ninput x float[19, 64]\nconst a int64[1] = 1\nr = ReduceMax(x, a)\nz = Neg(r)\noutput z\noutput r\n",
         "opset 13\ninput x float[11, 33, 3]\ny = Softmax(x) {axis=1}\noutput y\n",
+        /* rows long enough for a whole work-group each (kf_seg = KF_LOCAL_SIZE) */
+        "opset 17\ninput x float[5, 777]\nconst g float[777] = random\n"
+        "y = LayerNormalization(x, g) {axis=-1}\noutput y\n",
     };
     static const struct {
         uint32_t block;

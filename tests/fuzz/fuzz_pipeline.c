@@ -2,7 +2,7 @@
  * fuzz_pipeline.c: libFuzzer target for everything after the loader: a
  * model that loads goes through load -> bind symbolic dims -> kf_optimize
  * -> kf_plan_build -> kernel text for every group codegen supports (both
- * targets) -> fuse export -> save -> load again. Every stage must succeed
+ * targets) and the library-anchor mapping of every anchor group -> fuse export -> save -> load again. Every stage must succeed
  * or return a typed error with a message; the exported model must load.
  * Crashes, sanitizer reports, leaks and the aborts below are findings.
  * NVRTC compiles each CUDA kernel only when KF_FUZZ_NVRTC=1 (tens of ms
@@ -16,6 +16,7 @@
 #include "kf_codegen.h"
 #include "kf_fuse.h"
 #include "kf_kernels.h"
+#include "kf_libanchor.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
 
@@ -35,9 +36,28 @@ static kf_status checked(kf_status st, const char *stage) {
     return st;
 }
 
+/* The library-anchor mapping of anchor group gi (kf_libanchor.h): a
+ * descriptor and its epilogue kernel's text, or a decline with a reason. */
+static kf_status lib_anchor(const kf_model *m, const kf_plan *p, uint32_t gi) {
+    kf_la_anchor la;
+    char why[256] = "";
+    kf_status st = kf_la_plan_group(m, p, gi, &la, why, sizeof why);
+    if (st == KF_ERR_UNSUPPORTED) {
+        if (!why[0]) finding("a library anchor declined without a reason", "");
+        return KF_OK;
+    }
+    if (st) return checked(st, "library anchor");
+    char *src = NULL;
+    if (la.has_epilogue) st = kf_cg_source(&la.epilogue, KF_CG_CUDA, &src);
+    kf_free(src);
+    kf_la_anchor_release(&la);
+    return st;
+}
+
 static kf_status kernels(const kf_model *m, const kf_plan *p, bool nvrtc) {
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         char why[256];
+        if (p->groups[gi].kind == KF_GROUP_ANCHOR) KF_TRY(lib_anchor(m, p, gi));
         if (kf_cg_unsupported(m, p, gi, why, sizeof why)) {
             if (!why[0]) finding("a declined group without a reason", "");
             continue;
