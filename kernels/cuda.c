@@ -70,6 +70,15 @@ static struct {
     CUresult (*GetErrorString)(CUresult, const char **);
 } cu = {.once = PTHREAD_ONCE_INIT};
 
+const char *kf_dl_resolve(void *lib, const kf_dl_sym *syms, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        void *f = dlsym(lib, syms[i].name);
+        if (!f) return syms[i].name;
+        memcpy(syms[i].slot, &f, sizeof f); /* object to function pointer, as POSIX dlsym allows */
+    }
+    return NULL;
+}
+
 static void load_driver(void) {
     cu.lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
     if (!cu.lib) {
@@ -78,10 +87,7 @@ static void load_driver(void) {
         cu.why = cu.whybuf;
         return;
     }
-    struct {
-        void **slot;
-        const char *name;
-    } syms[] = {
+    const kf_dl_sym syms[] = {
 #define SYM(field, name) {(void **)&cu.field, name}
         SYM(Init, "cuInit"), SYM(DeviceGet, "cuDeviceGet"), SYM(DeviceGetCount, "cuDeviceGetCount"),
         SYM(DeviceGetAttribute, "cuDeviceGetAttribute"), SYM(DeviceGetName, "cuDeviceGetName"),
@@ -98,14 +104,11 @@ static void load_driver(void) {
         SYM(GraphDestroy, "cuGraphDestroy"), SYM(GetErrorString, "cuGetErrorString"),
 #undef SYM
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        void *f = dlsym(cu.lib, syms[i].name);
-        if (!f) {
-            snprintf(cu.whybuf, sizeof cu.whybuf, "the driver lacks %s (older than CUDA 11.4?)", syms[i].name);
-            cu.why = cu.whybuf;
-            return;
-        }
-        memcpy(syms[i].slot, &f, sizeof f); /* object to function pointer, as POSIX dlsym allows */
+    const char *missing = kf_dl_resolve(cu.lib, syms, sizeof syms / sizeof syms[0]);
+    if (missing) {
+        snprintf(cu.whybuf, sizeof cu.whybuf, "the driver lacks %s (older than CUDA 11.4?)", missing);
+        cu.why = cu.whybuf;
+        return;
     }
     int n = 0;
     CUresult r = cu.Init(0);

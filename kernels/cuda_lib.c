@@ -113,10 +113,7 @@ static void load_lt(void) {
         lt.why = lt.whybuf;
         return;
     }
-    struct {
-        void **slot;
-        const char *name;
-    } syms[] = {
+    const kf_dl_sym syms[] = {
 #define SYM(field, name) {(void **)&lt.field, name}
         SYM(Create, "cublasLtCreate"), SYM(DescCreate, "cublasLtMatmulDescCreate"),
         SYM(DescDestroy, "cublasLtMatmulDescDestroy"), SYM(DescSet, "cublasLtMatmulDescSetAttribute"),
@@ -126,14 +123,11 @@ static void load_lt(void) {
         SYM(Heuristic, "cublasLtMatmulAlgoGetHeuristic"), SYM(Matmul, "cublasLtMatmul"),
 #undef SYM
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        void *f = dlsym(lt.lib, syms[i].name);
-        if (!f) {
-            snprintf(lt.whybuf, sizeof lt.whybuf, "cuBLASLt lacks %s", syms[i].name);
-            lt.why = lt.whybuf;
-            return;
-        }
-        memcpy(syms[i].slot, &f, sizeof f);
+    const char *missing = kf_dl_resolve(lt.lib, syms, sizeof syms / sizeof syms[0]);
+    if (missing) {
+        snprintf(lt.whybuf, sizeof lt.whybuf, "cuBLASLt lacks %s", missing);
+        lt.why = lt.whybuf;
+        return;
     }
     cublasStatus_t r = lt.Create(&lt.handle);
     if (r) {
@@ -337,10 +331,7 @@ static void load_dnn(void) {
         dnn.why = dnn.whybuf;
         return;
     }
-    struct {
-        void **slot;
-        const char *name;
-    } syms[] = {
+    const kf_dl_sym syms[] = {
 #define SYM(field, name) {(void **)&dnn.field, name}
         SYM(Create, "cudnnCreate"), SYM(SetStream, "cudnnSetStream"),
         SYM(CreateTensor, "cudnnCreateTensorDescriptor"), SYM(DestroyTensor, "cudnnDestroyTensorDescriptor"),
@@ -354,14 +345,11 @@ static void load_dnn(void) {
         SYM(BiasAct, "cudnnConvolutionBiasActivationForward"),
 #undef SYM
     };
-    for (size_t i = 0; i < sizeof syms / sizeof syms[0]; i++) {
-        void *f = dlsym(dnn.lib, syms[i].name);
-        if (!f) {
-            snprintf(dnn.whybuf, sizeof dnn.whybuf, "cuDNN lacks %s", syms[i].name);
-            dnn.why = dnn.whybuf;
-            return;
-        }
-        memcpy(syms[i].slot, &f, sizeof f);
+    const char *missing = kf_dl_resolve(dnn.lib, syms, sizeof syms / sizeof syms[0]);
+    if (missing) {
+        snprintf(dnn.whybuf, sizeof dnn.whybuf, "cuDNN lacks %s", missing);
+        dnn.why = dnn.whybuf;
+        return;
     }
     cudnnStatus_t r = dnn.Create(&dnn.handle);
     if (r) {

@@ -172,6 +172,16 @@ kf_status kf_cl_dev_open(kf_dev **out);
  * sm_90. arch NULL: the device's compute capability. KF_ERR_NO_DEVICE
  * "no CUDA device: <reason>" without driver or device. */
 kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out);
+/* Run-time loading of the CUDA libraries (cuda.c, cuda_lib.c): one symbol
+ * and the function-pointer slot it fills. */
+typedef struct kf_dl_sym {
+    void **slot;
+    const char *name;
+} kf_dl_sym;
+/* Resolves every symbol of lib into its slot (dlsym); the name of the first
+ * one lib lacks, else NULL (slots before it are filled). */
+const char *kf_dl_resolve(void *lib, const kf_dl_sym *syms, size_t n);
+
 /* NULL when a CUDA driver and device answer here, else a static reason. */
 const char *kf_cu_unavailable(void);
 

@@ -65,6 +65,17 @@ typedef struct operand {
     kf_id absorbed; /* the Transpose node taken into t, or 0 */
 } operand;
 
+/* The library path takes float32 and float16 (computed in float32), with
+ * both operands of the anchor's output dtype. */
+static kf_status library_dtype(const kf_node *an, const kf_type *xt, const kf_type *wt, const kf_type *yt, char *why,
+                               size_t whylen) {
+    kf_dtype dt = yt->dtype;
+    if ((dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16) || xt->dtype != dt || wt->dtype != dt)
+        return decline(why, whylen, "node '%s': %s operands: the library path takes float32 and float16",
+                       kf_node_label(an), kf_dtype_name(xt->dtype));
+    return KF_OK;
+}
+
 static bool pure_reshape(const kf_node *n) {
     return n->op == KF_OP_RESHAPE || n->op == KF_OP_FLATTEN || n->op == KF_OP_SQUEEZE || n->op == KF_OP_UNSQUEEZE;
 }
@@ -137,9 +148,7 @@ static kf_status map_gemm(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
     const kf_type *xt = &g->values[an->in[0]].type, *wt = &g->values[an->in[1]].type;
     const kf_type *yt = &g->values[an->out[0]].type;
     kf_dtype dt = yt->dtype;
-    if ((dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16) || xt->dtype != dt || wt->dtype != dt)
-        return decline(why, whylen, "node '%s': %s operands: the library path takes float32 and float16", lab,
-                       kf_dtype_name(xt->dtype));
+    KF_TRY(library_dtype(an, xt, wt, yt, why, whylen));
     if (xt->rank < 2 || wt->rank < 2)
         return decline(why, whylen, "node '%s': a 1-D operand (matrix-vector) is left to the generated kernel", lab);
     /* logical per-batch shapes after the prologue transposes: X M x K, W K x N */
@@ -264,9 +273,7 @@ static kf_status map_conv(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
     const kf_type *xt = &g->values[an->in[0]].type, *wt = &g->values[an->in[1]].type;
     const kf_type *yt = &g->values[an->out[0]].type;
     kf_dtype dt = yt->dtype;
-    if ((dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16) || xt->dtype != dt || wt->dtype != dt)
-        return decline(why, whylen, "node '%s': %s operands: the library path takes float32 and float16", lab,
-                       kf_dtype_name(xt->dtype));
+    KF_TRY(library_dtype(an, xt, wt, yt, why, whylen));
     int ns = xt->rank - 2;
     if (ns < 1 || ns > KF_LA_MAX_SPATIAL || wt->rank != xt->rank || yt->rank != xt->rank)
         return decline(why, whylen, "node '%s': %d spatial dims (the library path takes 1 to %d)", lab, ns,

@@ -4,6 +4,7 @@
 #include "cg_util.h"
 
 #include <criterion/criterion.h>
+#include <math.h>
 #include <stdlib.h>
 
 kf_plan *cgu_plan(kf_model *m) {
@@ -63,4 +64,27 @@ void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch) {
     cr_assert_eq(r.spill_stores, 0, "%s: spill stores; log:\n%s", arch, r.log);
     cr_assert_eq(r.spill_loads, 0, "%s: spill loads; log:\n%s", arch, r.log);
     kf_free(src);
+}
+
+double cgu_dot_atol(int64_t K) {
+    double t = (double)K * sqrt((double)K) / 16777216.0;
+    return t > 1e-5 ? t : 1e-5;
+}
+
+uint32_t cgu_nvrtc_check_text(const char *text, unsigned kinds) {
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    uint32_t n = 0;
+    for (uint32_t g = 0; g < p->ngroups; g++) {
+        if (!(kinds & (1u << p->groups[g].kind))) continue;
+        kf_cg_kernel k;
+        cr_assert_eq(kf_cg_group(m, p, g, &k), KF_OK, "%s", kf_last_error());
+        cgu_nvrtc_check(&k, "sm_80");
+        cgu_nvrtc_check(&k, "sm_90");
+        kf_cg_kernel_release(&k);
+        n++;
+    }
+    kf_plan_free(p);
+    kf_model_free(m);
+    return n;
 }

@@ -1,7 +1,8 @@
 /*
- * cg_util.h: helpers the codegen tests share (test_cg.c, test_cg_anchor.c):
- * a default plan, every value's reference tensor, the OpenCL skip, and the
- * NVRTC compile check with its zero-spill assertion.
+ * cg_util.h: helpers the codegen tests share (test_cg*.c, test_libanchor.c):
+ * a default plan, every value's reference tensor, the OpenCL skip, the
+ * NVRTC compile check with its zero-spill assertion, and the tolerance of
+ * long fp32 dot products.
  */
 #ifndef KF_CG_UTIL_H
 #define KF_CG_UTIL_H
@@ -27,5 +28,18 @@ void cgu_need_opencl(void);
 /* Compiles k's CUDA source with NVRTC for arch; asserts it compiles, that
  * ptxas reported registers, and 0 spill bytes either way. */
 void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch);
+
+/* Plans the graph text and runs cgu_nvrtc_check for sm_80 and sm_90 on the
+ * kernel of every group whose kind bit is set in kinds (1u << KF_GROUP_*);
+ * each must generate. Returns how many kernels were checked. */
+uint32_t cgu_nvrtc_check_text(const char *text, unsigned kinds);
+
+/* fp32 absolute tolerance for a dot product of length K with operands in
+ * [-1, 1): the reference accumulates in double, a kernel in float, so each
+ * of the K additions may round by half an ulp of a partial sum of at most
+ * K/4 in expectation; K * 2^-24 * sqrt(K) bounds that with margin for
+ * random signs (at least DESIGN.md's 1e-5: it is 1e-5 or less up to
+ * K = 128, 2e-4 at K = 1024). */
+double cgu_dot_atol(int64_t K);
 
 #endif

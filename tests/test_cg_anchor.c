@@ -13,21 +13,11 @@
 
 #include "cg_util.h"
 
-/* DESIGN.md numerics, fused vs unfused: fp32 and fp16 (see tol_for for long K) */
+/* DESIGN.md numerics, fused vs unfused: fp32 and fp16 (cgu_dot_atol for long K) */
 #define ATOL 1e-5
 #define RTOL 1e-4
 #define ATOL16 2.5e-3
 #define RTOL16 1e-3
-
-/* fp32 tolerance for a dot product of length K with operands in [-1, 1):
- * the reference accumulates in double, the kernel in float, so each of the K
- * additions may round by half an ulp of a partial sum of at most K/4 in
- * expectation; atol K * 2^-24 * sqrt(K) bounds that with margin for random
- * signs (it is 1e-5 or less up to K = 128, 2e-4 at K = 1024). */
-static double tol_for(int64_t K) {
-    double t = (double)K * sqrt((double)K) / 16777216.0;
-    return t > ATOL ? t : ATOL;
-}
 
 /* Plans text, generates every anchor group (all must be accepted), runs
  * each on OpenCL and compares each output with the reference; returns the
@@ -55,7 +45,7 @@ static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint
             char w[256];
             const kf_tensor *want = &r.t[k.outs[o].value];
             bool half = want->dtype == KF_DT_FLOAT16;
-            cr_assert(tu_close(&out[o], want, half ? ATOL16 : tol_for(K), half ? RTOL16 : RTOL, w, sizeof w),
+            cr_assert(tu_close(&out[o], want, half ? ATOL16 : cgu_dot_atol(K), half ? RTOL16 : RTOL, w, sizeof w),
                       "group %u output %u: %s\n%s", gi, o, w, k.body);
             kf_tensor_release(&out[o]);
         }
@@ -123,7 +113,7 @@ static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint
 #define MM_PROLOGUE                                                                                   \
     "input q float[2, 24, 16]\ninput k float[2, 24, 16]\nconst s float[] = 0.25\n"                   \
     "kt = Transpose(k) {perm=[0,2,1]}\nqs = Mul(q, s)\ny = MatMul(qs, kt)\noutput y\n"
-/* long K: tolerance from tol_for */
+/* long K: tolerance from cgu_dot_atol */
 #define MM_LONG_K "input x float[9, 1024]\nconst w float[1024, 70] = random\ny = MatMul(x, w)\nz = Relu(y)\noutput z\n"
 #define MM_HALF                                                                                       \
     "input x float16[20, 30]\nconst w float16[30, 25] = random\nconst b float16[25] = random\n"       \
@@ -446,20 +436,7 @@ Test(cg_anchor, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     }
     const char *graphs[] = {MM_BIAS_RELU, MM_HEADS, MM_HALF, CONV_2D, MM_LAYERNORM, GEMM_LOGSOFTMAX, CONV_B2B_RESNET, FFN_B2B, ATTENTION_B2B, FFN_B2B_LAYERNORM};
     uint32_t n = 0;
-    for (size_t gi = 0; gi < sizeof graphs / sizeof graphs[0]; gi++) {
-        kf_model *m = gt_parse(graphs[gi]);
-        kf_plan *p = cgu_plan(m);
-        for (uint32_t g = 0; g < p->ngroups; g++) {
-            if (p->groups[g].kind != KF_GROUP_ANCHOR) continue;
-            kf_cg_kernel k;
-            cr_assert_eq(kf_cg_group(m, p, g, &k), KF_OK, "%s", kf_last_error());
-            cgu_nvrtc_check(&k, "sm_80");
-            cgu_nvrtc_check(&k, "sm_90");
-            kf_cg_kernel_release(&k);
-            n++;
-        }
-        kf_plan_free(p);
-        kf_model_free(m);
-    }
+    for (size_t gi = 0; gi < sizeof graphs / sizeof graphs[0]; gi++)
+        n += cgu_nvrtc_check_text(graphs[gi], 1u << KF_GROUP_ANCHOR);
     cr_assert_eq(n, 10);
 }

@@ -25,13 +25,6 @@
 #define ATOL16 2.5e-3
 #define RTOL16 1e-3
 
-/* fp32 dot products of length K against the double reference: see
- * test_cg_anchor.c's tol_for (K * sqrt(K) half-ulps of partial sums). */
-static double tol_for(int64_t K) {
-    double t = (double)K * sqrt((double)K) / 16777216.0;
-    return t > ATOL ? t : ATOL;
-}
-
 static char *exec_matches_ref(const kf_model *m, bool lib);
 
 /* When set, every epilogue kernel also compiles for CUDA (NVRTC sm_90, no spills). */
@@ -83,7 +76,7 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
                          KF_OK, "group %u: %s", gi, kf_last_error());
         }
         bool half = dt->dtype == KF_DT_FLOAT16;
-        double atol = half ? ATOL16 : tol_for(K), rtol = half ? RTOL16 : RTOL;
+        double atol = half ? ATOL16 : cgu_dot_atol(K), rtol = half ? RTOL16 : RTOL;
         char w[256];
         cr_assert(tu_close(&d, &r->t[lv[4]], atol, rtol, w, sizeof w),
                   "group %u: library output '%s' (%s; gemm m %lld n %lld k %lld batch %lld ta %d tb %d): %s", gi,
@@ -406,9 +399,9 @@ static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend) {
         cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", run, kf_last_error());
         for (uint32_t i = 0; i < nout; i++) {
             char why[512];
-            /* long dot products in fp32 against the double reference (tol_for) */
+            /* long dot products in fp32 against the double reference (cgu_dot_atol) */
             bool half = want[i].dtype == KF_DT_FLOAT16;
-            cr_assert(tu_close(&got[i], &want[i], half ? ATOL16 : tol_for(768), half ? RTOL16 : RTOL * 4, why, sizeof why),
+            cr_assert(tu_close(&got[i], &want[i], half ? ATOL16 : cgu_dot_atol(768), half ? RTOL16 : RTOL * 4, why, sizeof why),
                       "run %d output %u: %s", run, i, why);
             kf_tensor_release(&got[i]);
         }
