@@ -119,6 +119,9 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_LOCAL_ID ((int)threadIdx.x)\n"
                       "#define KF_LOCAL_SIZE ((int)blockDim.x)\n"
                       "#define KF_MAX_BLOCK 1024\n" /* CUDA's threads per block */
+                      /* segments under a warp for rows of 8..31 (KF_CG_SEGMENT):
+                       * lanes are SIMT threads, so a segment's loads coalesce */
+                      "#define KF_SEG_NARROW 1\n"
                       "#define KF_GROUP_ID blockIdx.x\n"
                       "#define KF_NUM_GROUPS gridDim.x\n"
                       "#define KF_INF __int_as_float(0x7f800000)\n"
@@ -191,6 +194,12 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                        * launcher leaves the size to it; 16 KiB, half of OpenCL's
                        * guaranteed local memory */
                       "#define KF_MAX_BLOCK 4096\n"
+                      /* no segments under a warp (KF_CG_SEGMENT): on PoCL's CPU device a
+                       * work-group's lanes are iterations of one loop per barrier region,
+                       * so a narrow segment coalesces nothing and its barriers split the
+                       * loop (LayerNorm over 24: 5x slower, bench/kernel_ab); rows of
+                       * 8..31 run one lane per row (kf_seg 1, no barrier) instead */
+                      "#define KF_SEG_NARROW 0\n"
                       "#define KF_GROUP_ID get_group_id(0)\n"
                       "#define KF_NUM_GROUPS get_num_groups(0)\n"
                       "#define KF_INF INFINITY\n"
@@ -231,9 +240,11 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "}\n"
                       /* segmented reduce: segments of seg consecutive work-items (any seg;
                        * the last one may be cut short by n), a local-memory tree in each;
-                       * every lane returns its own segment's result */
+                       * every lane returns its own segment's result; seg is the same for
+                       * the whole work-group, so seg 1 may skip the barriers */
                       "#define KF_DEF_SEG(name, OP) \\\n"
                       "float name(float v, __local float *s, int seg, int n) { \\\n"
+                      "    if (seg == 1) return v; \\\n"
                       "    const int t = (int)get_local_id(0); \\\n"
                       "    const int b = t - t % seg; \\\n"
                       "    barrier(CLK_LOCAL_MEM_FENCE); \\\n"
@@ -1355,40 +1366,62 @@ static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *row
 /* KF_CG_SEGMENT: several rows per work-group. The work-group is cut into
  * segments of T consecutive lanes and each segment reduces one row (the
  * segmented reduces kf_seg_* of the prelude). T is the smallest power of
- * two >= K / 4, clamped to [32, 256]:
+ * two >= K / 4, at least KF_CG_SEG_MIN_WARP (32) for rows of 32 and more,
+ * at least KF_CG_SEG_MIN (4) for rows of 8..31, and at most KF_CG_SEG_MAX:
  *  - >= K / 4: each lane folds about 4 elements before the log2(T) reduce
  *    steps, so the loads, not the reduce, set the time, and a row of 64
  *    (LayerNorm over 64, Softmax over 128 keys) no longer leaves 3/4 of a
  *    256-wide work-group idle;
- *  - >= 32: a segment is whole warps, so on CUDA a segment of 32 reduces
- *    with shuffles alone (no barrier, no shared memory);
+ *  - >= 32 for rows of 32 and more: a segment is whole warps, so on CUDA a
+ *    segment of 32 reduces with shuffles alone (no barrier, no shared
+ *    memory) and a warp never holds two rows' loads;
+ *  - 4..16 for rows of 8..31 (Softmax over 16 keys: 4 lanes, 64 rows per
+ *    256-wide work-group; LayerNorm over 24: 8 lanes, 32 rows): a warp
+ *    holds 2..8 rows, its loads are 2..8 runs of consecutive addresses
+ *    instead of one item per row striding K floats apart, and on CUDA a
+ *    segment under a warp still reduces with shuffles alone (offsets
+ *    T/2..1 stay inside the segment, as T divides 32); the body asks the
+ *    prelude (KF_SEG_NARROW): OpenCL on PoCL's CPU device runs these rows
+ *    one lane per row (kf_seg 1), where lanes are loop iterations;
  *  - <= 256: rows of 1024 and more keep one work-group of 256 per row, as
  *    before (256 threads saturate memory and keep 4+ groups per SM).
  * The preferred work-group (kf_cg_kernel.block) is T times the smallest
- * power of two >= the row count, at most 256. The body takes the segment
- * size from the launch, min(T, work-group size), and the segment count as
- * the work-group size / segment (lanes past the last whole segment idle),
- * so any work-group size up to KF_MAX_BLOCK stays correct (CUDA: whole
- * warps, then a segment is T or the whole block, both as kf_seg_* need). */
+ * power of two >= the row count, at least a warp (32: CUDA's shuffles name
+ * all 32 lanes, so a block of fewer threads would leave some absent) and
+ * at most 256. The body takes the segment size from the launch,
+ * min(T, work-group size), and the segment count as the work-group size /
+ * segment (lanes past the last whole segment idle), so any work-group size
+ * up to KF_MAX_BLOCK stays correct (CUDA: whole warps, then a segment is T
+ * or the whole block, both as kf_seg_* need). */
 /* The largest segment: a row this long or longer has a work-group to itself. */
 #define KF_CG_SEG_MAX 256
+/* The smallest segment for rows of a warp or more: whole warps (above). */
+#define KF_CG_SEG_MIN_WARP 32
+/* The smallest segment for rows of 8..31: with 4 lanes a row of 8..16
+ * still takes 2..4 loads per lane before 2 shuffle steps, and each load
+ * step of a segment reads 16 consecutive bytes (2 lanes: 8 bytes, a quarter
+ * of a 32-byte sector). */
+#define KF_CG_SEG_MIN 4
+/* The smallest work-group a segmented kernel prefers: one warp (above). */
+#define KF_CG_BLOCK_MIN 32
+
+/* Rows shorter than this run one work-item per row: 2..4 lanes would each
+ * fold 1..3 elements, so the segment's reduce steps (barriers on OpenCL)
+ * would cost as much as the serial loop of < 8 loads they replace, and a
+ * warp already covers a few contiguous rows. */
+#define KF_CG_ROW_PER_ITEM 8
 
 static uint32_t seg_for(int64_t K) {
-    uint32_t t = 32;
+    uint32_t t = K < KF_CG_SEG_MIN_WARP ? KF_CG_SEG_MIN : KF_CG_SEG_MIN_WARP;
     while (t < KF_CG_SEG_MAX && (int64_t)t * 4 < K) t *= 2;
     return t;
 }
 
 static uint32_t block_for(uint32_t T, int64_t nrows) {
-    uint32_t b = T;
+    uint32_t b = T < KF_CG_BLOCK_MIN ? KF_CG_BLOCK_MIN : T;
     while (b < 256 && (int64_t)(b / T) < nrows) b *= 2;
     return b;
 }
-
-/* Rows shorter than a warp run one work-item per row: a work-group per row
- * would leave most of its lanes idle, and a serial loop of < 32 elements
- * is as short as the block reduce's own shuffle steps. */
-#define KF_CG_ROW_PER_ITEM 32
 
 /* Row reduction: rows are the kept dims of the reduction's input, in
  * order; the reduced dims (any set, not only trailing) are walked through
@@ -1561,7 +1594,10 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
              * per work-group, whatever its size): the segment arithmetic then
              * folds away once the launch's size is known */
             if (T >= KF_CG_SEG_MAX) kf_cg_puts(s, "    const int kf_seg = KF_LOCAL_SIZE;\n");
-            else kf_cg_printf(s, "    const int kf_seg = KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
+            else if (T >= KF_CG_SEG_MIN_WARP)
+                kf_cg_printf(s, "    const int kf_seg = KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
+            else /* a segment under a warp only where the prelude wants one */
+                kf_cg_printf(s, "    const int kf_seg = !KF_SEG_NARROW ? 1 : KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
             kf_cg_puts(s, "    const int kf_nseg = KF_LOCAL_SIZE / kf_seg;\n"
                           "    const int kf_sid = KF_LOCAL_ID / kf_seg;\n"
                           "    const int kf_lane = KF_LOCAL_ID - kf_sid * kf_seg;\n");

@@ -12,10 +12,12 @@
  *    injective ops fuse without intermediate buffers;
  *  - reduction groups (Reduce*, Softmax, LogSoftmax, LayerNormalization):
  *    each row reduced by a segment of T lanes of a work-group (T from the
- *    row length, 32..256, so one work-group holds several short rows or
- *    one long one) with a segmented reduce (KF_SHARED, KF_BARRIER and
- *    kf_seg_* from the prelude), or one work-item per row for rows shorter
- *    than a warp; prologue and epilogue ops fused in the same kernel;
+ *    row length, 4..256, so one work-group holds several short rows or one
+ *    long one) with a segmented reduce (KF_SHARED, KF_BARRIER and kf_seg_*
+ *    from the prelude; rows of 8..31 take segments under a warp on CUDA and
+ *    one lane per row on OpenCL, KF_SEG_NARROW), or one work-item per row
+ *    for rows shorter than 8; prologue and epilogue ops fused in the same
+ *    kernel;
  *  - anchor groups (cg_anchor.c): a tiled GEMM for MatMul/Gemm, the same
  *    with a whole-row Softmax/LogSoftmax/LayerNorm epilogue, GEMM -> GEMM
  *    through on-chip rows, a direct convolution for Conv and conv -> 1x1

@@ -126,8 +126,20 @@ Test(rows, every_kind_short_and_medium_rows_fp32) {
             reduction_text(text, sizeof text, KINDS[kind], "float", R, K);
             uint32_t block;
             check_graph(text, false, &block);
-            if (K >= 32) cr_assert_gt(block, 0, "%s rows of %lld: no work-group reduce", KINDS[kind], (long long)K);
+            if (K >= 8) cr_assert_gt(block, 0, "%s rows of %lld: no work-group reduce", KINDS[kind], (long long)K);
         }
+    /* rows of 8..31 (segments of 4..16 lanes), every kind, in the three
+     * real dtypes, row counts that leave the last work-group partly empty */
+    static const int64_t shortK[] = {8, 13, 16, 24, 31};
+    static const char *const dts[] = {"float", "float16", "bfloat16"};
+    for (size_t kind = 0; kind < NKINDS; kind++) {
+        int64_t K = shortK[kind % (sizeof shortK / sizeof *shortK)], R = 1 + 11 * (int64_t)kind;
+        char text[1024];
+        reduction_text(text, sizeof text, KINDS[kind], dts[kind % 3], R, K);
+        uint32_t block;
+        check_graph(text, false, &block);
+        cr_assert_gt(block, 0, "%s rows of %lld: no segmented reduce", KINDS[kind], (long long)K);
+    }
     /* many rows: more work-items than the OpenCL launcher's cap, so the row
      * loop strides (Softmax over 48 with a residual epilogue; LayerNorm
      * over 64 of bf16 values) */
@@ -175,6 +187,13 @@ Test(rows, segment_and_block_rule) {
         {3, 768, 256, 3 * 256, "kf_seg = KF_LOCAL_SIZE;"}, /* BERT's LayerNorm: a whole group per row */
         {2, 100, 64, 64, "< 32 ?"},           /* two rows: a work-group of 64 */
         {1, 5000, 256, 256, "kf_seg = KF_LOCAL_SIZE;"}, /* one long row */
+        /* rows of 8..31: segments under a warp, T = max(4, pow2 >= K / 4) */
+        {100, 8, 256, 2 * 256, "< 4 ?"},      /* 64 rows per group */
+        {8192, 16, 256, 128 * 256, "< 4 ?"},  /* Softmax over 16 keys: 4 lanes */
+        {100, 31, 256, 4 * 256, "< 8 ?"},     /* 32 rows per group */
+        {100, 17, 256, 4 * 256, "< 8 ?"},     /* K / 4 just over 4 */
+        {3, 16, 32, 32, "< 4 ?"},             /* few rows: still a whole warp */
+        {100, 7, 0, 100, NULL},               /* under 8: one work-item per row */
     };
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
         char text[256];
@@ -189,12 +208,25 @@ Test(rows, segment_and_block_rule) {
                      k.block);
         cr_assert_eq(k.numel, cases[i].numel, "[%lld, %lld]: numel %lld", (long long)cases[i].R,
                      (long long)cases[i].K, (long long)k.numel);
-        cr_assert_not_null(strstr(k.body, cases[i].seg), "%s", k.body);
-        cr_assert_not_null(strstr(k.body, "kf_seg_max("), "%s", k.body);
+        if (cases[i].seg) {
+            cr_assert_not_null(strstr(k.body, cases[i].seg), "%s", k.body);
+            cr_assert_not_null(strstr(k.body, "kf_seg_max("), "%s", k.body);
+        } else
+            cr_assert_null(strstr(k.body, "kf_seg_max("), "%s", k.body);
         kf_cg_kernel_release(&k);
         kf_plan_free(p);
         kf_model_free(m);
     }
+}
+
+/* pre followed by body, in kf_malloc'd memory (asserted non-NULL). */
+static char *with_prefix(const char *pre, const char *body) {
+    size_t a = strlen(pre), b = strlen(body);
+    char *t = kf_malloc(a + b + 1);
+    cr_assert_not_null(t);
+    memcpy(t, pre, a);
+    memcpy(t + a, body, b + 1);
+    return t;
 }
 
 /* kf_cg_kernel.block is only a preference: the same kernel run with other
@@ -209,6 +241,11 @@ Test(rows, any_work_group_size) {
         "opset 13\ninput x float[23, 45]\ny = LogSoftmax(x)\noutput y\n",
         "opset 18\ninput x float[19, 64]\nconst a int64[1] = 1\nr = ReduceMax(x, a)\nz = Neg(r)\noutput z\noutput r\n",
         "opset 13\ninput x float[11, 33, 3]\ny = Softmax(x) {axis=1}\noutput y\n",
+        /* rows of 8..31 (odd K): segments of 8 and 4 lanes, under a warp */
+        "opset 17\ninput x float[53, 23]\nconst g float[23] = random\nconst b float[23] = random\n"
+        "y = LayerNormalization(x, g, b) {axis=-1}\nz = Sigmoid(y)\noutput z\n",
+        "opset 13\ninput x float[41, 13]\ny = Softmax(x)\noutput y\n",
+        "opset 18\ninput x float[29, 9, 2]\nconst a int64[1] = 1\nr = ReduceSum(x, a) {keepdims=0}\noutput r\n",
         /* rows long enough for a whole work-group each (kf_seg = KF_LOCAL_SIZE) */
         "opset 17\ninput x float[5, 777]\nconst g float[777] = random\n"
         "y = LayerNormalization(x, g) {axis=-1}\noutput y\n",
@@ -228,10 +265,26 @@ Test(rows, any_work_group_size) {
             cr_assert_eq(kf_cg_group(m, p, g, &k), KF_OK, "%s", kf_last_error());
             cr_assert_gt(k.block, 0);
             run_and_compare(&k, &r, false, graphs[gi]);
-            for (size_t l = 0; l < sizeof launches / sizeof *launches; l++) {
-                k.block = launches[l].block;
-                k.numel = launches[l].numel;
-                run_and_compare(&k, &r, false, graphs[gi]);
+            /* rows of 8..31: the OpenCL prelude runs one lane per row
+             * (KF_SEG_NARROW 0); the same body with segments under a warp
+             * (CUDA's choice) is run here too, through the local-memory tree */
+            bool narrow = strstr(k.body, "KF_SEG_NARROW") != NULL;
+            uint32_t block0 = k.block;
+            int64_t numel0 = k.numel;
+            for (int pass = 0; pass < (narrow ? 2 : 1); pass++) {
+                if (pass) {
+                    char *forced = with_prefix("#undef KF_SEG_NARROW\n#define KF_SEG_NARROW 1\n", k.body);
+                    kf_free(k.body);
+                    k.body = forced;
+                    k.block = block0;
+                    k.numel = numel0;
+                    run_and_compare(&k, &r, false, graphs[gi]);
+                }
+                for (size_t l = 0; l < sizeof launches / sizeof *launches; l++) {
+                    k.block = launches[l].block;
+                    k.numel = launches[l].numel;
+                    run_and_compare(&k, &r, false, graphs[gi]);
+                }
             }
             kf_cg_kernel_release(&k);
             n++;
@@ -329,7 +382,11 @@ Test(rows, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     reduction_text(ln, sizeof ln, "LayerNormalization", "bfloat16", 50, 64);
     reduction_text(prod, sizeof prod, "ReduceProd", "float16", 13, 300);
     reduction_text(sm, sizeof sm, "Softmax", "float", 100, 128);
-    const char *graphs[] = {ln, prod, sm,
+    /* rows of 8..31: segments of 4 and 8 lanes (shuffles inside a warp) */
+    char sm16[1024], ln24[1024];
+    reduction_text(sm16, sizeof sm16, "Softmax", "float", 100, 16);
+    reduction_text(ln24, sizeof ln24, "LayerNormalization", "float16", 50, 24);
+    const char *graphs[] = {ln, prod, sm, sm16, ln24,
                             "opset 13\ninput x bfloat16[5, 37]\ninput y bfloat16[37]\na = Add(x, y)\ns = Sigmoid(a)\n"
                             "t = Transpose(s)\nf = Cast(t) {to=10}\noutput f\n",
                             "opset 13\ninput x bfloat16[9, 16]\nconst w bfloat16[16, 12] = random\n"

@@ -1,6 +1,7 @@
 """Small ONNX models that isolate one kernel shape for A/B timing of two kfuse
 builds (bench/kernel_ab/run.sh): short-row reductions (several rows per
-work-group) and independent small groups (horizontal launches).
+work-group; rows of 8..31 with segments under a warp) and independent small
+groups (horizontal launches).
 
     python3 bench/kernel_ab/make_models.py OUT_DIR
 """
@@ -56,4 +57,7 @@ if __name__ == "__main__":
     layernorm(16384, 64, f"{out}/layernorm_16384x64.onnx")
     layernorm(1024, 768, f"{out}/layernorm_1024x768.onnx")
     softmax(8192, 128, f"{out}/softmax_8192x128.onnx")
+    # rows of 8..31: segments narrower than a warp (4 and 8 lanes)
+    softmax(8192, 16, f"{out}/softmax_8192x16.onnx")
+    layernorm(8192, 24, f"{out}/layernorm_8192x24.onnx")
     siblings(8, f"{out}/siblings8.onnx")
