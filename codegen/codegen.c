@@ -1737,7 +1737,9 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         }
     }
     /* every element count (and a few multiples of it: bytes, nrows x block)
-     * must fit int64: shapes from a hostile model may not (fuzz finding) */
+     * must fit int64: shapes from a hostile model may not (fuzz finding).
+     * A zero dim is counted as 1: the strides of an empty value are still
+     * products of its other dims (fuzz finding, session 4). */
     for (uint32_t j = 0; j <= g->nnodes; j++) {
         const kf_id *vs = j < g->nnodes ? gr->nodes[g->nodes[j]].out : g->inputs;
         uint32_t nvs = j < g->nnodes ? (uint32_t)gr->nodes[g->nodes[j]].nout : g->ninputs;
@@ -1748,7 +1750,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
             bool fits = true, unknown = false; /* unknown dims are declined later, with their own reason */
             for (int d = 0; fits && !unknown && d < t->rank; d++)
                 if (t->dims[d] < 0) unknown = true;
-                else fits = kf_mul_ok(count, t->dims[d], &count);
+                else fits = kf_mul_ok(count, t->dims[d] ? t->dims[d] : 1, &count);
             if (!unknown && (!fits || count > INT64_MAX / 1024)) {
                 snprintf(why, whylen, "value '%s': element count does not fit 64-bit index math (not generated)",
                          gr->values[vs[i]].name);

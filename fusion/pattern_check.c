@@ -18,6 +18,11 @@
 /* Shape draws per rule, and value regimes per draw. */
 #define CHECK_SHAPES 8
 #define CHECK_REGIMES 5
+/* Drawn shapes keep at most this many elements (a rank guard of 9 or 16
+ * with dims of 2..6 would otherwise draw millions or more: fuzz finding);
+ * an example shape, which the author wrote, may have up to CHECK_MAX_GIVEN. */
+#define CHECK_MAX_DRAWN 4096
+#define CHECK_MAX_GIVEN 65536
 
 typedef struct rng {
     uint64_t s;
@@ -104,6 +109,22 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
     int rank = irange(g, 1, 4);
     int64_t dims[KF_MAX_RANK];
     for (int d = 0; d < KF_MAX_RANK; d++) dims[d] = uni(g) < 0.15 ? 1 : irange(g, 2, 6);
+    int maxrank = rank; /* the widest plain capture: the shared dims it uses stay small */
+    for (int v = 0; v < r->nvars; v++) {
+        const kf_pat_guard *gr_rank = is_capture(r, v) ? find_guard(r, v, KF_G_RANK) : NULL;
+        if (gr_rank && gr_rank->cmp == KF_CMP_EQ && gr_rank->value > maxrank && gr_rank->value <= KF_MAX_RANK)
+            maxrank = (int)gr_rank->value;
+    }
+    for (;;) {
+        int64_t count = 1;
+        int widest = 0;
+        for (int d = 0; d < maxrank; d++) {
+            count *= dims[d];
+            if (dims[d] > dims[widest]) widest = d;
+        }
+        if (count <= CHECK_MAX_DRAWN) break;
+        dims[widest] /= 2;
+    }
     kf_dtype default_dt = KF_DT_FLOAT;
     inst->desc[0] = 0;
     size_t dl = 0;
@@ -127,6 +148,14 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
             ty.rank = gr_rank && gr_rank->cmp == KF_CMP_EQ ? (int)gr_rank->value : rank;
             if (ty.rank < 0 || ty.rank > KF_MAX_RANK) ty.rank = rank;
             for (int d = 0; d < ty.rank; d++) ty.dims[d] = dims[d];
+        }
+        int64_t count = 1;
+        bool fits = true;
+        for (int d = 0; fits && d < ty.rank; d++) fits = kf_mul_ok(count, ty.dims[d] > 0 ? ty.dims[d] : 1, &count);
+        if (!fits || count > CHECK_MAX_GIVEN) {
+            st = kf_fail(KF_ERR_UNSUPPORTED, "rule '%s' (%s:%d): capture '%s' of the example shape has more than %d elements; "
+                         "the checker needs smaller examples", r->name, r->file, r->line, r->vars[v].name, CHECK_MAX_GIVEN);
+            break;
         }
         if ((st = kf_graph_add_value(gr, r->vars[v].name, &vid[v]))) break;
         const kf_pat_guard *ceq = find_guard(r, v, KF_G_CONST_EQ);

@@ -521,6 +521,25 @@ Test(cg, declines_an_operand_that_does_not_broadcast_into_its_output) {
     kf_model_free(m);
 }
 
+/* An empty value's strides are products of its other dims: they must fit
+ * 64-bit index math too (fuzz finding: a signed overflow in the stride of
+ * an elementwise kernel over [0, 2^33, 2^34]). */
+Test(cg, declines_an_empty_value_whose_strides_overflow) {
+    const char *texts[] = {"opset 13\ninput x float[0, 8589934592, 17179869184]\ny = Relu(x)\noutput y\n",
+                           "opset 13\ninput x float[0, 8, 16]\ny = Relu(x)\noutput y\n"};
+    for (int pass = 0; pass < 2; pass++) {
+        kf_model *m = gt_parse(texts[pass]);
+        kf_plan *p = cgu_plan(m);
+        char why[512];
+        uint32_t gy = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
+        const char *reason = kf_cg_unsupported(m, p, gy, why, sizeof why);
+        if (pass) cr_assert_null(reason, "%s", why);
+        else cr_assert(reason && strstr(why, "does not fit 64-bit index math"), "%s", reason ? why : "generated");
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
 /* Compiles a kernel's CUDA text for arch; checks ptxas reported no spills. */
 
 Test(cg, cuda_text_compiles_with_nvrtc_sm80_sm90) {

@@ -199,6 +199,44 @@ Test(patterns, checker_rejects_a_wrong_rule_with_a_counterexample) {
     kf_rules_free(&rs);
 }
 
+/* A rank guard of 9 with dims of 2..6 used to draw tensors of up to 6^9
+ * elements (a 10 s libFuzzer timeout); drawn instances now stay at 4096
+ * elements, and an example shape past 65536 elements is refused by name. */
+Test(patterns, checker_keeps_high_rank_instances_small) {
+    kf_ruleset rs = rules_from("# deliberately wrong, so the instance is printed\n"
+                               "rule sub_swapped_rank9\n  match\n    y = Sub(a, b)\n  where\n    rank a == 9\n"
+                               "    rank b == 9\n  replace\n    y = Sub(b, a)\nend\n");
+    char *text = NULL;
+    size_t len = 0;
+    FILE *out = open_memstream(&text, &len);
+    kf_check_result res;
+    cr_assert_eq(kf_rules_check(&rs, 12345, out, &res), KF_OK);
+    fclose(out);
+    cr_assert_eq(res.failed, 1, "%s", text);
+    const char *inst = strstr(text, "a float[");
+    cr_assert(inst, "%s", text);
+    int64_t count = 1, rank = 0;
+    for (const char *c = inst + strlen("a float["); *c && *c != ']'; rank++) {
+        char *end;
+        count *= strtoll(c, &end, 10);
+        c = *end == ',' ? end + 1 : end;
+    }
+    cr_assert_eq(rank, 9, "%s", text);
+    cr_assert(count >= 1 && count <= 4096, "%lld elements: %s", (long long)count, text);
+    free(text);
+    kf_rules_free(&rs);
+
+    rs = rules_from("rule big_example\n  match\n    y = Relu(x)\n  example x float[300, 300]\n"
+                    "  replace\n    y = Max(x, 0.0)\nend\n");
+    out = open_memstream(&text, &len);
+    cr_assert_eq(kf_rules_check(&rs, 12345, out, &res), KF_OK);
+    fclose(out);
+    cr_assert_eq(res.failed, 1, "%s", text);
+    cr_assert(strstr(text, "FAIL big_example") && strstr(text, "'x'") && strstr(text, "65536"), "%s", text);
+    free(text);
+    kf_rules_free(&rs);
+}
+
 Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
     kf_ruleset rs = {0};
     cr_assert_eq(kf_rules_add_builtin(&rs), KF_OK, "%s", kf_last_error());
