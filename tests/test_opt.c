@@ -91,3 +91,59 @@ Test(opt, fuel_zero_changes_nothing) {
     kf_rules_free(&res.rules);
     kf_model_free(m);
 }
+
+/* KFUSE_FUEL, KFUSE_TRACE and KFUSE_DISABLE_PASSES set the defaults (each
+ * Criterion test runs in its own process, so the environment is its own). */
+Test(opt, defaults_come_from_the_environment) {
+    setenv("KFUSE_FUEL", "1", 1);
+    setenv("KFUSE_TRACE", "fusion,rules", 1);
+    setenv("KFUSE_DISABLE_PASSES", "cse,fold", 1);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    cr_assert_eq(o.fuel, 1);
+    cr_assert(o.trace);
+    cr_assert_str_eq(o.disable, "cse,fold");
+    kf_model *m = gt_parse(gelu13);
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(res.rewrites, 1, "fuel 1 allows one rewrite, got %llu", (unsigned long long)res.rewrites);
+    cr_assert_lt(kf_graph_live_nodes(m->graph), 5);
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+    setenv("KFUSE_TRACE", "fusion", 1);
+    unsetenv("KFUSE_FUEL");
+    kf_opt_options_default(&o);
+    cr_assert_eq(o.fuel, -1);
+    cr_assert(!o.trace, "'fusion' alone does not trace the rules");
+}
+
+Test(opt, keeping_a_name_the_model_lacks_is_an_error_naming_it) {
+    kf_model *m = gt_parse(gelu13);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    const char *keep[2] = {"e", "no_such_value"};
+    o.keep = keep;
+    o.nkeep = 2;
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(m, &o, &res), KF_ERR_INVALID_ARG);
+    cr_assert(strstr(kf_last_error(), "'no_such_value'"), "%s", kf_last_error());
+    cr_assert_eq(kf_graph_live_nodes(m->graph), 5, "nothing was rewritten");
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
+
+Test(opt, without_builtin_rules_only_the_graph_passes_run) {
+    kf_model *m = gt_parse(gelu13);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    o.no_builtin = true;
+    kf_opt_result res = run(m, &o);
+    cr_assert_gt(res.rules.n, 0, "the graph passes report as rules");
+    for (uint32_t i = 0; i < res.rules.n; i++)
+        cr_assert_eq(res.rules.rules[i]->nsrc, 0, "rule '%s' has a pattern", res.rules.rules[i]->name);
+    cr_assert_eq(gt_count(m, "Gelu"), 0);
+    cr_assert_eq(gt_count(m, "Erf"), 1);
+    cr_assert_eq(kf_model_opset(m, ""), 13, "no rule asked for a higher opset");
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
