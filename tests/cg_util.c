@@ -3,6 +3,9 @@
  */
 #include "cg_util.h"
 
+#include "kf_exec.h"
+#include "kf_run.h"
+
 #include <criterion/criterion.h>
 #include <math.h>
 #include <stdlib.h>
@@ -64,6 +67,29 @@ void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch) {
     cr_assert_eq(r.spill_stores, 0, "%s: spill stores; log:\n%s", arch, r.log);
     cr_assert_eq(r.spill_loads, 0, "%s: spill loads; log:\n%s", arch, r.log);
     kf_free(src);
+}
+
+void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) {
+    uint32_t nout = m->graph->noutputs;
+    cr_assert_eq(kf_exec_num_outputs(x), nout);
+    for (int r = 0; r < runs; r++) {
+        kf_tensor *ins;
+        uint32_t nins;
+        gt_random_inputs(m, &ins, &nins);
+        kf_tensor *want = calloc(nout + 1, sizeof(kf_tensor)), *got = calloc(nout + 1, sizeof(kf_tensor));
+        cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", r, kf_last_error());
+        for (uint32_t o = 0; o < nout; o++) {
+            char why[512];
+            cr_assert(kf_run_close(&got[o], &want[o], why, sizeof why), "run %d output %u: %s", r, o, why);
+            kf_tensor_release(&got[o]);
+            kf_tensor_release(&want[o]);
+        }
+        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+        free(ins);
+        free(got);
+        free(want);
+    }
 }
 
 double cgu_dot_atol(int64_t K) {

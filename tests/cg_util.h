@@ -42,4 +42,10 @@ uint32_t cgu_nvrtc_check_text(const char *text, unsigned kinds);
  * K = 128, 2e-4 at K = 1024). */
 double cgu_dot_atol(int64_t K);
 
+/* Runs x (built from m) `runs` times on fresh random inputs and asserts
+ * every output matches the reference evaluator on m within DESIGN.md's
+ * policy (kf_run_close). */
+typedef struct kf_exec kf_exec;
+void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs);
+
 #endif

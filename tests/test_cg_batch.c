@@ -297,25 +297,7 @@ static kf_exec_stats exec_run(const char *text, uint32_t *launches, uint32_t *gr
     o.cache_dir = cache;
     kf_exec *x = NULL;
     cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    uint32_t nout = m->graph->noutputs;
-    for (int run = 0; run < 3; run++) {
-        kf_tensor *ins;
-        uint32_t nins;
-        gt_random_inputs(m, &ins, &nins);
-        kf_tensor *want = calloc(nout + 1, sizeof(kf_tensor)), *got = calloc(nout + 1, sizeof(kf_tensor));
-        cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", run, kf_last_error());
-        for (uint32_t i = 0; i < nout; i++) {
-            char why[512];
-            cr_assert(kf_run_close(&got[i], &want[i], why, sizeof why), "run %d output %u: %s", run, i, why);
-            kf_tensor_release(&got[i]);
-            kf_tensor_release(&want[i]);
-        }
-        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
-        free(ins);
-        free(want);
-        free(got);
-    }
+    cgu_exec_matches_ref(x, m, 3);
     kf_exec_stats s;
     kf_exec_get_stats(x, &s);
     kf_exec_free(x);

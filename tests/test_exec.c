@@ -13,6 +13,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "cg_util.h"
 #include "graph_text.h"
 #include "kf_exec.h"
 #include "kf_run.h"
@@ -60,29 +61,6 @@ static kf_exec *make(const kf_model *m, kf_exec_backend b, const char *cache) {
 
 /* Runs x on fresh random inputs `runs` times; every output must match the
  * unoptimized model on ref. */
-static void expect_matches_ref(kf_exec *x, const kf_model *m, int runs) {
-    uint32_t nout = m->graph->noutputs;
-    cr_assert_eq(kf_exec_num_outputs(x), nout);
-    for (int r = 0; r < runs; r++) {
-        kf_tensor *ins;
-        uint32_t nins;
-        gt_random_inputs(m, &ins, &nins);
-        kf_tensor *want = calloc(nout + 1, sizeof(kf_tensor)), *got = calloc(nout + 1, sizeof(kf_tensor));
-        cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", r, kf_last_error());
-        for (uint32_t o = 0; o < nout; o++) {
-            char why[512];
-            cr_expect(kf_run_close(&got[o], &want[o], why, sizeof why), "run %d output %u: %s", r, o, why);
-            kf_tensor_release(&got[o]);
-            kf_tensor_release(&want[o]);
-        }
-        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
-        free(ins);
-        free(got);
-        free(want);
-    }
-}
-
 /* device -> ref -> device -> ref: an elementwise chain, a GEMM anchor (ref
  * for now), elementwise again, a reduction, then an epilogue */
 static const char *MIXED = "opset 13\n"
@@ -111,7 +89,7 @@ Test(exec, opencl_runs_many_times_equal_to_ref) {
     cr_assert_geq(s.groups_dev, 1, "no group ran as a kernel");
     cr_assert_geq(s.groups_ref, 1, "the GEMM should hand off to ref");
     cr_assert_leq(s.launches, s.groups_dev);
-    expect_matches_ref(x, m, 5);
+    cgu_exec_matches_ref(x, m, 5);
     kf_exec_free(x);
     kf_model_free(m);
 }
@@ -122,7 +100,7 @@ Test(exec, ref_backend_matches_ref) {
     kf_exec_stats s;
     kf_exec_get_stats(x, &s);
     cr_assert_eq(s.groups_dev, 0);
-    expect_matches_ref(x, m, 2);
+    cgu_exec_matches_ref(x, m, 2);
     kf_exec_free(x);
     kf_model_free(m);
 }
@@ -149,14 +127,14 @@ Test(exec, identical_kernels_compile_once_and_cache_serves_the_next_plan) {
     cr_assert_eq(s.kernels_unique, 1, "identical texts were not shared");
     cr_assert_eq(s.kernels_compiled, 1);
     cr_assert_eq(s.cache_hits, 0);
-    expect_matches_ref(x, m, 2);
+    cgu_exec_matches_ref(x, m, 2);
     kf_exec_free(x);
     /* a second plan (a new process would do the same) reads the disk */
     x = make(m, KF_EXEC_OPENCL, cache);
     kf_exec_get_stats(x, &s);
     cr_assert_eq(s.kernels_compiled, 0, "compiled again despite the cache");
     cr_assert_eq(s.cache_hits, 1);
-    expect_matches_ref(x, m, 2);
+    cgu_exec_matches_ref(x, m, 2);
     kf_exec_free(x);
     kf_model_free(m);
 }
@@ -216,7 +194,7 @@ Test(exec, intermediates_live_in_the_arena) {
     cr_assert_geq(s.groups_dev, 3, "Tanh, Sigmoid and Relu are kernels");
     cr_assert_geq(s.live_lower_bound, 8 * 16 * 4, "t alone is 512 bytes");
     cr_assert_geq(s.arena_bytes, s.live_lower_bound);
-    expect_matches_ref(x, m, 3);
+    cgu_exec_matches_ref(x, m, 3);
     kf_exec_free(x);
     kf_model_free(m);
 }
@@ -281,7 +259,7 @@ Test(exec, cuda_runs_when_a_device_answers) {
     if ((why = kf_nvrtc_unavailable())) cr_skip_test("NVRTC: %s", why);
     kf_model *m = gt_parse(MIXED);
     kf_exec *x = make(m, KF_EXEC_CUDA, temp_cache());
-    expect_matches_ref(x, m, 3);
+    cgu_exec_matches_ref(x, m, 3);
     kf_exec_free(x);
     kf_model_free(m);
     m = gt_parse(TWINS); /* every group a kernel: replayed from a CUDA Graph */
@@ -289,7 +267,7 @@ Test(exec, cuda_runs_when_a_device_answers) {
     kf_exec_stats s;
     kf_exec_get_stats(x, &s);
     cr_expect(s.cuda_graph);
-    expect_matches_ref(x, m, 3);
+    cgu_exec_matches_ref(x, m, 3);
     kf_exec_free(x);
     kf_model_free(m);
 }
@@ -314,7 +292,7 @@ Test(exec, views_alias_their_input_without_a_launch) {
     cr_log_info("view graph: %u groups on the device, %u launches", s.groups_dev, s.launches);
     cr_assert_eq(s.groups_dev, 3, "Tanh, the view and Sigmoid");
     cr_assert_eq(s.launches, 2, "the view must not launch a copy");
-    expect_matches_ref(x, m, 3);
+    cgu_exec_matches_ref(x, m, 3);
     kf_exec_free(x);
     kf_model_free(m);
 }
