@@ -197,7 +197,10 @@ static kf_status dev_stream_new(kf_dev *d, void **s) {
 }
 
 static void dev_stream_free(kf_dev *d, void *s) {
-    if (s && !bind(d)) cu.StreamDestroy(s);
+    if (!s || bind(d)) return;
+    cu.StreamSynchronize(s); /* the workspace may still be in use by the last library call */
+    kf_culib_release(s);
+    cu.StreamDestroy(s);
 }
 
 static kf_status dev_alloc(kf_dev *d, size_t bytes, void **buf) {

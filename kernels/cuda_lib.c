@@ -87,11 +87,13 @@ static struct {
 /* Workspaces, one per stream, shared by cuBLASLt and cuDNN calls (a
  * stream runs one call at a time). The CUDA runtime's allocator is not
  * ours: they come from the driver through cuMemAlloc, looked up in the
- * driver kf_cu_unavailable already loaded. Never freed: at most
- * LT_MAX_STREAMS x LT_WORKSPACE_BYTES for the life of the process. */
+ * driver kf_cu_unavailable already loaded. A stream's workspace is freed
+ * when the stream is (kf_culib_release), so at most LT_MAX_STREAMS live
+ * streams hold one at a time. */
 static struct {
     pthread_mutex_t mu;
     int (*MemAlloc)(unsigned long long *, size_t);
+    int (*MemFree)(unsigned long long);
     bool looked;
     void *stream[LT_MAX_STREAMS];
     unsigned long long ptr[LT_MAX_STREAMS];
@@ -149,7 +151,11 @@ static unsigned long long workspace(void *s) {
         ws.looked = true;
         void *drv = kf_cu_unavailable() ? NULL : dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
         void *f = drv ? dlsym(drv, "cuMemAlloc_v2") : NULL;
-        if (f) memcpy(&ws.MemAlloc, &f, sizeof f);
+        void *g = drv ? dlsym(drv, "cuMemFree_v2") : NULL;
+        if (f && g) { /* both or neither: nothing is allocated that cannot be freed */
+            memcpy(&ws.MemAlloc, &f, sizeof f);
+            memcpy(&ws.MemFree, &g, sizeof g);
+        }
     }
     for (int i = 0; i < ws.n && !p; i++)
         if (ws.stream[i] == s) p = ws.ptr[i];
@@ -164,6 +170,19 @@ static unsigned long long workspace(void *s) {
 kf_status kf_culib_prepare(void *stream) {
     (void)workspace(stream);
     return KF_OK;
+}
+
+void kf_culib_release(void *stream) {
+    pthread_mutex_lock(&ws.mu);
+    for (int i = 0; i < ws.n; i++)
+        if (ws.stream[i] == stream) {
+            ws.MemFree(ws.ptr[i]);
+            ws.n--;
+            ws.stream[i] = ws.stream[ws.n];
+            ws.ptr[i] = ws.ptr[ws.n];
+            break;
+        }
+    pthread_mutex_unlock(&ws.mu);
 }
 
 static kf_status lt_err(const char *what, cublasStatus_t r) {

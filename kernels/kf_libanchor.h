@@ -142,6 +142,9 @@ const char *kf_cublaslt_unavailable(void);
  * also when none could be made: cuBLASLt then runs without one (slower,
  * correct), cuDNN with an algorithm that needs none. */
 kf_status kf_culib_prepare(void *stream);
+/* Frees stream's workspace, if it has one; call with the stream idle,
+ * before destroying it (a new stream may get the same handle). */
+void kf_culib_release(void *stream);
 /* Runs g on stream (a CUstream) with device pointers for the values g
  * names (c and bias NULL when g has none). Workspace comes from a small
  * per-stream pool kept by cuda_lib.c. KF_ERR_NO_DEVICE with
