@@ -65,6 +65,17 @@ static inline bool kf_mul_ok(int64_t a, int64_t b, int64_t *r) {
     *r = a * b;
     return true;
 }
+/* True when the known (>= 0) dims multiply within int64 with every 0
+ * counted as 1: an empty tensor's strides are still products of its other
+ * dims, and every stride loop of the evaluator and codegen relies on this
+ * (fuzz findings: [0, 2^33, 2^34] passed a plain element count of 0).
+ * Shapes from files pass this at load, inference and allocation. */
+static inline bool kf_dims_fit(int rank, const int64_t *dims) {
+    int64_t p = 1;
+    for (int d = 0; d < rank; d++)
+        if (dims[d] > 0 && !kf_mul_ok(p, dims[d], &p)) return false;
+    return true;
+}
 static inline bool kf_add_ok(int64_t a, int64_t b, int64_t *r) {
     if ((b > 0 && a > INT64_MAX - b) || (b < 0 && a < INT64_MIN - b)) return false;
     *r = a + b;

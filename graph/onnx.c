@@ -380,10 +380,8 @@ static kf_status type_from_proto(kf_graph *g, const Onnx__TypeProto *tp, const c
             if (!ty->syms[i]) return kf_fail(KF_ERR_NOMEM, "out of memory");
         }
     }
-    int64_t known = 1; /* no tensor has a shape whose known dims overflow */
-    for (int i = 0; i < ty->rank; i++)
-        if (ty->dims[i] >= 0 && !kf_mul_ok(known, ty->dims[i], &known))
-            return kf_fail(KF_ERR_BAD_MODEL, "value '%s': dimension product overflows", vname);
+    if (!kf_dims_fit(ty->rank, ty->dims)) /* no tensor has a shape whose known dims overflow */
+        return kf_fail(KF_ERR_BAD_MODEL, "value '%s': dimension product overflows", vname);
     return KF_OK;
 }
 

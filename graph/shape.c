@@ -61,11 +61,9 @@ static kf_status merge(kf_model *m, const kf_node *n, kf_id v, kf_type *dec, con
     /* The loader refuses a type whose known dims multiply past 64 bits, so
      * inference must not write one; the check is on the merged type, since
      * a declared dim can fill the one an inferred shape left open. */
-    int64_t known = 1;
-    for (int d = 0; d < out.rank; d++)
-        if (out.dims[d] >= 0 && !kf_mul_ok(known, out.dims[d], &known))
-            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' would have more elements than fit in 64 bits",
-                           kf_node_label(n), n->op_type, vname);
+    if (!kf_dims_fit(out.rank, out.dims))
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): output '%s' would have dims whose product (zeros aside) does not fit in 64 bits",
+                       kf_node_label(n), n->op_type, vname);
     *dec = out;
     return KF_OK;
 }

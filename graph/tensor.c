@@ -53,6 +53,7 @@ kf_status kf_shape_numel(int rank, const int64_t *dims, size_t esz, int64_t *num
         if (!kf_mul_ok(n, dims[i], &n))
             return kf_fail(KF_ERR_BAD_MODEL, "dimension product overflows");
     }
+    if (!kf_dims_fit(rank, dims)) return kf_fail(KF_ERR_BAD_MODEL, "dimension product overflows (an empty tensor's other dims)");
     int64_t bytes;
     if (!kf_mul_ok(n, (int64_t)(esz ? esz : 1), &bytes) || bytes > KF_MAX_TENSOR_BYTES)
         return kf_fail(KF_ERR_BAD_MODEL, "tensor of %lld elements exceeds the %lld-byte limit",

@@ -523,15 +523,21 @@ Test(cg, declines_an_operand_that_does_not_broadcast_into_its_output) {
 
 /* An empty value's strides are products of its other dims: they must fit
  * 64-bit index math too (fuzz finding: a signed overflow in the stride of
- * an elementwise kernel over [0, 2^33, 2^34]). */
+ * an elementwise kernel over [0, 2^33, 2^34]). Inference and allocation
+ * now refuse such shapes (ir/empty_shape_whose_other_dims_overflow_is_refused);
+ * codegen keeps its own check for types set any other way, so the bad
+ * dims are written into the graph after planning here. */
 Test(cg, declines_an_empty_value_whose_strides_overflow) {
-    const char *texts[] = {"opset 13\ninput x float[0, 8589934592, 17179869184]\ny = Relu(x)\noutput y\n",
-                           "opset 13\ninput x float[0, 8, 16]\ny = Relu(x)\noutput y\n"};
+    int64_t bad[3] = {0, 8589934592LL, 17179869184LL}, good[3] = {0, 8, 16};
     for (int pass = 0; pass < 2; pass++) {
-        kf_model *m = gt_parse(texts[pass]);
-        kf_plan *p = cgu_plan(m);
+        kf_model *m = gt_parse("opset 13\ninput x float[0, 8, 16]\ny = Relu(x)\noutput y\n");
+        kf_id y = kf_graph_find(m->graph, "y");
+        kf_id x = kf_graph_find(m->graph, "x");
+        kf_plan *p = cgu_plan(m); /* plans (and infers) with the good shape */
+        for (int d = 0; d < 3; d++)
+            m->graph->values[x].type.dims[d] = m->graph->values[y].type.dims[d] = pass ? good[d] : bad[d];
         char why[512];
-        uint32_t gy = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
+        uint32_t gy = p->group_of[m->graph->values[y].producer];
         const char *reason = kf_cg_unsupported(m, p, gy, why, sizeof why);
         if (pass) cr_assert_null(reason, "%s", why);
         else cr_assert(reason && strstr(why, "does not fit 64-bit index math"), "%s", reason ? why : "generated");
