@@ -180,7 +180,6 @@ static bool epilogue(gen *st, kf_id a, ix *at, const char *rhs, const char *row_
     if (ok && rin) {
         ix xi;
         ok = forward_ix(st, a, rin, at, &xi, NULL) && emit(st, rin, &xi, name);
-        if (ok) kf_cg_printf(st->s, "%s%s = %s;\n", st->ind, row_store, name);
     }
     for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
         kf_id v = st->k->outs[o].value;
@@ -192,6 +191,11 @@ static bool epilogue(gen *st, kf_id a, ix *at, const char *rhs, const char *row_
                       st->g->values[v].name);
         else ok = store_from(st, a, o, at);
     }
+    /* the shared-memory slot last: with it before a float16 output's store,
+     * PoCL's default work-group method (loopvec) lost the GEMM's stores and
+     * the row slots (random-graph seed 22955471149; the same kernel is right
+     * under POCL_WORK_GROUP_METHOD=cbs or loops, and in either order there) */
+    if (ok && rin) kf_cg_printf(st->s, "%s%s = %s;\n", st->ind, row_store, name);
     st->nmemo = mark;
     return ok;
 }

@@ -42,7 +42,7 @@ static const char *ln16 = "opset 17\n"
 
 /* Largest |a - b| over the elements. */
 /* Runs a one-output, one-input graph on ref and on OpenCL; asserts they agree. */
-static void one_output_on_opencl(const char *text);
+static void outputs_on_opencl(const char *text);
 
 static double max_diff(const kf_tensor *a, const kf_tensor *b) {
     double d = 0;
@@ -145,7 +145,7 @@ Test(random_regress, layernorm_reduction_group_compiles_and_agrees_on_opencl) {
  * The reduction kernel of the test above failed the same way (v5_r1): one
  * bug in codegen/'s variadic lowering, fixed there (fresh temporaries). */
 Test(random_regress, variadic_sum_compiles_on_opencl) {
-    one_output_on_opencl("opset 17\n"
+    outputs_on_opencl("opset 17\n"
                          "const c32 float[3, 4] = random\n"
                          "const c33 float[3, 4] = random\n"
                          "input v30 float[1, 1]\n"
@@ -215,7 +215,7 @@ Test(random_regress, plan_of_matmuls_around_a_reduction_has_no_cycle) {
  * Fixed in codegen/: a lane of the 128-bit path reads its quad's register
  * and never computes an offset from the lane's (undeclared) index name. */
 Test(random_regress, identity_copy_group_compiles_on_opencl) {
-    one_output_on_opencl("opset 12\n"
+    outputs_on_opencl("opset 12\n"
                          "input x0 float[8, 5]\n"
                          "v4 = Identity(x0)\n"
                          "output v4\n");
@@ -228,7 +228,7 @@ Test(random_regress, identity_copy_group_compiles_on_opencl) {
  * 1/std (got -0.45, want -1.91). Fixed in codegen/: a softmax/layernorm
  * result read outside the current row declines the group (it runs on ref). */
 Test(random_regress, transpose_after_layernorm_reads_its_own_row) {
-    one_output_on_opencl("opset 17\n"
+    outputs_on_opencl("opset 17\n"
                          "const c4 float[4] = 1.28831029 1.21073854 1.40368128 1.00873518\n"
                          "input x3 float[4, 4, 4]\n"
                          "v5 = LayerNormalization(x3, c4) {axis=-1, epsilon=0.05}\n"
@@ -236,24 +236,38 @@ Test(random_regress, transpose_after_layernorm_reads_its_own_row) {
                          "output v17\n");
 }
 
-/* Runs a one-output, one-input graph on ref and on OpenCL; asserts they
- * agree (skips with the reason when there is no OpenCL device). */
-static void one_output_on_opencl(const char *text) {
+/* Random-graph seed 22955471149 (the CI test, opencl path, session 4),
+ * shrunk from 5 nodes to two: an fp16 Gemm with both operands transposed,
+ * then LogSoftmax over its rows, the Gemm also an output. */
+Test(random_regress, fp16_gemm_transposed_then_log_softmax_on_opencl) {
+    outputs_on_opencl("opset 17\n"
+                      "const c2 float16[5, 1] = 0.498046875 -0.145019531 -0.412353516 0.468505859 0.827148438\n"
+                      "input x0 float16[1, 8]\n"
+                      "v3 = Gemm(x0, c2) {transA=1, transB=1}\n"
+                      "v4 = LogSoftmax(v3) {axis=-1}\n"
+                      "output v4, v3\n");
+}
+
+/* Runs a graph on ref and on OpenCL; asserts every output agrees (skips
+ * with the reason when there is no OpenCL device). */
+static void outputs_on_opencl(const char *text) {
     const char *why = kf_cl_unavailable();
     if (why) cr_skip_test("OpenCL: %s", why);
     kf_model *m = gt_parse(text);
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
     kf_tensor *ins;
-    uint32_t n;
+    uint32_t n, nout = m->graph->noutputs;
     gt_random_inputs(m, &ins, &n);
-    kf_tensor want = {0}, got = {0};
-    cr_assert_eq(kf_eval_model(m, ins, (int)n, &want, NULL), KF_OK, "%s", kf_last_error());
-    cr_assert_eq(kf_run_opencl(m, ins, (int)n, &got, NULL, NULL), KF_OK, "%s", kf_last_error());
-    char w[512];
-    cr_expect(kf_run_close(&got, &want, w, sizeof w), "%s", w);
-    kf_tensor_release(&got);
-    kf_tensor_release(&want);
-    kf_tensor_release(&ins[0]);
-    free(ins);
+    kf_tensor *want = calloc(nout, sizeof(kf_tensor)), *got = calloc(nout, sizeof(kf_tensor));
+    cr_assert_eq(kf_eval_model(m, ins, (int)n, want, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_run_opencl(m, ins, (int)n, got, NULL, NULL), KF_OK, "%s", kf_last_error());
+    for (uint32_t o = 0; o < nout; o++) {
+        char w[512];
+        cr_expect(kf_run_close(&got[o], &want[o], w, sizeof w), "output %u: %s", o, w);
+        kf_tensor_release(&got[o]);
+        kf_tensor_release(&want[o]);
+    }
+    for (uint32_t i = 0; i < n; i++) kf_tensor_release(&ins[i]);
+    free(ins), free(got), free(want);
     kf_model_free(m);
 }
