@@ -744,15 +744,31 @@ static bool emit_conv(gen *G) {
     val xx = *x;
     int64_t c = xx.dims[1], mch = 1 + irand(&G->r, 4);
     int64_t group = 1;
-    if (c > 1 && chance(&G->r, 0.2)) group = c, mch = c; /* depthwise */
+    /* ConvTranspose: weight [C, M, kh, kw], output (in - 1) * stride - 2 pad + k */
+    bool tr = chance(&G->r, 0.25);
+    if (!tr && c > 1 && chance(&G->r, 0.2)) group = c, mch = c; /* depthwise */
     int64_t kh = 1 + irand(&G->r, 3), kw = 1 + irand(&G->r, 3);
     int64_t pad = irand(&G->r, 2), stride = 1 + irand(&G->r, 2);
-    if (kh > xx.dims[2] + 2 * pad || kw > xx.dims[3] + 2 * pad) return false;
-    int64_t wd[4] = {mch, c / group, kh, kw};
-    double s = 1 / sqrt((double)(wd[1] * kh * kw));
+    if (tr && (pad >= kh || pad >= kw)) pad = 0; /* keeps every output dim >= 1 */
+    if (!tr && (kh > xx.dims[2] + 2 * pad || kw > xx.dims[3] + 2 * pad)) return false;
+    int64_t wd[4] = {tr ? c : mch, tr ? mch : c / group, kh, kw};
+    double s = 1 / sqrt((double)((tr ? c : wd[1]) * kh * kw));
     val w = *fconst(G, 4, wd, -s, s, false);
     int64_t per = wd[1] * kh * kw;
-    double bound = colsum(G->g->values[w.id].init, per, mch, true) * vmax(&xx);
+    double bound;
+    if (tr) { /* an output element sums at most every weight of its channel */
+        const kf_tensor *wt = G->g->values[w.id].init;
+        bound = 0;
+        for (int64_t m = 0; m < mch; m++) {
+            double sum = 0;
+            for (int64_t ci = 0; ci < c; ci++)
+                for (int64_t e = 0; e < kh * kw; e++) sum += fabs(kf_get_f64(wt, (ci * mch + m) * kh * kw + e));
+            bound = fmax(bound, sum);
+        }
+        bound *= vmax(&xx);
+    } else {
+        bound = colsum(G->g->values[w.id].init, per, mch, true) * vmax(&xx);
+    }
     kf_id in[3] = {xx.id, w.id, 0};
     int nin = 2;
     if (chance(&G->r, 0.5)) {
@@ -761,8 +777,11 @@ static bool emit_conv(gen *G) {
         bound += vmax(&b);
     }
     if (!bounded(G, -bound, bound)) return false;
+    int64_t od[4] = {xx.dims[0], mch, (xx.dims[2] + 2 * pad - kh) / stride + 1, (xx.dims[3] + 2 * pad - kw) / stride + 1};
+    if (tr) od[2] = (xx.dims[2] - 1) * stride - 2 * pad + kh, od[3] = (xx.dims[3] - 1) * stride - 2 * pad + kw;
+    if (numel(4, od) > MAX_NUMEL) return false;
     kf_id y;
-    kf_node *n = mk(G, "Conv", in, nin, &y);
+    kf_node *n = mk(G, tr ? "ConvTranspose" : "Conv", in, nin, &y);
     int64_t pads[4] = {pad, pad, pad, pad}, strides[2] = {stride, stride};
     if (pad || chance(&G->r, 0.3)) attr_ints(n, "pads", 4, pads);
     if (stride > 1 || chance(&G->r, 0.3)) attr_ints(n, "strides", 2, strides);
@@ -771,7 +790,6 @@ static bool emit_conv(gen *G) {
         int64_t ks[2] = {kh, kw};
         attr_ints(n, "kernel_shape", 2, ks);
     }
-    int64_t od[4] = {xx.dims[0], mch, (xx.dims[2] + 2 * pad - kh) / stride + 1, (xx.dims[3] + 2 * pad - kw) / stride + 1};
     int r = irand(&G->r, 4);
     if (r == 0) {
         double nb;
@@ -1222,35 +1240,66 @@ static bool motif_gelu(gen *G) {
         s = sw(G);
         a = bin(G, "Add", e, c, s);
     } else { /* tanh form */
-        if (chance(&G->r, 0.5)) {
-            c = fscalar(G, 3, r1);
-            p = bin(G, "Pow", xx.id, c, false);
-        } else {
-            p = bin(G, "Mul", xx.id, xx.id, false);
+        int cube = irand(&G->r, 3);
+        if (cube == 2) { /* factored: sqrt(2/pi) * x * (1 + 0.044715 * x * x) */
+            c = fscalar(G, 0.044715, r1);
             s = sw(G);
-            p = bin(G, "Mul", p, xx.id, s);
+            q = bin(G, "Mul", xx.id, c, s);
+            s = sw(G);
+            q = bin(G, "Mul", xx.id, q, s);
+            c = fscalar(G, 1, r1);
+            s = sw(G);
+            i = bin(G, "Add", q, c, s);
+            c = fscalar(G, 0.7978845608028654, r1);
+            s = sw(G);
+            b = bin(G, "Mul", xx.id, c, s);
+            s = sw(G);
+            b = bin(G, "Mul", b, i, s);
+        } else {
+            if (cube == 0) {
+                c = fscalar(G, 3, r1);
+                p = bin(G, "Pow", xx.id, c, false);
+            } else {
+                p = bin(G, "Mul", xx.id, xx.id, false);
+                s = sw(G);
+                p = bin(G, "Mul", p, xx.id, s);
+            }
+            c = fscalar(G, 0.044715, r1);
+            s = sw(G);
+            q = bin(G, "Mul", p, c, s);
+            s = sw(G);
+            i = bin(G, "Add", xx.id, q, s);
+            c = fscalar(G, 0.7978845608028654, r1);
+            s = sw(G);
+            b = bin(G, "Mul", i, c, s);
         }
-        c = fscalar(G, 0.044715, r1);
-        s = sw(G);
-        q = bin(G, "Mul", p, c, s);
-        s = sw(G);
-        i = bin(G, "Add", xx.id, q, s);
-        c = fscalar(G, 0.7978845608028654, r1);
-        s = sw(G);
-        b = bin(G, "Mul", i, c, s);
         t = un(G, "Tanh", b);
         c = fscalar(G, 1, r1);
         s = sw(G);
         a = bin(G, "Add", t, c, s);
     }
     if (chance(&G->r, 0.15)) push(G, a, xx.rank, xx.dims, -1, 2, false); /* a second consumer: must not fuse */
+    /* where the 0.5 goes: on x (PyTorch), on the product (half_last) or on
+     * the 1 + erf/tanh term (TF's x * cdf) */
+    int half = irand(&G->r, 3);
     c = fscalar(G, 0.5, r1);
     s = sw(G);
-    h = bin(G, "Mul", xx.id, c, s);
+    h = half == 0 ? bin(G, "Mul", xx.id, c, s) : half == 1 ? bin(G, "Mul", xx.id, a, s) : bin(G, "Mul", a, c, s);
     s = sw(G);
-    y = bin(G, "Mul", h, a, s);
+    y = half == 0 ? bin(G, "Mul", h, a, s) : half == 1 ? bin(G, "Mul", h, c, s) : bin(G, "Mul", xx.id, h, s);
     push(G, y, xx.rank, xx.dims, fmin(-0.2, xx.lo), fmax(xx.hi, 0), false);
     return true;
+}
+
+/* 1 / sqrt(ve) as exporters write it, or 0 for the caller's Div by
+ * Sqrt(ve): Reciprocal(Sqrt) (TF's Rsqrt), Div(1, Sqrt) (torch.rsqrt) or
+ * Pow(ve, -0.5). */
+static kf_id inv_std(gen *G, kf_id ve) {
+    int k = irand(&G->r, 5);
+    if (k < 2) return 0; /* the Div form, the most common */
+    if (k == 4) return bin(G, "Pow", ve, fscalar(G, -0.5, false), false);
+    kf_id sd = un(G, "Sqrt", ve);
+    return k == 2 ? un(G, "Reciprocal", sd) : bin(G, "Div", fscalar(G, 1, false), sd, false);
 }
 
 static bool motif_norm(gen *G) {
@@ -1285,17 +1334,23 @@ static bool motif_norm(gen *G) {
         c = fscalar(G, eps, false);
         s = sw(G);
         ve = bin(G, "Add", v, c, s);
-        sd = un(G, "Sqrt", ve);
-        if (chance(&G->r, 0.6)) {
+        bool with_beta = chance(&G->r, 0.7);
+        kf_id r = inv_std(G, ve);
+        bool scaled = r && with_beta && chance(&G->r, 0.4); /* d * (r * gamma): the _scaled forms */
+        if (!r) {
+            sd = un(G, "Sqrt", ve);
             n = bin(G, "Div", d, sd, false);
         } else {
-            c = un(G, "Reciprocal", sd);
+            if (scaled) {
+                s = sw(G);
+                r = bin(G, "Mul", r, gamma.id, s);
+            }
             s = sw(G);
-            n = bin(G, "Mul", d, c, s);
+            n = bin(G, "Mul", d, r, s);
         }
         s = sw(G);
-        y = bin(G, "Mul", n, gamma.id, s);
-        if (chance(&G->r, 0.7)) {
+        y = scaled ? n : bin(G, "Mul", n, gamma.id, s);
+        if (with_beta) {
             val beta = *fconst(G, 1, &h, -1, 1, false);
             s = sw(G);
             y = bin(G, "Add", y, beta.id, s);
@@ -1307,8 +1362,14 @@ static bool motif_norm(gen *G) {
         c = fscalar(G, eps, false);
         s = sw(G);
         ve = bin(G, "Add", v, c, s);
-        sd = un(G, "Sqrt", ve);
-        n = bin(G, "Div", xx.id, sd, false);
+        kf_id r = inv_std(G, ve);
+        if (!r) {
+            sd = un(G, "Sqrt", ve);
+            n = bin(G, "Div", xx.id, sd, false);
+        } else {
+            s = sw(G);
+            n = bin(G, "Mul", xx.id, r, s);
+        }
         s = sw(G);
         y = bin(G, "Mul", n, gamma.id, s);
     }
@@ -1333,15 +1394,52 @@ static bool motif_softmax(gen *G) {
     return true;
 }
 
+/* A graph input without size-1 or symbolic dims: Squeeze without axes
+ * keeps it as it is. (Any dim derived from a symbolic one may be 1 as far
+ * as the model says, so the squeezed rank would be unknown to inference;
+ * the generator does not track which dims derive from symbols.) */
+static bool no_unit_dim(const gen *G, const val *x) {
+    const kf_value *v = &G->g->values[x->id];
+    if (!v->is_input || x->rank < 1) return false;
+    for (int i = 0; i < x->rank; i++)
+        if (x->dims[i] == 1 || v->type.syms[i]) return false;
+    return true;
+}
+
 /* x*1, x+0, x-0, x/1, Identity, Dropout: no-ops, unless the constant is
- * shaped so that it broadcasts x to a bigger shape. */
+ * shaped so that it broadcasts x to a bigger shape. Also CastLike to x's
+ * own type, Squeeze of a value without size-1 dims, Split into one part
+ * and Concat of one input. */
 static bool motif_noop(gen *G) {
     val *x = pick(G, NULL);
     if (!x) return false;
     val xx = *x;
-    int k = irand(&G->r, 6);
-    if (k >= 4) {
-        kf_id y = un(G, k == 4 ? "Identity" : "Dropout", xx.id);
+    int k = irand(&G->r, 10);
+    if (k == 6 && G->opset < 15) k = 4; /* CastLike: opset 15 */
+    if (k >= 7 && xx.rank < 1) k = 5;   /* Squeeze, Split and Concat need an axis */
+    if (k == 7 && !no_unit_dim(G, &xx)) { /* another value, or Identity */
+        val *q = pick(G, no_unit_dim);
+        if (q) xx = *q;
+        else k = 4;
+    }
+    kf_id y = 0;
+    if (k == 4 || k == 5) {
+        y = un(G, k == 4 ? "Identity" : "Dropout", xx.id);
+    } else if (k == 6) {
+        val *like = pick(G, NULL); /* any value of the graph's float type */
+        y = bin(G, "CastLike", xx.id, like ? like->id : fscalar(G, 0, false), false);
+    } else if (k == 7) { /* Squeeze without axes removes every size-1 dim: none here */
+        y = un(G, "Squeeze", xx.id);
+    } else if (k == 8) {
+        int axis = irand(&G->r, xx.rank);
+        kf_node *n = mk(G, "Split", &xx.id, 1, &y);
+        if (axis || chance(&G->r, 0.3)) attr_i(n, "axis", axis);
+        if (G->opset >= 18) attr_i(n, "num_outputs", 1);
+    } else if (k == 9) {
+        kf_node *n = mk(G, "Concat", &xx.id, 1, &y);
+        attr_i(n, "axis", irand(&G->r, xx.rank));
+    }
+    if (y) {
         push(G, y, xx.rank, xx.dims, xx.lo, xx.hi, xx.exact);
         return true;
     }
@@ -1355,7 +1453,7 @@ static bool motif_noop(gen *G) {
     int64_t od[MAX_R + 2];
     if (r > MAX_R || !bcast(xx.rank, xx.dims, r, d, &ro, od) || ro > MAX_R) return false;
     val c = *fconst(G, r, d, v, v, false);
-    kf_id y = bin(G, ops[k], xx.id, c.id, k < 2 && sw(G));
+    y = bin(G, ops[k], xx.id, c.id, k < 2 && sw(G));
     push(G, y, ro, od, xx.lo, xx.hi, xx.exact);
     return true;
 }
@@ -1908,6 +2006,21 @@ static bool still_fails(const kf_model *c, uint64_t in_seed, const rg_check_opts
     return !ok && !strcmp(p, path);
 }
 
+/* still_fails with inputs from *seed, or else from one of a few other
+ * seeds (a cut node's output becomes an input of fresh random values, which
+ * may miss the values that failed: a Relu -> Abs bug needs a negative one);
+ * *seed becomes the seed that failed. */
+static bool still_fails_some(const kf_model *c, uint64_t *seed, const rg_check_opts *o, const char *path) {
+    for (uint64_t k = 0; k < 4; k++) {
+        uint64_t s = *seed + k * 0x9e3779b97f4a7c15ULL;
+        if (still_fails(c, s, o, path)) {
+            *seed = s;
+            return true;
+        }
+    }
+    return false;
+}
+
 /* Drops graph inputs nobody reads. */
 static void prune_inputs(kf_graph *g) {
     uint32_t k = 0;
@@ -1928,23 +2041,31 @@ static bool cut_node(kf_model *c, uint32_t i, int alt) {
         if (!g->nodes[k].dead && live++ == i) nid = k;
     if (!nid) return false;
     kf_node *n = &g->nodes[nid];
-    if (n->nout == 1 && n->out[0] && g->values[n->out[0]].is_output) {
-        /* the end of a chain: its first non-constant input becomes the
-         * graph output instead */
+    bool writes_output = false, read = false;
+    for (int o = 0; o < n->nout; o++)
+        if (n->out[o]) writes_output |= g->values[n->out[o]].is_output, read |= g->values[n->out[o]].nusers > 0;
+    if (writes_output) {
+        /* the end of a chain (a Split's included): its alt-th non-constant
+         * input becomes the graph output instead of its outputs */
         kf_id in = 0;
         for (int i = 0; i < n->nin && !in; i++)
             if (n->in[i] && !g->values[n->in[i]].init && alt-- == 0) in = n->in[i];
-        if (!in || g->values[n->out[0]].nusers) return false;
-        kf_id out = n->out[0];
+        if (!in || read) return false;
+        kf_id outs[8];
+        int nout = n->nout < 8 ? n->nout : 8;
+        memcpy(outs, n->out, sizeof(kf_id) * (size_t)nout);
         kf_graph_remove_node(g, nid);
         uint32_t k = 0;
         bool listed = g->values[in].is_output;
         for (uint32_t i = 0; i < g->noutputs; i++) {
-            if (g->outputs[i] != out) g->outputs[k++] = g->outputs[i];
+            bool mine = false;
+            for (int o = 0; o < nout; o++) mine |= outs[o] && g->outputs[i] == outs[o];
+            if (!mine) g->outputs[k++] = g->outputs[i];
             else if (!listed) g->outputs[k++] = in, listed = true;
         }
         g->noutputs = k;
-        g->values[out].is_output = false;
+        for (int o = 0; o < nout; o++)
+            if (outs[o]) g->values[outs[o]].is_output = false;
         g->values[in].is_output = true;
         return true;
     }
@@ -1979,8 +2100,9 @@ static kf_model *settle(kf_model *c) {
     return r;
 }
 
-kf_model *rg_shrink(const kf_model *m, uint64_t in_seed, const rg_check_opts *o, const char *path) {
+kf_model *rg_shrink(const kf_model *m, uint64_t *in_seed_p, const rg_check_opts *o, const char *path) {
     kf_model *cur;
+    uint64_t in_seed = *in_seed_p;
     if (rg_copy(m, &cur)) return NULL;
     if (kf_infer_shapes(cur) || !still_fails(cur, in_seed, o, path)) {
         kf_model_free(cur);
@@ -1995,7 +2117,7 @@ kf_model *rg_shrink(const kf_model *m, uint64_t in_seed, const rg_check_opts *o,
             g->values[g->outputs[i]].is_output = false;
             memmove(g->outputs + i, g->outputs + i + 1, sizeof(kf_id) * (g->noutputs - i - 1));
             g->noutputs--;
-            if ((c = settle(c)) && still_fails(c, in_seed, o, path)) {
+            if ((c = settle(c)) && still_fails_some(c, &in_seed, o, path)) {
                 kf_model_free(cur);
                 cur = c;
                 changed = true;
@@ -2012,7 +2134,7 @@ kf_model *rg_shrink(const kf_model *m, uint64_t in_seed, const rg_check_opts *o,
                     kf_model_free(c);
                     break;
                 }
-                if ((c = settle(c)) && still_fails(c, in_seed, o, path)) {
+                if ((c = settle(c)) && still_fails_some(c, &in_seed, o, path)) {
                     kf_model_free(cur);
                     cur = c;
                     changed = true;
@@ -2022,5 +2144,6 @@ kf_model *rg_shrink(const kf_model *m, uint64_t in_seed, const rg_check_opts *o,
             }
         }
     }
+    *in_seed_p = in_seed;
     return cur;
 }

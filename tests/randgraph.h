@@ -74,10 +74,12 @@ bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_
               size_t pathlen, char *why, size_t whylen, rg_stats *st);
 
 /* Deletes nodes (their outputs become graph inputs of the same type) and
- * graph outputs while `path` still fails with inputs from in_seed. Returns
- * the smallest failing model found (caller frees), or NULL when m does not
- * fail on path at all. */
-kf_model *rg_shrink(const kf_model *m, uint64_t in_seed, const rg_check_opts *o, const char *path);
+ * graph outputs while `path` still fails with inputs from *in_seed (or from
+ * one of a few other input seeds, since a deleted node's values are drawn
+ * afresh). Returns the smallest failing model found (caller frees), or NULL
+ * when m does not fail on path at all; *in_seed is then the seed whose
+ * inputs (rg_inputs) make the returned model fail. */
+kf_model *rg_shrink(const kf_model *m, uint64_t *in_seed, const rg_check_opts *o, const char *path);
 
 /* Per rule: rewrites and graphs it fired in, summed over every opt run
  * with nothing disabled in this process (so a test can show the rules

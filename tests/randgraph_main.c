@@ -98,11 +98,12 @@ int main(int argc, char **argv) {
                    kf_graph_live_nodes(m->graph), t);
             free(t);
             rg_check_opts so = only(path);
-            kf_model *sm = shrink && so.paths ? rg_shrink(m, s, &so, path) : NULL;
+            uint64_t in_seed = s;
+            kf_model *sm = shrink && so.paths ? rg_shrink(m, &in_seed, &so, path) : NULL;
             if (sm) {
                 t = rg_print(sm);
                 printf("--- shrunk (%u nodes; inputs from seed %llu) ---\n%s", kf_graph_live_nodes(sm->graph),
-                       (unsigned long long)s, t);
+                       (unsigned long long)in_seed, t);
                 free(t);
                 kf_model_free(sm);
             }

@@ -53,11 +53,12 @@ static void report_failure(const kf_model *m, uint64_t seed, const char *path, c
               : !strcmp(path, "opencl") ? RG_P_CL
               : strstr(path, "-no-")    ? RG_P_FAMILY /* o.family is the graph's family */
                                         : o.paths;
-    kf_model *s = rg_shrink(m, seed, &o, path);
+    uint64_t in_seed = seed;
+    kf_model *s = rg_shrink(m, &in_seed, &o, path);
     if (s) {
         t = rg_print(s);
         fprintf(stderr, "shrunk to %u nodes (inputs from seed %llu):\n%s", kf_graph_live_nodes(s->graph),
-                (unsigned long long)seed, t);
+                (unsigned long long)in_seed, t);
         free(t);
         kf_model_free(s);
     }
@@ -127,7 +128,8 @@ Test(random_graphs, catches_a_wrong_rule_and_shrinks_it) {
         char path[64], why[1024];
         if (!rg_check(m, ins, nins, &o, path, sizeof path, why, sizeof why, NULL)) {
             cr_assert_str_eq(path, "opt", "seed %llu: %s", (unsigned long long)seed, why);
-            kf_model *s = rg_shrink(m, seed, &o, path);
+            uint64_t in_seed = seed;
+            kf_model *s = rg_shrink(m, &in_seed, &o, path);
             cr_assert(s, "seed %llu: the failure did not reproduce while shrinking", (unsigned long long)seed);
             char *t = rg_print(s);
             cr_expect_eq(kf_graph_live_nodes(s->graph), 1, "shrunk graph:\n%s", t);
