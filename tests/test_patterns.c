@@ -184,15 +184,23 @@ Test(patterns, attributes_match_and_copy) {
     kf_model_free(orig);
 }
 
-Test(patterns, checker_rejects_a_wrong_rule_with_a_counterexample) {
-    kf_ruleset rs = rules_from("# deliberately wrong: sub is not commutative\n"
-                               "rule sub_swapped\n  match\n    y = Sub(a, b)\n  replace\n    y = Sub(b, a)\nend\n");
+/* Runs the numerical checker on rs with seed; returns its printed report
+ * (caller frees) and fills res. */
+static char *check_report(kf_ruleset *rs, uint64_t seed, kf_check_result *res) {
     char *text = NULL;
     size_t len = 0;
     FILE *out = open_memstream(&text, &len);
-    kf_check_result res;
-    cr_assert_eq(kf_rules_check(&rs, 12345, out, &res), KF_OK);
+    cr_assert_not_null(out);
+    cr_assert_eq(kf_rules_check(rs, seed, out, res), KF_OK);
     fclose(out);
+    return text;
+}
+
+Test(patterns, checker_rejects_a_wrong_rule_with_a_counterexample) {
+    kf_ruleset rs = rules_from("# deliberately wrong: sub is not commutative\n"
+                               "rule sub_swapped\n  match\n    y = Sub(a, b)\n  replace\n    y = Sub(b, a)\nend\n");
+    kf_check_result res;
+    char *text = check_report(&rs, 12345, &res);
     cr_assert_eq(res.failed, 1, "%s", text);
     cr_assert(strstr(text, "FAIL sub_swapped") && strstr(text, "element"), "%s", text);
     free(text);
@@ -206,12 +214,8 @@ Test(patterns, checker_keeps_high_rank_instances_small) {
     kf_ruleset rs = rules_from("# deliberately wrong, so the instance is printed\n"
                                "rule sub_swapped_rank9\n  match\n    y = Sub(a, b)\n  where\n    rank a == 9\n"
                                "    rank b == 9\n  replace\n    y = Sub(b, a)\nend\n");
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
     kf_check_result res;
-    cr_assert_eq(kf_rules_check(&rs, 12345, out, &res), KF_OK);
-    fclose(out);
+    char *text = check_report(&rs, 12345, &res);
     cr_assert_eq(res.failed, 1, "%s", text);
     const char *inst = strstr(text, "a float[");
     cr_assert(inst, "%s", text);
@@ -228,9 +232,7 @@ Test(patterns, checker_keeps_high_rank_instances_small) {
 
     rs = rules_from("rule big_example\n  match\n    y = Relu(x)\n  example x float[300, 300]\n"
                     "  replace\n    y = Max(x, 0.0)\nend\n");
-    out = open_memstream(&text, &len);
-    cr_assert_eq(kf_rules_check(&rs, 12345, out, &res), KF_OK);
-    fclose(out);
+    text = check_report(&rs, 12345, &res);
     cr_assert_eq(res.failed, 1, "%s", text);
     cr_assert(strstr(text, "FAIL big_example") && strstr(text, "'x'") && strstr(text, "65536"), "%s", text);
     free(text);
@@ -241,12 +243,8 @@ Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
     kf_ruleset rs = {0};
     cr_assert_eq(kf_rules_add_builtin(&rs), KF_OK, "%s", kf_last_error());
     cr_assert_gt(rs.n, 0);
-    char *text = NULL;
-    size_t len = 0;
-    FILE *out = open_memstream(&text, &len);
     kf_check_result res;
-    cr_assert_eq(kf_rules_check(&rs, tu_seed(), out, &res), KF_OK);
-    fclose(out);
+    char *text = check_report(&rs, tu_seed(), &res);
     cr_assert_eq(res.failed, 0, "%s", text);
     cr_assert_eq(res.passed, (int)rs.n);
     free(text);

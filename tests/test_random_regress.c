@@ -114,26 +114,7 @@ static const char *ln_reduce_redefinition = "opset 17\n"
                                             "output v32, v39\n";
 
 Test(random_regress, layernorm_reduction_group_compiles_and_agrees_on_opencl) {
-    const char *why = kf_cl_unavailable();
-    if (why) cr_skip_test("OpenCL: %s", why);
-    kf_model *m = gt_parse(ln_reduce_redefinition);
-    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_tensor *ins;
-    uint32_t n;
-    gt_random_inputs(m, &ins, &n);
-    uint32_t nout = m->graph->noutputs;
-    kf_tensor want[2] = {{0}}, got[2] = {{0}};
-    cr_assert_eq(kf_eval_model(m, ins, (int)n, want, NULL), KF_OK, "%s", kf_last_error());
-    cr_assert_eq(kf_run_opencl(m, ins, (int)n, got, NULL, NULL), KF_OK, "%s", kf_last_error());
-    for (uint32_t o = 0; o < nout; o++) {
-        char w[512];
-        cr_expect(kf_run_close(&got[o], &want[o], w, sizeof w), "output %u: %s", o, w);
-        kf_tensor_release(&got[o]);
-        kf_tensor_release(&want[o]);
-    }
-    for (uint32_t i = 0; i < n; i++) kf_tensor_release(&ins[i]);
-    free(ins);
-    kf_model_free(m);
+    outputs_on_opencl(ln_reduce_redefinition);
 }
 
 /* kfuse_randgraph --seed 500035 (opencl path, same working tree), shrunk
