@@ -145,8 +145,10 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
         } else if (find_guard(r, v, KF_G_SCALAR) || find_guard(r, v, KF_G_CONST_EQ)) {
             ty.rank = 0;
         } else {
-            ty.rank = gr_rank && gr_rank->cmp == KF_CMP_EQ ? (int)gr_rank->value : rank;
-            if (ty.rank < 0 || ty.rank > KF_MAX_RANK) ty.rank = rank;
+            /* a rank the guard names, when it is one a tensor can have (the
+             * value is a double from the rule text: 2.7e12 is not an int) */
+            bool named = gr_rank && gr_rank->cmp == KF_CMP_EQ && gr_rank->value >= 0 && gr_rank->value <= KF_MAX_RANK;
+            ty.rank = named ? (int)gr_rank->value : rank;
             for (int d = 0; d < ty.rank; d++) ty.dims[d] = dims[d];
         }
         int64_t count = 1;

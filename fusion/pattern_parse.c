@@ -441,6 +441,11 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
             g->kind = KF_G_RANK;
             KF_TRY(parse_cmp(lx, &g->cmp));
             if (lx->t.kind != T_NUM) return perr(lx, "expected a number after 'rank'%s", "");
+            if (!lx->t.is_int || lx->t.ival < 0 || lx->t.ival > KF_MAX_RANK) {
+                char most[16];
+                snprintf(most, sizeof most, "%d", KF_MAX_RANK);
+                return perr(lx, "a rank is a whole number from 0 to %s", most);
+            }
             g->value = lx->t.num;
             next(lx);
         } else if (!strcmp(kw, "same_shape")) {

@@ -49,6 +49,16 @@ Test(patterns, parse_errors_name_file_and_line) {
     const char *noend = "rule r\n  match\n    y = Neg(x)\n  replace\n    y = x\n";
     cr_assert_eq(kf_rules_parse(&rs, noend, strlen(noend), "e.kfp"), KF_ERR_BAD_MODEL);
     cr_assert(strstr(kf_last_error(), "missing 'end'"), "%s", kf_last_error());
+    /* a rank guard names a rank a tensor can have (fuzz finding: 2.7e12
+     * reached an int conversion in the checker) */
+    const char *ranks[] = {"2.5", "2666666666666", "17", "-1"};
+    for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++) {
+        char text[256];
+        snprintf(text, sizeof text, "rule r\n  match\n    y = Neg(x)\n  where\n    rank x == %s\n  replace\n    y = x\nend\n",
+                 ranks[i]);
+        cr_assert_eq(kf_rules_parse(&rs, text, strlen(text), "r.kfp"), KF_ERR_BAD_MODEL, "rank %s", ranks[i]);
+        cr_assert(strstr(kf_last_error(), "r.kfp:5") && strstr(kf_last_error(), "whole number"), "%s", kf_last_error());
+    }
     cr_assert_eq(rs.n, 0, "failed parses add no rules");
     kf_rules_free(&rs);
 }
