@@ -1561,13 +1561,20 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
                        st->g->values[st->k->outs[o].value].name, kf_node_label(n));
     }
     if (ok && any_out) {
+        uint32_t mark = st->nmemo;
         if (block) {
             kf_cg_puts(&body, "        if (kf_on && kf_lane == 0) {\n");
             st->ind = "            ";
         }
         for (uint32_t o = 0; ok && o < st->k->nouts; o++)
             if (same_dims(&st->g->values[st->k->outs[o].value].type, ot)) ok = store(st, o, &outix);
-        if (block) kf_cg_puts(&body, "        }\n");
+        if (block) {
+            kf_cg_puts(&body, "        }\n");
+            /* names defined inside the lane-0 block end with it: a row-wide
+             * output that reads one of them defines it again (fuzz finding
+             * under NVRTC: 'v7' undefined in the row loop) */
+            st->nmemo = mark;
+        }
         st->ind = "        ";
     }
     if (ok && any_in) {

@@ -521,6 +521,24 @@ Test(cg, declines_an_operand_that_does_not_broadcast_into_its_output) {
     kf_model_free(m);
 }
 
+/* A row statistic (the Sqrt of a reduced value) written on the reduced
+ * space by lane 0 and read again by a row-wide output: the generator
+ * defined it inside lane 0's block and used it in the row loop, so the
+ * kernel did not compile (fuzz_pipeline under KF_FUZZ_NVRTC=1, from a
+ * mutated expanded-LayerNorm model). Both targets, and the OpenCL result. */
+#define RED_STAT_TWICE                                                                                  \
+    "opset 13\ninput x float[3, 300]\ninput a float[3, 1]\ninput z float[3, 300]\nconst e float[] = 0.5\n" \
+    "m = ReduceMean(x) {axes=[1]}\nd = Sub(m, a)\nv = Mul(d, d)\nw = Add(v, e)\ns = Sqrt(w)\n"          \
+    "y = Div(z, s)\nr = Reciprocal(s)\noutput y\noutput r\n"
+
+Test(cg, row_statistic_read_by_both_output_spaces) {
+    cgu_need_opencl();
+    uint32_t n = 0;
+    cr_assert_eq(check_graph(RED_STAT_TWICE, &n), 2, "one kernel writes both outputs");
+    cr_assert_eq(n, 1);
+    if (!kf_nvrtc_unavailable()) cr_assert_eq(cgu_nvrtc_check_text(RED_STAT_TWICE, 1u << KF_GROUP_REDUCTION), 1);
+}
+
 /* An empty value's strides are products of its other dims: they must fit
  * 64-bit index math too (fuzz finding: a signed overflow in the stride of
  * an elementwise kernel over [0, 2^33, 2^34]). Inference and allocation
