@@ -6,7 +6,8 @@
 #
 #   tests/fuzz/run.sh [TARGET|all [SECONDS [libFuzzer flags...]]]
 #       default: all targets, 60 seconds each (the CI stage); a release's
-#       one-hour run per target is `tests/fuzz/run.sh all 3600`.
+#       one-hour run per target is `tests/fuzz/run.sh all 3600` (runs
+#       longer than 60 s go on past a finding and report every one).
 #       (A number alone, `run.sh 60`, means all targets for that long.)
 #   tests/fuzz/run.sh replay [TARGET|all]
 #       runs the committed regression corpus tests/fuzz/corpus/fuzz_TARGET/
@@ -103,11 +104,19 @@ for t in "${targets[@]}"; do
   esac
   for f in "$root/tests/fuzz/corpus/fuzz_$t"/*; do seed "$t" "$f"; done
   echo "fuzz_$t: $(ls "$out/seeds/$t" | wc -l) seeds, $secs seconds"
+  # Past CI's minute a finding does not end the run (fork mode, one job):
+  # a release's hour is an hour, and every finding is kept in artifacts/.
+  keep_going=()
+  [ "$secs" -gt 60 ] && keep_going=(-fork=1 -ignore_crashes=1 -ignore_timeouts=1 -ignore_ooms=1)
+  before=$(ls "$out/artifacts/$t" | wc -l)
+  status=0
   # New inputs go to the first folder (corpus/); seeds are read only.
-  if ! "$out/tests/fuzz/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 "${dict[@]}" \
-       -artifact_prefix="$out/artifacts/$t/" -print_final_stats=1 "$@" "$out/corpus/$t" "$out/seeds/$t"; then
+  "$out/tests/fuzz/fuzz_$t" -max_total_time="$secs" -rss_limit_mb=2048 -timeout=10 "${dict[@]}" "${keep_going[@]}" \
+    -artifact_prefix="$out/artifacts/$t/" -print_final_stats=1 "$@" "$out/corpus/$t" "$out/seeds/$t" || status=$?
+  new=$(( $(ls "$out/artifacts/$t" | wc -l) - before ))
+  if [ "$status" -ne 0 ] || [ "$new" -gt 0 ]; then
     failed+=("$t")
-    echo "fuzz_$t: FINDING in $out/artifacts/$t/ (tests/fuzz/run.sh minimize $t FILE adds it to the corpus)"
+    echo "fuzz_$t: FINDING ($new new input(s)) in $out/artifacts/$t/ (tests/fuzz/run.sh minimize $t FILE adds it to the corpus)"
   fi
 done
 [ ${#failed[@]} -eq 0 ] || { echo "run.sh: findings in: ${failed[*]}"; exit 1; }
