@@ -97,6 +97,13 @@ typedef struct instance {
     char desc[1024]; /* shapes, for the counterexample */
 } instance;
 
+/* The rank a `rank v == N` guard names, when it is one a tensor can have
+ * (the parser allows 0..KF_MAX_RANK; the value is a double), else -1. */
+static int named_rank(const kf_rule *r, int v) {
+    const kf_pat_guard *g = find_guard(r, v, KF_G_RANK);
+    return g && g->cmp == KF_CMP_EQ && g->value >= 0 && g->value <= KF_MAX_RANK ? (int)g->value : -1;
+}
+
 /* Builds the source pattern as a model; false if a capture's shape cannot
  * be chosen (the caller reports it). */
 static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *inst) {
@@ -110,11 +117,8 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
     int64_t dims[KF_MAX_RANK];
     for (int d = 0; d < KF_MAX_RANK; d++) dims[d] = uni(g) < 0.15 ? 1 : irange(g, 2, 6);
     int maxrank = rank; /* the widest plain capture: the shared dims it uses stay small */
-    for (int v = 0; v < r->nvars; v++) {
-        const kf_pat_guard *gr_rank = is_capture(r, v) ? find_guard(r, v, KF_G_RANK) : NULL;
-        if (gr_rank && gr_rank->cmp == KF_CMP_EQ && gr_rank->value > maxrank && gr_rank->value <= KF_MAX_RANK)
-            maxrank = (int)gr_rank->value;
-    }
+    for (int v = 0; v < r->nvars; v++)
+        if (is_capture(r, v) && named_rank(r, v) > maxrank) maxrank = named_rank(r, v);
     for (;;) {
         int64_t count = 1;
         int widest = 0;
@@ -134,7 +138,6 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
         if (!is_capture(r, v)) continue;
         const kf_pat_example *ex = find_example(r, v);
         const kf_pat_guard *gd = find_guard(r, v, KF_G_DTYPE);
-        const kf_pat_guard *gr_rank = find_guard(r, v, KF_G_RANK);
         kf_dtype dt = ex ? ex->dtype : gd ? gd->dtypes[0] : default_dt;
         kf_type ty;
         kf_type_unknown(&ty);
@@ -145,10 +148,7 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
         } else if (find_guard(r, v, KF_G_SCALAR) || find_guard(r, v, KF_G_CONST_EQ)) {
             ty.rank = 0;
         } else {
-            /* a rank the guard names, when it is one a tensor can have (the
-             * value is a double from the rule text: 2.7e12 is not an int) */
-            bool named = gr_rank && gr_rank->cmp == KF_CMP_EQ && gr_rank->value >= 0 && gr_rank->value <= KF_MAX_RANK;
-            ty.rank = named ? (int)gr_rank->value : rank;
+            ty.rank = named_rank(r, v) >= 0 ? named_rank(r, v) : rank;
             for (int d = 0; d < ty.rank; d++) ty.dims[d] = dims[d];
         }
         int64_t count = 1;

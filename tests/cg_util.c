@@ -3,7 +3,6 @@
  */
 #include "cg_util.h"
 
-#include "kf_exec.h"
 #include "kf_run.h"
 
 #include <criterion/criterion.h>

@@ -8,6 +8,7 @@
 #define KF_CG_UTIL_H
 
 #include "graph_text.h"
+#include "kf_exec.h"
 #include "kf_kernels.h"
 
 /* The default plan of m (fusion on, no fuel limit); asserts it builds. */
@@ -45,7 +46,6 @@ double cgu_dot_atol(int64_t K);
 /* Runs x (built from m) `runs` times on fresh random inputs and asserts
  * every output matches the reference evaluator on m within DESIGN.md's
  * policy (kf_run_close). */
-typedef struct kf_exec kf_exec;
 void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs);
 
 #endif
