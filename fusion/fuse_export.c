@@ -496,10 +496,13 @@ void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_f
     fprintf(f,
             "{\"nodes_before\": %u, \"nodes_after\": %u, \"kernels\": %u, \"functions\": %u, "
             "\"modeled_bytes_before\": %lld, \"modeled_bytes_after\": %lld, \"modeled_bytes_lower_bound\": %lld, "
-            "\"arena_bytes\": %lld, \"arena_lower_bound\": %lld, \"groups\": [",
+            "\"arena_bytes\": %lld, \"arena_lower_bound\": %lld, \"target\": ",
             s->nodes_before, s->nodes_after, p->launches, s->functions, (long long)p->bytes_unfused,
             (long long)p->bytes_fused, (long long)p->bytes_lower_bound, (long long)s->arena_bytes,
             (long long)s->arena_lower_bound);
+    if (*p->target) json_str(f, p->target);
+    else fputs("null", f);
+    fprintf(f, ", \"est_us\": %.3f, \"cost_refusals\": %u, \"groups\": [", p->est_us, p->cost_refusals);
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         const kf_group *grp = &p->groups[gi];
         fprintf(f, "%s{\"id\": %u, \"kind\": \"%s\", \"launch\": %u, \"ops\": [", gi ? ", " : "", gi,
@@ -513,8 +516,16 @@ void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_f
             if (k) fputs(", ", f);
             json_str(f, kf_node_label(&g->nodes[grp->nodes[k]]));
         }
-        fprintf(f, "], \"bytes_read\": %lld, \"bytes_written\": %lld, \"flops\": %lld, \"inputs\": ",
-                (long long)grp->bytes_read, (long long)grp->bytes_written, (long long)grp->flops);
+        fprintf(f, "], \"bytes_read\": %lld, \"bytes_written\": %lld, \"flops\": %lld, \"est_us\": %.3f, "
+                   "\"est_blocks\": %lld, \"est_form\": ",
+                (long long)grp->bytes_read, (long long)grp->bytes_written, (long long)grp->flops, grp->est_us,
+                (long long)grp->est_blocks);
+        if (grp->est_form) json_str(f, grp->est_form);
+        else fputs("null", f);
+        fputs(", \"est_bound\": ", f);
+        if (grp->est_bound) json_str(f, grp->est_bound);
+        else fputs("null", f);
+        fprintf(f, ", \"est_epilogue_us\": %.3f, \"inputs\": ", grp->est_epilogue_us);
         json_values(f, g, grp->inputs, grp->ninputs);
         fputs(", \"outputs\": ", f);
         json_values(f, g, grp->outputs, grp->noutputs);
@@ -558,10 +569,17 @@ void kf_fuse_write_report(FILE *f, const kf_model *m, const kf_plan *p) {
     fmt_bytes(r, sizeof r, p->bytes_unfused);
     fmt_bytes(w, sizeof w, p->bytes_fused);
     fmt_bytes(lb, sizeof lb, p->bytes_lower_bound);
-    fprintf(f, "%u groups, %u launches; modeled DRAM bytes %s unfused -> %s fused (lower bound %s)\n\n", p->ngroups,
+    fprintf(f, "%u groups, %u launches; modeled DRAM bytes %s unfused -> %s fused (lower bound %s)\n", p->ngroups,
             p->launches, r, w, lb);
-    fprintf(f, "%5s %-9s %6s %5s %8s %8s %10s  %s\n", "group", "kind", "launch", "nodes", "read", "written", "flops",
-            "ops");
+    bool est = *p->target != 0;
+    if (est)
+        fprintf(f, "estimated time on %s: %.1f us (an estimate of the cost model, not a measurement); %u legal merges "
+                   "refused as slower\n",
+                p->target, p->est_us, p->cost_refusals);
+    fputc('\n', f);
+    fprintf(f, "%5s %-9s %6s %5s %8s %8s %10s", "group", "kind", "launch", "nodes", "read", "written", "flops");
+    if (est) fprintf(f, " %9s %6s %-9s", "est_us", "blocks", "form");
+    fprintf(f, "  %s\n", "ops");
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         const kf_group *grp = &p->groups[gi];
         char ops[96];
@@ -580,8 +598,12 @@ void kf_fuse_write_report(FILE *f, const kf_model *m, const kf_plan *p) {
         fmt_bytes(w, sizeof w, grp->bytes_written);
         if (grp->flops < 0) snprintf(fl, sizeof fl, "?");
         else snprintf(fl, sizeof fl, "%lld", (long long)grp->flops);
-        fprintf(f, "%5u %-9s %6u %5u %8s %8s %10s  %s\n", gi, kf_fuse_kind_name(grp->kind), grp->launch, grp->nnodes,
-                r, w, fl, ops);
+        fprintf(f, "%5u %-9s %6u %5u %8s %8s %10s", gi, kf_fuse_kind_name(grp->kind), grp->launch, grp->nnodes, r, w,
+                fl);
+        if (est)
+            fprintf(f, " %9.1f %6lld %-9s", grp->est_us, (long long)grp->est_blocks,
+                    grp->est_form ? grp->est_form : "-");
+        fprintf(f, "  %s\n", ops);
     }
     reason_count *rc = kf_calloc(p->nbounds + 1, sizeof(reason_count));
     uint32_t nrc = 0;

@@ -75,9 +75,12 @@ typedef struct kf_fuse_summary {
 
 /* One JSON object (one line) with the keys nodes_before, nodes_after,
  * kernels, functions, modeled_bytes_before, modeled_bytes_after,
- * modeled_bytes_lower_bound, arena_bytes, arena_lower_bound, groups [{id, kind, launch, ops, nodes,
- * bytes_read, bytes_written, flops, inputs, outputs}] and boundaries [{from,
- * to, value, reason}]. Unknown figures are -1. */
+ * modeled_bytes_lower_bound, arena_bytes, arena_lower_bound, target (the
+ * cost model's device, null without one), est_us (its estimate of one run),
+ * cost_refusals, groups [{id, kind, launch, ops, nodes, bytes_read,
+ * bytes_written, flops, est_us, est_blocks, est_form, est_bound, est_epilogue_us, inputs,
+ * outputs}] and boundaries [{from, to, value, reason}]. Unknown figures are
+ * -1 (est_us too without a target). */
 void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_fuse_summary *s);
 
 /* A readable table: one line per group, then the boundary reasons with how

@@ -48,6 +48,13 @@ typedef struct kf_group {
     int64_t bytes_read, bytes_written; /* modeled DRAM traffic; -1 if shapes unknown */
     int64_t flops;      /* modeled; -1 if shapes unknown */
     uint32_t level;     /* longest path from a graph input in the group DAG */
+    /* the cost model's estimate on the plan's target (kf_cost.h); est_us
+     * is -1 when the plan has no target */
+    double est_us;      /* time of the group's kernel(s), launch included */
+    int64_t est_blocks; /* grid of its kernel form */
+    const char *est_form;  /* kernel form ("ew", "reduce", "lib_gemm", "gemm_b2b", ...) */
+    const char *est_bound; /* what limits it ("memory", "compute", "latency", "launch") */
+    double est_epilogue_us; /* a library form's generated epilogue kernel, part of est_us */
 } kf_group;
 
 /* Why two adjacent groups were not merged: value `value` flows from a node
@@ -70,6 +77,10 @@ typedef struct kf_plan {
     int64_t bytes_lower_bound; /* every weight, input and output touched once */
     uint32_t nodes;       /* live nodes planned */
     uint32_t merges;      /* vertical + horizontal merges done (what fuel counts) */
+    char target[32];      /* the cost model's device profile ("" when none) */
+    double est_us;        /* estimated time of one run: the groups' estimates, one
+                           * launch per batched launch; -1 without a target */
+    uint32_t cost_refusals; /* legal merges the cost model refused */
     struct kf_plan_state *state; /* private: what kf_plan_merge_reason asks */
 } kf_plan;
 
@@ -115,10 +126,24 @@ typedef struct kf_plan_options {
     bool disable;  /* every node its own group, no batching (KFUSE_DISABLE_FUSION=1) */
     int64_t fuel;  /* merges allowed; < 0 unlimited (KFUSE_FUEL=N) */
     bool trace;    /* each merge and refusal to stderr (KFUSE_TRACE contains "fusion") */
+    /* The device the plan is for (kf_target_get: "h200", "h100", "a100",
+     * "test" or a .target file; KFUSE_TARGET). NULL or "none": no cost
+     * model, every legal merge is made (largest values first) and no
+     * estimate is given. */
+    const char *target;
+    int math;      /* kf_cost_math: library math for float32 (strict or TF32) */
+    /* With a target: false (default) merges only when the estimated time
+     * does not go up; true makes every legal merge, as without a target,
+     * and only estimates (what a bytes-only planner would have run). */
+    bool legal_only;
 } kf_plan_options;
 
-/* Defaults from the environment: KFUSE_DISABLE_FUSION, KFUSE_FUEL, KFUSE_TRACE. */
+/* Defaults from the environment: KFUSE_DISABLE_FUSION, KFUSE_FUEL,
+ * KFUSE_TRACE, KFUSE_TARGET (a pointer into the environment). */
 void kf_plan_options_default(kf_plan_options *o);
+
+/* The target the runtime and CLI plan for when KFUSE_TARGET is unset. */
+#define KF_PLAN_DEFAULT_TARGET "h200"
 
 /* Plans fusion for m: runs kf_infer_shapes (its error is returned), then
  * assigns every live node to exactly one group. On success *out is owned
@@ -129,12 +154,14 @@ void kf_plan_options_default(kf_plan_options *o);
  * shape errors from inference, KF_ERR_NOMEM, KF_ERR_BAD_MODEL (a cycle). */
 kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out);
 
-/* The ONE fusion legality function. Would merging groups a and b of plan
+/* The ONE fusion decision function. Would merging groups a and b of plan
  * p (vertical: a produces a value b reads; horizontal: a and b read one
- * same input side by side) be illegal? Returns NULL when legal, else a
- * static reason string (one of KF_REASON_* below). The planner calls the
- * same code on its working state, so a boundary's reason is exactly what
- * this returns for its two groups. Cost: bounded by KF_PLAN_CYCLE_BUDGET. */
+ * same input side by side) be refused? Returns NULL when the planner would
+ * merge them, else a static reason string (one of KF_REASON_* below): a
+ * legality reason, or with a target the cost model's (KF_REASON_COST_*).
+ * The planner calls the same code on its working state, so a boundary's
+ * reason is exactly what this returns for its two groups. Cost: bounded by
+ * KF_PLAN_CYCLE_BUDGET. */
 const char *kf_plan_merge_reason(const kf_plan *p, uint32_t a, uint32_t b, bool horizontal);
 
 /* Frees a plan (NULL is fine). */
@@ -219,6 +246,15 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  * H_KIND           horizontal merging joins elementwise/injective groups only
  *                  (sibling GEMMs sharing an input are concatenated by kfuse
  *                  opt's horizontal-merge pass before planning).
+ * COST_*           legal, but the cost model estimates the merged kernel
+ *                  slower than the two apart on the plan's target:
+ *                  BLOCKS when the merged kernel's grid leaves SMs idle
+ *                  that the two apart kept busy (a back-to-back GEMM on
+ *                  16 blocks of 132 SMs), REREAD when every block of a
+ *                  back-to-back kernel re-reads the second anchor's
+ *                  weights, LIBRARY when it takes the anchor off a vendor
+ *                  library call (a prologue or second anchor forces a
+ *                  generated kernel), SLOWER otherwise.
  * DISABLED, FUEL, ROUNDS  not legality: the planner was told to stop
  *                  (KFUSE_DISABLE_FUSION, KFUSE_FUEL) or hit its round cap
  *                  (a safety net; real graphs settle in 2-3 rounds).
@@ -250,6 +286,10 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
 #define KF_REASON_SPACE "different iteration spaces"
 #define KF_REASON_H_NO_SHARED "horizontal: siblings do not read the same input"
 #define KF_REASON_H_KIND "horizontal: only elementwise/injective groups merge side by side"
+#define KF_REASON_COST_BLOCKS "estimated slower: the merged kernel has too few blocks to fill the SMs"
+#define KF_REASON_COST_REREAD "estimated slower: every block re-reads the second anchor's weights"
+#define KF_REASON_COST_LIBRARY "estimated slower: the anchor would leave the vendor library for a generated kernel"
+#define KF_REASON_COST_SLOWER "estimated slower merged than apart"
 #define KF_REASON_DISABLED "fusion disabled (KFUSE_DISABLE_FUSION=1)"
 #define KF_REASON_FUEL "fuel exhausted (KFUSE_FUEL)"
 #define KF_REASON_ROUNDS "planner round limit reached"

@@ -719,15 +719,15 @@ kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *ro
     return add_rule(rs, r);
 }
 
-struct kf_builtin_pattern {
+struct kf_builtin_patterns_entry {
     const char *name;
     const char *text;
     size_t len;
 };
-extern const struct kf_builtin_pattern kf_builtin_patterns[];
+extern const struct kf_builtin_patterns_entry kf_builtin_patterns[];
 
 kf_status kf_rules_add_builtin(kf_ruleset *rs) {
-    for (const struct kf_builtin_pattern *p = kf_builtin_patterns; p->name; p++) {
+    for (const struct kf_builtin_patterns_entry *p = kf_builtin_patterns; p->name; p++) {
         char file[256];
         snprintf(file, sizeof file, "builtin:%s", p->name);
         KF_TRY(kf_rules_parse(rs, p->text, p->len, file));

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "plan_int.h"
 
 /* ---- node facts ---------------------------------------------------------- */
@@ -179,7 +180,7 @@ static uint32_t next_vstamp(pl_state *s) {
 }
 
 /* Inputs of the union {ra, rb} into out (may be NULL); returns the count. */
-static uint32_t union_inputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) {
+uint32_t pl_union_inputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) {
     uint32_t st = next_vstamp(s), n = 0;
     const pl_group *gs[2] = {&s->gs[ra], &s->gs[rb]};
     for (int k = 0; k < 2; k++)
@@ -195,7 +196,7 @@ static uint32_t union_inputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) 
     return n;
 }
 
-static uint32_t union_outputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) {
+uint32_t pl_union_outputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out) {
     uint32_t st = next_vstamp(s), n = 0;
     const pl_group *gs[2] = {&s->gs[ra], &s->gs[rb]};
     for (int k = 0; k < 2; k++)
@@ -571,9 +572,9 @@ const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
         }
     }
     /* resource caps */
-    uint32_t nin = union_inputs(s, ra, rb, NULL);
+    uint32_t nin = pl_union_inputs(s, ra, rb, NULL);
     if (nin > KF_PLAN_MAX_INPUTS) return KF_REASON_INPUTS;
-    uint32_t nout = union_outputs(s, ra, rb, NULL);
+    uint32_t nout = pl_union_outputs(s, ra, rb, NULL);
     if (nout > KF_PLAN_MAX_OUTPUTS) return KF_REASON_OUTPUTS;
     if (pl_regs(nin, nout, A->cost + B->cost) > KF_PLAN_MAX_REGS) return KF_REASON_REGS;
     /* no path between them through an outside group, either way */
@@ -592,7 +593,7 @@ int64_t pl_regs(uint32_t nin, uint32_t nout, int64_t cost) {
  * larger group's root survives (ties: lower id) so finds stay short. */
 kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
     pl_group *A = &s->gs[ra], *B = &s->gs[rb];
-    uint32_t nin = union_inputs(s, ra, rb, NULL), nout = union_outputs(s, ra, rb, NULL);
+    uint32_t nin = pl_union_inputs(s, ra, rb, NULL), nout = pl_union_outputs(s, ra, rb, NULL);
     kf_id *in = kf_malloc((size_t)(nin ? nin : 1) * sizeof *in);
     kf_id *out = kf_malloc((size_t)(nout ? nout : 1) * sizeof *out);
     if (!in || !out) {
@@ -600,8 +601,8 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
         kf_free(out);
         return kf_fail(KF_ERR_NOMEM, "fusion planner: out of memory");
     }
-    union_inputs(s, ra, rb, in);
-    union_outputs(s, ra, rb, out);
+    pl_union_inputs(s, ra, rb, in);
+    pl_union_outputs(s, ra, rb, out);
     uint32_t keep = ra, gone = rb;
     if (B->nnodes > A->nnodes || (B->nnodes == A->nnodes && rb < ra)) keep = rb, gone = ra;
     pl_group *K = &s->gs[keep], *G = &s->gs[gone];
@@ -653,6 +654,7 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
     m.maxpos = A->maxpos > B->maxpos ? A->maxpos : B->maxpos;
     m.nnodes = A->nnodes + B->nnodes;
     m.cost = A->cost + B->cost;
+    m.flops = A->flops < 0 || B->flops < 0 ? -1 : A->flops + B->flops;
     kf_free(A->in);
     kf_free(A->out);
     kf_free(B->in);
@@ -714,6 +716,7 @@ kf_status pl_init_node(pl_state *s, kf_id x) {
     G->minpos = G->maxpos = s->pos[x];
     G->nnodes = 1;
     G->cost = G->kind == KF_GROUP_CONST ? 0 : node_cost(fc);
+    G->flops = G->kind == KF_GROUP_CONST ? 0 : pl_node_flops(s->g, n);
     kf_id out0 = n->nout > 0 ? n->out[0] : 0, in0 = n->nin > 0 ? n->in[0] : 0;
     if (G->kind == KF_GROUP_REDUCTION) {
         G->space = in0;
@@ -760,6 +763,9 @@ void pl_state_free(pl_state *s) {
     kf_free(s->ubuf);
     kf_free(s->up);
     kf_free(s->dn);
+    kf_free(s->cbuf);
+    kf_free(s->vbuf);
+    kf_target_free(s->target);
     kf_free(s);
 }
 
@@ -768,5 +774,5 @@ void pl_state_free(pl_state *s) {
 const char *kf_plan_merge_reason(const kf_plan *p, uint32_t a, uint32_t b, bool horizontal) {
     if (!p || !p->state || a >= p->ngroups || b >= p->ngroups || a == b) return NULL;
     pl_state *s = p->state;
-    return pl_legal(s, s->root_of_group[a], s->root_of_group[b], horizontal);
+    return pl_decide(s, s->root_of_group[a], s->root_of_group[b], horizontal);
 }

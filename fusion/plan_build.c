@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "plan_int.h"
 
 /* Greedy rounds over all edges. A round can only enable merges that an
@@ -25,10 +26,12 @@ void kf_plan_options_default(kf_plan_options *o) {
     if (fuel && *fuel) o->fuel = strtoll(fuel, NULL, 10);
     const char *trace = getenv("KFUSE_TRACE");
     o->trace = trace && strstr(trace, "fusion");
+    const char *target = getenv("KFUSE_TARGET");
+    o->target = target && *target ? target : NULL;
 }
 
 /* Modeled bytes of value v; -1 when its shape or dtype is not static. */
-static int64_t value_bytes(const kf_graph *g, kf_id v) {
+int64_t pl_value_bytes(const kf_graph *g, kf_id v) {
     const kf_type *t = &g->values[v].type;
     size_t esz = kf_dtype_size(t->dtype);
     int64_t numel;
@@ -37,25 +40,41 @@ static int64_t value_bytes(const kf_graph *g, kf_id v) {
     return kf_mul_ok(numel, (int64_t)esz, &b) ? b : -1;
 }
 
-/* Bytes group k reads of value v: all of it, unless every use of v inside
- * the group is as the data operand (input 0) of an op that reads only the
- * elements its output selects (op table flag KF_F_READS_SUBSET: Gather,
- * Slice); then at most those outputs' size. An embedding table read by a
- * Gather of 128 token ids costs 128 rows, not the table. -1 if unknown. */
-static int64_t read_bytes(const kf_graph *g, const uint32_t *group_of, uint32_t k, kf_id v) {
-    int64_t all = value_bytes(g, v), selected = 0;
+/* Bytes a group reads of value v: all of it, unless every use of v inside
+ * the group (member(ctx, node)) is as the data operand (input 0) of an op
+ * that reads only the elements its output selects (op table flag
+ * KF_F_READS_SUBSET: Gather, Slice); then at most those outputs' size. An
+ * embedding table read by a Gather of 128 token ids costs 128 rows, not the
+ * table. -1 if unknown. */
+int64_t pl_read_bytes(const kf_graph *g, kf_id v, bool (*member)(const void *ctx, kf_id node), const void *ctx) {
+    int64_t all = pl_value_bytes(g, v), selected = 0;
     const kf_value *val = &g->values[v];
     for (uint32_t u = 0; u < val->nusers; u++) {
         const kf_node *n = &g->nodes[val->users[u]];
-        if (n->dead || group_of[val->users[u]] != k) continue;
+        if (n->dead || !member(ctx, val->users[u])) continue;
         const kf_op_info *info = kf_op_get(n->op);
         bool subset = info && (info->flags & KF_F_READS_SUBSET) && n->in[0] == v;
         for (int q = 1; subset && q < n->nin; q++) subset = n->in[q] != v;
-        int64_t out = subset && n->out[0] ? value_bytes(g, n->out[0]) : -1;
+        int64_t out = subset && n->out[0] ? pl_value_bytes(g, n->out[0]) : -1;
         if (!subset || out < 0) return all;
         selected += out;
     }
     return all >= 0 && selected < all ? selected : all;
+}
+
+typedef struct final_ctx {
+    const uint32_t *group_of;
+    uint32_t k;
+} final_ctx;
+
+static bool in_final_group(const void *ctx, kf_id node) {
+    const final_ctx *c = ctx;
+    return c->group_of[node] == c->k;
+}
+
+static int64_t read_bytes(const kf_graph *g, const uint32_t *group_of, uint32_t k, kf_id v) {
+    final_ctx c = {group_of, k};
+    return pl_read_bytes(g, v, in_final_group, &c);
 }
 
 static int64_t type_numel(const kf_type *t) {
@@ -74,7 +93,7 @@ static void acc_add(int64_t *acc, int64_t x) {
  * count one per output element, data movement none; reductions a few per
  * input element (the passes they make); GEMM/conv two per multiply-add.
  * Opaque ops are not modeled (0). */
-static int64_t node_flops(const kf_graph *g, const kf_node *n) {
+int64_t pl_node_flops(const kf_graph *g, const kf_node *n) {
     kf_fclass fc = pl_fclass(n);
     const kf_type *out0 = n->nout > 0 && n->out[0] ? &g->values[n->out[0]].type : NULL;
     const kf_type *in0 = n->nin > 0 && n->in[0] ? &g->values[n->in[0]].type : NULL;
@@ -158,7 +177,15 @@ typedef struct pl_run {
     int64_t fuel;
     bool fuel_out, rounds_out, trace;
     uint32_t merges;
+    uint32_t cost_refusals; /* legal merges the cost model refused */
 } pl_run;
+
+/* Every KF_REASON_COST_* starts with these words. */
+#define PL_COST_PREFIX "estimated slower"
+
+static bool cost_reason(const char *why) {
+    return why && !strncmp(why, PL_COST_PREFIX, sizeof PL_COST_PREFIX - 1);
+}
 
 static bool take_fuel(pl_run *r) {
     if (r->fuel == 0) {
@@ -180,7 +207,7 @@ static kf_status vertical(pl_state *s, pl_run *run) {
         for (int k = 0; k < n->nin; k++) {
             kf_id v = n->in[k], p = v ? g->values[v].producer : 0;
             if (!p || s->pos[p] == UINT32_MAX) continue;
-            e[ne++] = (pl_edge){value_bytes(g, v), p, s->order[i], v};
+            e[ne++] = (pl_edge){pl_value_bytes(g, v), p, s->order[i], v};
         }
     }
     qsort(e, ne, sizeof *e, edge_cmp);
@@ -192,8 +219,9 @@ static kf_status vertical(pl_state *s, pl_run *run) {
         for (size_t i = 0; i < ne; i++) {
             uint32_t ra = pl_find(s, e[i].p), rb = pl_find(s, e[i].c);
             if (ra == rb) continue;
-            const char *why = pl_legal(s, ra, rb, false);
+            const char *why = pl_decide(s, ra, rb, false);
             if (!why && !take_fuel(run)) break;
+            run->cost_refusals += cost_reason(why);
             trace_merge(s, run->trace, "vertical", e[i].p, e[i].c, e[i].v, why);
             if (why) continue;
             if ((st = pl_merge(s, ra, rb))) goto done;
@@ -229,7 +257,7 @@ static kf_status horizontal(pl_state *s, pl_run *run) {
     if (!vs) return kf_fail(KF_ERR_NOMEM, "fusion planner: out of memory");
     nv = 0;
     for (kf_id v = 1; v < g->nvalues; v++)
-        if (g->values[v].nusers > 1) vs[nv++] = (pl_val){value_bytes(g, v), v};
+        if (g->values[v].nusers > 1) vs[nv++] = (pl_val){pl_value_bytes(g, v), v};
     qsort(vs, nv, sizeof *vs, val_cmp);
     kf_status st = KF_OK;
     for (uint32_t i = 0; i < nv && !run->fuel_out; i++) {
@@ -245,8 +273,9 @@ static kf_status horizontal(pl_state *s, pl_run *run) {
                 continue;
             }
             if (r == cur) continue;
-            const char *why = pl_legal(s, cur, r, true);
+            const char *why = pl_decide(s, cur, r, true);
             if (!why && !take_fuel(run)) break;
+            run->cost_refusals += cost_reason(why);
             trace_merge(s, run->trace, "horizontal", curnode, val->users[u], vs[i].v, why);
             if (why) continue;
             if ((st = pl_merge(s, cur, r))) goto done;
@@ -432,14 +461,14 @@ static kf_status fill_group(pl_state *s, kf_plan *p, uint32_t k, bool views) {
             for (uint32_t u = 0; u < val->nusers && !leaves; u++) leaves = p->group_of[val->users[u]] != k;
             if (leaves) G->outputs[G->noutputs++] = v;
         }
-        if (G->kind != KF_GROUP_CONST) acc_add(&G->flops, node_flops(g, n));
+        if (G->kind != KF_GROUP_CONST) acc_add(&G->flops, pl_node_flops(g, n));
     }
     G->bytes_read = G->bytes_written = 0;
     G->view = views && G->kind == KF_GROUP_ELEMWISE;
     for (uint32_t i = 0; i < G->nnodes && G->view; i++) G->view = pl_view_op(&g->nodes[G->nodes[i]]);
     if (G->kind == KF_GROUP_CONST || G->view) return KF_OK; /* no kernel: no traffic */
     for (uint32_t i = 0; i < G->ninputs; i++) acc_add(&G->bytes_read, read_bytes(g, p->group_of, k, G->inputs[i]));
-    for (uint32_t i = 0; i < G->noutputs; i++) acc_add(&G->bytes_written, value_bytes(g, G->outputs[i]));
+    for (uint32_t i = 0; i < G->noutputs; i++) acc_add(&G->bytes_written, pl_value_bytes(g, G->outputs[i]));
     return KF_OK;
 }
 
@@ -466,11 +495,11 @@ static void totals(pl_state *s, kf_plan *p) {
         for (int j = 0; j < n->nin; j++) {
             bool dup = false;
             for (int q = 0; q < j && !dup; q++) dup = n->in[q] == n->in[j];
-            if (n->in[j] && !dup) acc_add(&p->bytes_unfused, value_bytes(g, n->in[j]));
+            if (n->in[j] && !dup) acc_add(&p->bytes_unfused, pl_value_bytes(g, n->in[j]));
         }
         for (int j = 0; j < n->nout; j++)
             if (n->out[j] && (g->values[n->out[j]].nusers || g->values[n->out[j]].is_output))
-                acc_add(&p->bytes_unfused, value_bytes(g, n->out[j]));
+                acc_add(&p->bytes_unfused, pl_value_bytes(g, n->out[j]));
     }
     if (++s->vstampv == 0) {
         memset(s->vstamp, 0, (size_t)g->nvalues * sizeof *s->vstamp);
@@ -488,7 +517,7 @@ static void totals(pl_state *s, kf_plan *p) {
             bool outside = !pr || s->pos[pr] == UINT32_MAX || p->groups[p->group_of[pr]].kind == KF_GROUP_CONST;
             if (!outside || s->vstamp[v] == st) continue;
             s->vstamp[v] = st;
-            acc_add(&p->bytes_lower_bound, v == G->inputs[i] ? read_bytes(g, p->group_of, k, v) : value_bytes(g, v));
+            acc_add(&p->bytes_lower_bound, v == G->inputs[i] ? read_bytes(g, p->group_of, k, v) : pl_value_bytes(g, v));
         }
     }
     for (uint32_t i = 0; i < g->noutputs; i++) {
@@ -499,7 +528,7 @@ static void totals(pl_state *s, kf_plan *p) {
         if (v != g->outputs[i] && (!pr || s->pos[pr] == UINT32_MAX || p->groups[p->group_of[pr]].kind == KF_GROUP_CONST))
             continue;
         s->vstamp[v] = st;
-        acc_add(&p->bytes_lower_bound, value_bytes(g, v));
+        acc_add(&p->bytes_lower_bound, pl_value_bytes(g, v));
     }
 }
 
@@ -527,6 +556,32 @@ static void launches(kf_plan *p, bool disable) {
     p->launches = next;
 }
 
+/* The cost model's figures per group and for the whole run (one launch
+ * cost per batched launch, not per member). */
+static void estimates(pl_state *s, kf_plan *p) {
+    p->est_us = s->target ? 0 : -1;
+    uint32_t last_launch = UINT32_MAX;
+    for (uint32_t k = 0; k < p->ngroups; k++) {
+        kf_group *G = &p->groups[k];
+        G->est_us = -1;
+        G->est_blocks = 0;
+        G->est_form = G->est_bound = NULL;
+        if (!s->target) continue;
+        kf_cost_group cg;
+        kf_cost c;
+        kf_cost_of_group(s->m, p, k, &cg);
+        kf_cost_estimate(s->target, (kf_cost_math)s->math, s->g, &cg, &c);
+        G->est_us = c.us;
+        G->est_blocks = c.blocks;
+        G->est_form = c.form;
+        G->est_bound = c.bound;
+        G->est_epilogue_us = c.epilogue_us;
+        p->est_us += c.us;
+        if (G->launch != UINT32_MAX && G->launch == last_launch) p->est_us -= s->target->launch_us;
+        if (G->launch != UINT32_MAX) last_launch = G->launch;
+    }
+}
+
 static kf_status boundaries(pl_state *s, kf_plan *p, const kf_plan_options *o, const pl_run *run) {
     const kf_graph *g = s->g;
     uint32_t n = 0;
@@ -549,7 +604,7 @@ static kf_status boundaries(pl_state *s, kf_plan *p, const kf_plan_options *o, c
         if (u && !bound_cmp(&p->bounds[u - 1], &p->bounds[i])) continue;
         kf_boundary b = p->bounds[i];
         if (o->disable) b.reason = KF_REASON_DISABLED;
-        else b.reason = pl_legal(s, s->root_of_group[b.from], s->root_of_group[b.to], false);
+        else b.reason = pl_decide(s, s->root_of_group[b.from], s->root_of_group[b.to], false);
         if (!b.reason) b.reason = run->fuel_out ? KF_REASON_FUEL : KF_REASON_ROUNDS;
         p->bounds[u++] = b;
     }
@@ -577,6 +632,12 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     p->state = s;
     s->m = m;
     s->g = g;
+    if (o->target && *o->target && strcmp(o->target, "none")) {
+        if ((st = kf_target_get(o->target, &s->target))) goto fail;
+        snprintf(p->target, sizeof p->target, "%s", s->target->name);
+        s->math = o->math;
+        s->legal_only = o->legal_only;
+    }
     if ((st = kf_graph_topo(g, &s->order, &s->norder))) goto fail;
     size_t nn = g->nnodes ? g->nnodes : 1, nv = g->nvalues ? g->nvalues : 1;
     s->parent = kf_malloc(nn * sizeof *s->parent);
@@ -591,9 +652,11 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     s->ubuf = kf_malloc(nn * sizeof *s->ubuf);
     s->up = kf_calloc(nn, sizeof *s->up);
     s->dn = kf_calloc(nn, sizeof *s->dn);
+    s->cbuf = kf_malloc(nn * sizeof *s->cbuf);
+    s->vbuf = kf_malloc(nv * sizeof *s->vbuf);
     p->group_of = kf_malloc(nn * sizeof *p->group_of);
     if (!s->parent || !s->pos || !s->gs || !s->stamp || !s->stack || !s->vstamp || !s->sc || !p->group_of || !s->next ||
-        !s->ubuf || !s->up || !s->dn) {
+        !s->ubuf || !s->up || !s->dn || !s->cbuf || !s->vbuf) {
         st = NOMEM();
         goto fail;
     }
@@ -607,17 +670,19 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     for (uint32_t i = 0; i < s->norder; i++)
         if ((st = pl_init_node(s, s->order[i]))) goto fail;
     p->nodes = s->norder;
-    pl_run run = {o->fuel, false, false, o->trace, 0};
+    pl_run run = {o->fuel, false, false, o->trace, 0, 0};
     if (!o->disable) {
         if ((st = vertical(s, &run))) goto fail;
         if ((st = horizontal(s, &run))) goto fail;
     }
     p->merges = run.merges;
+    p->cost_refusals = run.cost_refusals;
     if ((st = order_groups(s, p))) goto fail;
     for (uint32_t k = 0; k < p->ngroups; k++)
         if ((st = fill_group(s, p, k, !o->disable))) goto fail;
     totals(s, p);
     launches(p, o->disable);
+    estimates(s, p);
     if ((st = boundaries(s, p, o, &run))) goto fail;
     *out = p;
     return KF_OK;

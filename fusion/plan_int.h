@@ -24,6 +24,7 @@ typedef struct pl_group {
     uint32_t minpos, maxpos; /* first/last topological position of its nodes */
     uint32_t nnodes;
     int64_t cost;          /* sum of node register costs */
+    int64_t flops;         /* sum of modeled node FLOPs; -1 unknown */
     kf_id *in;             /* values read from outside (any order) */
     uint32_t nin;
     kf_id *out;            /* values read outside or graph outputs */
@@ -54,6 +55,11 @@ struct kf_plan_state {
     kf_id *ubuf;       /* scratch: the members of a tentative union */
     uint8_t *up, *dn;  /* scratch per node: masters upstream / downstream inside
                         * a tentative union (PL_M_* bits) */
+    struct kf_target *target; /* the cost model's device (owned); NULL: legality only */
+    int math;          /* kf_cost_math */
+    bool legal_only;   /* estimate, but merge whatever is legal */
+    kf_id *cbuf;       /* scratch: the members of a union being costed */
+    kf_id *vbuf;       /* scratch: its input and output values */
 };
 typedef struct kf_plan_state pl_state;
 
@@ -65,6 +71,17 @@ void pl_space_classes(pl_state *s);
 uint32_t pl_find(pl_state *s, uint32_t x);
 const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal);
 int64_t pl_regs(uint32_t nin, uint32_t nout, int64_t cost);
+int64_t pl_node_flops(const kf_graph *g, const kf_node *n);
+uint32_t pl_union_inputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out);
+uint32_t pl_union_outputs(pl_state *s, uint32_t ra, uint32_t rb, kf_id *out);
+int64_t pl_value_bytes(const kf_graph *g, kf_id v);
+int64_t pl_read_bytes(const kf_graph *g, kf_id v, bool (*member)(const void *ctx, kf_id node), const void *ctx);
+/* plan_cost.c: the cost model on the working state */
+struct kf_cost;
+void pl_cost(pl_state *s, uint32_t ra, uint32_t rb, struct kf_cost *c);
+const char *pl_cost_reason(pl_state *s, uint32_t ra, uint32_t rb);
+/* The planner's decision: legality, then (with a target) the cost model. */
+const char *pl_decide(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal);
 kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb);
 kf_status pl_init_node(pl_state *s, kf_id x);
 void pl_state_free(pl_state *s);

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 
 kf_plan *cgu_plan(kf_model *m) {
-    kf_plan_options o = {false, -1, false};
+    kf_plan_options o = {.fuel = -1};
     kf_plan *p = NULL;
     cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
     return p;

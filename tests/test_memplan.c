@@ -20,7 +20,7 @@
 #define SHARED_MODELS KF_SOURCE_DIR "/../shared/models/ort"
 
 static kf_plan *plan_of(kf_model *m, bool disable) {
-    kf_plan_options o = {disable, -1, false};
+    kf_plan_options o = {.disable = disable, .fuel = -1};
     kf_plan *p = NULL;
     cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
     return p;
@@ -450,7 +450,7 @@ static kf_status plan_model(const char *path, tally *t, bool must) {
         kf_rules_free(&res.rules);
     }
     kf_plan *p = NULL;
-    kf_plan_options po = {false, -1, false};
+    kf_plan_options po = {.fuel = -1};
     if (!st) st = kf_plan_build(m, &po, &p);
     if (st) {
         kf_model_free(m);

@@ -26,7 +26,7 @@ static kf_plan *plan_opts(kf_model *m, const kf_plan_options *o) {
 }
 
 static kf_plan *plan(kf_model *m) {
-    kf_plan_options o = {false, -1, false};
+    kf_plan_options o = {.fuel = -1};
     return plan_opts(m, &o);
 }
 

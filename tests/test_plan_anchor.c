@@ -17,7 +17,7 @@
 #include "kf_plan.h"
 
 static kf_plan *plan(kf_model *m) {
-    kf_plan_options o = {false, -1, false};
+    kf_plan_options o = {.fuel = -1};
     kf_plan *p = NULL;
     cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
     return p;

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 
 #include "kf_codegen.h"
+#include "kf_cost.h"
 #include "kf_fuse.h"
 #include "kf_memplan.h"
 #include "kf_onnx.h"
@@ -23,7 +24,14 @@ enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
 static void fuse_usage(FILE *f) {
     fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--emit DIR] [--no-opt] [--dim NAME=N]...\n"
+               "                 [--target NAME|FILE] [--precision fp32|tf32] [--legal-only]\n"
                "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
+               "  --target  the device the plan is for: h200 (default; KFUSE_TARGET), h100, a100, test, a .target\n"
+               "            file, or none (merge whatever is legal, no estimates); merges happen only when the\n"
+               "            cost model estimates them faster, and each group gets an estimated time (est_us)\n"
+               "  --precision  math the vendor libraries may use for float32 in the estimates (fp32: strict FMA,\n"
+               "            tf32: tensor cores)\n"
+               "  --legal-only  make every legal merge (the bytes-only planner) and estimate that plan\n"
                "  --report  table of groups and boundary reasons (stderr with --json)\n"
                "  --json    one JSON object on stdout\n"
                "  --dot F   Graphviz picture, one cluster per group (F.svg too when dot is installed)\n"
@@ -41,9 +49,13 @@ static int fail(kf_status st) {
 /* The plan of m, from the planner (KFUSE_DISABLE_FUSION, KFUSE_FUEL and
  * KFUSE_TRACE apply through its defaults), as a copy that does not read the
  * model once kf_fuse_apply has changed it (see kf_fuse_plan_copy). */
-static kf_status make_plan(kf_model *m, kf_plan **p) {
+static kf_status make_plan(kf_model *m, const char *target, int math, bool legal_only, kf_plan **p) {
     kf_plan_options o;
     kf_plan_options_default(&o);
+    if (target) o.target = target;
+    else if (!o.target) o.target = KF_PLAN_DEFAULT_TARGET;
+    o.math = math;
+    o.legal_only = legal_only;
     kf_plan *built;
     KF_TRY(kf_plan_build(m, &o, &built));
     kf_status st = kf_fuse_plan_copy(m, built, p);
@@ -138,8 +150,9 @@ static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan 
 }
 
 int kfuse_cmd_fuse(int argc, char **argv) {
-    const char *model = NULL, *out = NULL, *dot = NULL, *emit = NULL;
-    bool report = false, json = false, opt = true;
+    const char *model = NULL, *out = NULL, *dot = NULL, *emit = NULL, *target = NULL;
+    bool report = false, json = false, opt = true, legal_only = false;
+    int math = KF_MATH_FP32;
     const char *dims[32];
     int ndims = 0;
     for (int i = 0; i < argc; i++) {
@@ -150,6 +163,11 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--report")) report = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (!strcmp(argv[i], "--no-opt")) opt = false;
+        else if (!strcmp(argv[i], "--target") && i + 1 < argc) target = argv[++i];
+        else if (!strcmp(argv[i], "--legal-only")) legal_only = true;
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc &&
+                 (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "tf32")))
+            math = !strcmp(argv[++i], "tf32") ? KF_MATH_TF32 : KF_MATH_FP32;
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             fuse_usage(stderr);
@@ -190,7 +208,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     }
     sum.nodes_after = kf_graph_live_nodes(m->graph);
     kf_plan *p = NULL;
-    if ((st = make_plan(m, &p))) {
+    if ((st = make_plan(m, target, math, legal_only, &p))) {
         kf_model_free(m);
         return fail(st);
     }
@@ -230,6 +248,9 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         if (rowred || b2b || views)
             printf("anchor groups with a row reduction: %u; back-to-back anchors: %u; views (reshapes, no kernel): %u\n",
                    rowred, b2b, views);
+        if (*p->target)
+            printf("estimated time on %s: %.1f us (cost model estimate); %u legal merges refused as slower\n", p->target,
+                   p->est_us, p->cost_refusals);
         if (dot && svg) printf("picture: %s and %s.svg\n", dot, dot);
         else if (dot) printf("picture: %s (no svg: dot is not installed)\n", dot);
     }

@@ -1,0 +1,551 @@
+/*
+ * cost.c: the cost model (kf_cost.h). Estimates the time of one kernel
+ * group on a device profile, roofline style, from the grid the group's
+ * kernel form launches. The planner (plan_build.c) asks it before every
+ * merge; the report and --json print its answer per group.
+ *
+ * Forms and their grids mirror what codegen/ and kernels/ launch (numbers
+ * here must follow codegen/README.md "Templates"):
+ *
+ *   ew         one work-item per element, 256 per block, at most
+ *              KF_COST_MAX_BLOCKS blocks (the CUDA launcher's cap)
+ *   reduce     segments of T = clamp(pow2 >= row / 4, 32, 256) lanes per
+ *              row, 256 / T rows per block; a few passes over each row
+ *   gemm       64 x 64 output tiles, 256 work-items of 4 x 4 outputs
+ *   gemm_rows  RM whole rows per block, RM = min(16, 24 KiB / (4 N))
+ *   gemm_b2b   the same row tiles holding the first GEMM's rows
+ *   conv       one work-item per output pixel and 4 channels
+ *   conv_b2b   P pixels per block, P = min(64, 24 KiB / (4 C1))
+ *   lib_gemm   cuBLASLt: 128- or 64-wide tiles, split-K to fill the SMs
+ *   lib_conv   cuDNN: implicit GEMM tiles, split-K likewise
+ *
+ * A generated block's rate is calibrated per form as a fraction of one
+ * SM's FMA peak: the GEMM family's grows with the outputs a work-item
+ * keeps in registers (a 4 x 4 tile reuses each loaded value 4 times, a row
+ * tile of 8 rows barely twice), the convolutions' is flat. Waves: blocks
+ * beyond what the SMs hold at once run after the first ones finish.
+ */
+#include <math.h>
+#include <string.h>
+
+#include "kf_cost.h"
+
+/* The CUDA launcher's grid cap (kernels/cuda.c CU_MAX_BLOCKS): grid-stride
+ * loops do the rest of the work in the same blocks. */
+#define KF_COST_MAX_BLOCKS 4224
+/* Work-items per block of every generated template. */
+#define KF_COST_BLOCK 256
+/* Shared memory a row-tile anchor keeps its rows in (cg_anchor.c). */
+#define KF_COST_ROW_BYTES (24 * 1024)
+/* Registers per work-item assumed for a generated anchor (the planner's
+ * register estimate gives 96 per anchor): sets how many blocks an SM holds. */
+#define KF_COST_ANCHOR_REGS 96
+
+static int64_t numel_of(const kf_graph *g, kf_id v) {
+    if (!v) return -1;
+    const kf_type *t = &g->values[v].type;
+    int64_t n;
+    if (!kf_type_is_static(t) || kf_shape_numel(t->rank, t->dims, 1, &n)) return -1;
+    return n;
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return b > 0 ? (a + b - 1) / b : 0; }
+
+static double sm_peak(const kf_target *t, double tflops) { return tflops * 1e12 / t->sms; }
+
+/* Fixed part of a kernel plus its launch. */
+static double finish(const kf_target *t, kf_cost *c, double body_us, double floor_us) {
+    c->us = (body_us > floor_us ? body_us : floor_us) + t->launch_us;
+    return c->us;
+}
+
+static double mem_us(const kf_target *t, int64_t bytes, double fill) {
+    if (bytes <= 0) return 0;
+    if (fill > 1) fill = 1;
+    if (fill <= 0) fill = 1e-3;
+    return (double)bytes / (t->dram_gbs * 1e9 * t->ew_frac * fill) * 1e6;
+}
+
+static int64_t bytes_of(const kf_cost_group *cg) {
+    if (cg->bytes_read < 0 || cg->bytes_written < 0) return -1;
+    return cg->bytes_read + cg->bytes_written;
+}
+
+static void elementwise(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
+    int64_t n = numel_of(g, cg->space), bytes = bytes_of(cg);
+    c->form = "ew";
+    if (n < 0 || bytes < 0) return;
+    c->known = true;
+    c->blocks = ceil_div(n, KF_COST_BLOCK);
+    if (c->blocks > KF_COST_MAX_BLOCKS) c->blocks = KF_COST_MAX_BLOCKS;
+    if (c->blocks < 1) c->blocks = 1;
+    c->resident = t->max_threads_sm / KF_COST_BLOCK;
+    double m = mem_us(t, bytes, (double)c->blocks / t->sms);
+    c->bound = m > t->kernel_min_us ? "memory" : "latency";
+    finish(t, c, m, t->kernel_min_us);
+}
+
+/* Passes a row reduction makes over its row (codegen/README.md "Row
+ * reduction"): max then sum of exp(x - max) then the write; mean, squared
+ * deviations, write; one fold for plain Reduce*. */
+static int red_passes(const kf_node *r) {
+    switch (r->op) {
+    case KF_OP_SOFTMAX:
+    case KF_OP_LOG_SOFTMAX:
+    case KF_OP_LAYER_NORMALIZATION:
+    case KF_OP_GROUP_NORMALIZATION:
+    case KF_OP_INSTANCE_NORMALIZATION:
+    case KF_OP_MEAN_VARIANCE_NORMALIZATION: return 3;
+    case KF_OP_RMS_NORMALIZATION: return 2;
+    default: return 1;
+    }
+}
+
+/* Rows and row length of reduction node r: a shape-keeping one (Softmax,
+ * a norm) reduces the trailing dims from its axis, a Reduce* gives one
+ * row per output element. */
+static void red_rows(const kf_graph *g, const kf_node *r, int64_t *rows, int64_t *row) {
+    int64_t in = numel_of(g, r->nin ? r->in[0] : 0), out = numel_of(g, r->nout ? r->out[0] : 0);
+    *rows = *row = -1;
+    if (in < 0 || out < 0) return;
+    if (out > 0 && out < in) {
+        *rows = out;
+        *row = in / out;
+        return;
+    }
+    const kf_type *ti = &g->values[r->in[0]].type;
+    int64_t axis = kf_attr_i(r, "axis", -1);
+    if (axis < 0) axis += ti->rank;
+    if (axis < 0 || axis >= ti->rank) axis = ti->rank - 1;
+    int64_t len = 1;
+    for (int d = (int)axis; d < ti->rank; d++) len *= ti->dims[d] > 0 ? ti->dims[d] : 1;
+    *row = len;
+    *rows = len > 0 ? in / len : 0;
+}
+
+/* A reduction kernel: `e` row elements, `rows` rows, `passes` passes. */
+static void reduce_rows(const kf_target *t, int64_t e, int64_t rows, int64_t row, int passes, int64_t bytes, kf_cost *c) {
+    int64_t seg = 32;
+    while (seg < row / 4 && seg < KF_COST_BLOCK) seg *= 2;
+    int64_t per = KF_COST_BLOCK / seg;
+    c->blocks = ceil_div(rows, per);
+    if (c->blocks > KF_COST_MAX_BLOCKS) c->blocks = KF_COST_MAX_BLOCKS;
+    if (c->blocks < 1) c->blocks = 1;
+    c->resident = t->max_threads_sm / KF_COST_BLOCK;
+    double sms = c->blocks < t->sms ? (double)c->blocks : (double)t->sms;
+    double issue = (double)e * passes / (sms * t->red_pass_clk * t->clock_ghz * 1e9) * 1e6;
+    double m = mem_us(t, bytes, (double)c->blocks / t->sms);
+    c->bound = m > issue ? "memory" : "compute";
+    finish(t, c, (m > issue ? m : issue) + passes * t->red_pass_us, t->kernel_min_us);
+}
+
+static void reduction(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
+    c->form = "reduce";
+    const kf_node *r = cg->reduction ? &g->nodes[cg->reduction] : NULL;
+    int64_t bytes = bytes_of(cg), rows, row;
+    if (!r || bytes < 0) return;
+    red_rows(g, r, &rows, &row);
+    if (rows < 0) return;
+    c->known = true;
+    reduce_rows(t, rows * row, rows, row, red_passes(r), bytes, c);
+}
+
+/* ---- anchors ------------------------------------------------------------- */
+
+typedef struct gemm_dims {
+    int64_t m, n, k, batch;
+} gemm_dims;
+
+/* M, N, K and batch of a MatMul/Gemm from its operand and output shapes. */
+static bool gemm_shape(const kf_graph *g, const kf_node *a, gemm_dims *d) {
+    if (a->nin < 2 || a->nout < 1 || !a->in[0] || !a->in[1] || !a->out[0]) return false;
+    const kf_type *x = &g->values[a->in[0]].type, *y = &g->values[a->out[0]].type;
+    if (!kf_type_is_static(x) || !kf_type_is_static(y) || x->rank < 1 || y->rank < 1) return false;
+    int64_t out = numel_of(g, a->out[0]);
+    if (a->op == KF_OP_GEMM) {
+        d->k = x->dims[kf_attr_i(a, "transA", 0) ? 0 : x->rank - 1];
+        d->n = y->dims[y->rank - 1];
+        d->m = y->rank > 1 ? y->dims[y->rank - 2] : 1;
+        d->batch = 1;
+    } else {
+        d->k = x->dims[x->rank - 1];
+        d->n = y->rank >= 2 || (a->in[1] && g->values[a->in[1]].type.rank >= 2) ? y->dims[y->rank - 1] : 1;
+        d->m = x->rank >= 2 ? x->dims[x->rank - 2] : 1;
+        int64_t mn = d->m * d->n;
+        d->batch = mn > 0 ? out / mn : 1;
+    }
+    if (d->batch < 1) d->batch = 1;
+    return d->m > 0 && d->n > 0 && d->k > 0;
+}
+
+/* Output channels, output pixels per image and batch of a Conv. */
+static bool conv_shape(const kf_graph *g, const kf_node *a, int64_t *cout, int64_t *pix, int64_t *batch) {
+    if (a->nout < 1 || !a->out[0]) return false;
+    const kf_type *y = &g->values[a->out[0]].type;
+    if (!kf_type_is_static(y) || y->rank < 3) return false;
+    *batch = y->dims[0];
+    *cout = y->dims[1];
+    *pix = 1;
+    for (int d = 2; d < y->rank; d++) *pix *= y->dims[d];
+    return *batch > 0 && *cout > 0 && *pix > 0;
+}
+
+static int64_t value_bytes(const kf_graph *g, kf_id v) {
+    int64_t n = numel_of(g, v);
+    size_t esz = v ? kf_dtype_size(g->values[v].type.dtype) : 0;
+    return n < 0 || !esz ? -1 : n * (int64_t)esz;
+}
+
+/* Blocks one SM holds of a generated anchor using `smem` bytes per block. */
+static int64_t anchor_resident(const kf_target *t, int64_t smem) {
+    int64_t r = t->max_threads_sm / KF_COST_BLOCK;
+    int64_t by_regs = t->regs_sm / (KF_COST_ANCHOR_REGS * KF_COST_BLOCK);
+    int64_t by_smem = smem > 0 ? (int64_t)t->smem_sm_kib * 1024 / smem : r;
+    if (by_regs < r) r = by_regs;
+    if (by_smem < r) r = by_smem;
+    if (t->max_blocks_sm < r) r = t->max_blocks_sm;
+    return r < 1 ? 1 : r;
+}
+
+/* A generated anchor kernel: `blocks` blocks sharing `flops` evenly, each
+ * at `frac` of one SM's FMA peak, reading `l2_bytes` through L2 (operand
+ * tiles re-read per block) and `bytes` from DRAM. */
+static void generated(const kf_target *t, int64_t flops, int64_t blocks, double frac, int64_t smem, int64_t bytes,
+                      int64_t l2_bytes, kf_cost *c) {
+    if (blocks < 1) blocks = 1;
+    c->blocks = blocks;
+    c->resident = anchor_resident(t, smem);
+    int64_t conc = ceil_div(blocks, t->sms);
+    if (conc > c->resident) conc = c->resident;
+    double peak = sm_peak(t, t->fma_tflops_fp32);
+    double rate = frac * peak, cap = t->gen_blk_cap * peak / (double)conc;
+    if (rate > cap) rate = cap;
+    int64_t waves = ceil_div(blocks, t->sms * conc);
+    double comp = (double)waves * ((double)flops / (double)blocks) / rate * 1e6;
+    double m = mem_us(t, bytes, (double)blocks / t->sms);
+    double l2 = (double)l2_bytes / (t->l2_gbs * 1e9) * 1e6;
+    double body = comp;
+    c->bound = "compute";
+    if (m > body) body = m, c->bound = "memory";
+    if (l2 > body) body = l2, c->bound = "l2";
+    finish(t, c, body, t->kernel_min_us);
+}
+
+static double gemm_rate(const kf_target *t, double outs) {
+    return t->gemm_blk_base + t->gemm_blk_per_out * outs;
+}
+
+/* Rows a row-tile anchor keeps on chip for a row of `row` floats. */
+static int64_t row_tile(int64_t row) {
+    int64_t rm = row > 0 ? KF_COST_ROW_BYTES / (4 * row) : 16;
+    return rm > 16 ? 16 : rm < 1 ? 1 : rm;
+}
+
+/* The library's peak for the anchor's dtype and the math mode. Tensor
+ * cores need the reduction dim in whole 8-element fragments: a convolution
+ * with fewer than 8 input channels per group (an RGB stem) runs on FMA
+ * (measured: cuDNN's implicit_convolve_sgemm for ResNet's 3-channel stem
+ * while the other convolutions ran TF32). */
+static double lib_peak(const kf_target *t, kf_cost_math math, kf_dtype dt, bool tc_ok) {
+    if (dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16)
+        return tc_ok && t->tc_tflops_fp16 > 0 ? t->tc_tflops_fp16 : t->fma_tflops_fp16;
+    if (math == KF_MATH_TF32 && tc_ok && t->tc_tflops_tf32 > 0) return t->tc_tflops_tf32;
+    return t->fma_tflops_fp32;
+}
+
+/* Work units of a library call: output tiles times a split of K chosen to
+ * fill the SMs (at least 256 of K per split); returns the fraction of the
+ * machine its waves keep busy. */
+static double lib_fill(const kf_target *t, int64_t tiles, int64_t k, int64_t *units) {
+    int64_t split = 1;
+    if (tiles < t->sms) {
+        split = t->sms / tiles;
+        if (split > k / 256) split = k / 256;
+        if (split < 1) split = 1;
+    }
+    *units = tiles * split;
+    int64_t waves = ceil_div(*units, t->sms);
+    return (double)*units / (double)(waves * t->sms);
+}
+
+/* Output tiles of a library GEMM: of 128x128, 64x128, 128x64 and 64x64,
+ * the one that keeps the most of the machine busy (as a library heuristic
+ * would pick; ties: the larger tile, which reuses operands more). */
+static int64_t lib_tiles(const kf_target *t, int64_t m, int64_t n, int64_t batch, int64_t k) {
+    static const int64_t shapes[4][2] = {{128, 128}, {64, 128}, {128, 64}, {64, 64}};
+    int64_t best = 0;
+    double best_fill = -1;
+    for (int i = 0; i < 4; i++) {
+        int64_t tiles = ceil_div(m, shapes[i][0]) * ceil_div(n, shapes[i][1]) * batch, units;
+        double f = lib_fill(t, tiles, k, &units);
+        if (f > best_fill + 1e-9) best_fill = f, best = tiles;
+    }
+    return best;
+}
+
+static void library(const kf_target *t, kf_cost_math math, double flops, kf_dtype dt, bool tc_ok, double frac,
+                    double fixed_us, int64_t tiles, int64_t k, int64_t bytes, kf_cost *c) {
+    int64_t units;
+    double fill = lib_fill(t, tiles, k, &units);
+    c->blocks = units;
+    c->resident = 1;
+    double comp = flops / (lib_peak(t, math, dt, tc_ok) * 1e12 * frac * fill) * 1e6;
+    double m = mem_us(t, bytes, 1);
+    c->bound = comp > m ? "compute" : "memory";
+    finish(t, c, (comp > m ? comp : m) + fixed_us, t->kernel_min_us);
+}
+
+/* The generated kernel after a library call: reads the library's output
+ * and the group's other inputs, writes the group's outputs; a row
+ * reduction in it makes it a reduction kernel. */
+static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, const kf_node *a) {
+    int64_t out = value_bytes(g, a->out[0]);
+    int64_t other = cg->bytes_read >= 0 && cg->operand_bytes >= 0 ? cg->bytes_read - cg->operand_bytes : 0;
+    int64_t bytes = out + (other > 0 ? other : 0) + (cg->bytes_written > 0 ? cg->bytes_written : 0);
+    kf_cost e = {0};
+    if (cg->reduction) {
+        int64_t rows, row;
+        red_rows(g, &g->nodes[cg->reduction], &rows, &row);
+        if (rows > 0) {
+            reduce_rows(t, rows * row, rows, row, red_passes(&g->nodes[cg->reduction]), bytes, &e);
+            return e.us;
+        }
+    }
+    int64_t n = numel_of(g, a->out[0]);
+    int64_t blocks = n > 0 ? ceil_div(n, KF_COST_BLOCK) : 1;
+    return finish(t, &e, mem_us(t, bytes, (double)blocks / t->sms), t->kernel_min_us);
+}
+
+bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg) {
+    if (!t->vendor_lib || cg->kind != KF_GROUP_ANCHOR || !cg->anchor || cg->anchor2 || cg->prologue) return false;
+    const kf_node *a = &g->nodes[cg->anchor];
+    if (a->op != KF_OP_MATMUL && a->op != KF_OP_GEMM && a->op != KF_OP_CONV) return false;
+    if (a->nin < 2 || !a->in[0] || !a->in[1]) return false;
+    kf_dtype dt = g->values[a->in[0]].type.dtype;
+    if (dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16) return false; /* the library path's dtypes */
+    if (a->op == KF_OP_MATMUL)
+        return g->values[a->in[0]].type.rank >= 2 && g->values[a->in[1]].type.rank >= 2; /* 1-D: generated */
+    if (a->op == KF_OP_CONV) {
+        const char *ap = kf_attr_s(a, "auto_pad", "NOTSET");
+        if (strcmp(ap, "NOTSET") && strcmp(ap, "VALID")) return false;
+        int np = 0;
+        const int64_t *pads = kf_attr_ints(a, "pads", &np);
+        for (int i = 0; pads && i < np / 2; i++)
+            if (pads[i] != pads[i + np / 2]) return false; /* cuDNN pads both sides alike */
+        return g->values[a->in[0]].type.rank <= 5;
+    }
+    return true;
+}
+
+static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
+    const kf_node *a = &g->nodes[cg->anchor];
+    int64_t bytes = bytes_of(cg);
+    if (bytes < 0 || cg->flops < 0) {
+        c->form = a->op == KF_OP_CONV ? "conv" : "gemm";
+        return;
+    }
+    bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE;
+    kf_dtype dt = a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
+    if (kf_cost_library(t, g, cg)) {
+        int64_t flops = 0, tiles = 1, k = 1;
+        bool tc_ok = true;
+        if (conv) {
+            int64_t cout, pix, batch;
+            const kf_type *w = &g->values[a->in[1]].type;
+            if (!conv_shape(g, a, &cout, &pix, &batch) || !kf_type_is_static(w)) return;
+            int64_t wn = numel_of(g, a->in[1]);
+            k = w->dims[0] > 0 ? wn / w->dims[0] : 1;
+            tc_ok = w->rank > 1 && w->dims[1] >= 8;
+            flops = 2 * batch * pix * cout * k;
+            tiles = ceil_div(batch * pix, 128) * ceil_div(cout, 64);
+        } else {
+            gemm_dims d;
+            if (!gemm_shape(g, a, &d)) return;
+            k = d.k;
+            flops = 2 * d.m * d.n * d.k * d.batch;
+            tiles = lib_tiles(t, d.m, d.n, d.batch, d.k);
+        }
+        c->known = true;
+        c->form = conv ? "lib_conv" : "lib_gemm";
+        /* the call reads its operands and writes its output; the rest is
+         * the epilogue kernel's */
+        int64_t call_bytes = (cg->operand_bytes > 0 ? cg->operand_bytes : 0) + value_bytes(g, a->out[0]);
+        library(t, math, (double)flops, dt, tc_ok, conv ? t->lib_conv_frac : t->lib_gemm_frac,
+                conv ? t->lib_conv_fixed_us : t->lib_fixed_us, tiles, k, call_bytes, c);
+        if (cg->epilogue || cg->reduction) {
+            c->epilogue_us = epilogue_us(t, g, cg, a);
+            c->us += c->epilogue_us;
+        }
+        return;
+    }
+    c->known = true;
+    if (!conv) {
+        gemm_dims d;
+        if (!gemm_shape(g, a, &d)) {
+            c->known = false;
+            c->form = "gemm";
+            return;
+        }
+        int64_t esz = (int64_t)kf_dtype_size(dt);
+        int64_t wbytes = d.k * d.n * esz, xbytes = d.m * d.k * esz;
+        if (cg->anchor2 || cg->reduction) {
+            /* row tiles: every block reads all of the right operand(s) */
+            int64_t row = d.n;
+            int64_t w2 = 0;
+            if (cg->anchor2) {
+                gemm_dims d2;
+                const kf_node *b = &g->nodes[cg->anchor2];
+                if (gemm_shape(g, b, &d2)) {
+                    w2 = d2.k * d2.n * esz;
+                    /* a row reduction after the second GEMM keeps its rows too */
+                    if (cg->reduction && g->nodes[cg->reduction].nin &&
+                        numel_of(g, g->nodes[cg->reduction].in[0]) == numel_of(g, b->out[0]))
+                        row += d2.n;
+                }
+            }
+            int64_t rm = row_tile(row);
+            int64_t blocks = ceil_div(d.m, rm) * d.batch;
+            c->form = cg->anchor2 ? "gemm_b2b" : "gemm_rows";
+            generated(t, cg->flops, blocks, gemm_rate(t, (double)rm / 4), KF_COST_ROW_BYTES + 8704, bytes,
+                      blocks * (wbytes + w2), c);
+            return;
+        }
+        int64_t tm = ceil_div(d.m, 64), tn = ceil_div(d.n, 64);
+        c->form = "gemm";
+        generated(t, cg->flops, tm * tn * d.batch, gemm_rate(t, 16), 8704, bytes, d.batch * (tm * wbytes + tn * xbytes),
+                  c);
+        return;
+    }
+    int64_t cout, pix, batch;
+    if (!conv_shape(g, a, &cout, &pix, &batch)) {
+        c->known = false;
+        c->form = "conv";
+        return;
+    }
+    if (cg->anchor2) {
+        int64_t p = cout > 0 ? KF_COST_ROW_BYTES / (4 * cout) : 64;
+        if (p > 64) p = 64;
+        if (p < 1) p = 1;
+        c->form = "conv_b2b";
+        int64_t w2 = a->nin > 1 ? value_bytes(g, g->nodes[cg->anchor2].in[1]) : 0;
+        int64_t blocks = ceil_div(pix, p) * batch;
+        generated(t, cg->flops, blocks, t->conv_blk_frac, KF_COST_ROW_BYTES, bytes, blocks * (w2 > 0 ? w2 : 0), c);
+        return;
+    }
+    /* direct convolution: a work-item per pixel and 4 output channels */
+    int64_t items = batch * pix * ceil_div(cout, 4);
+    int64_t blocks = ceil_div(items, KF_COST_BLOCK);
+    if (blocks > KF_COST_MAX_BLOCKS) blocks = KF_COST_MAX_BLOCKS;
+    c->form = "conv";
+    generated(t, cg->flops, blocks, t->conv_blk_frac * 4, 0, bytes, 0, c);
+}
+
+void kf_cost_estimate(const kf_target *t, kf_cost_math math, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
+    memset(c, 0, sizeof *c);
+    c->form = "none";
+    c->bound = "launch";
+    if (cg->kind == KF_GROUP_CONST || cg->view) {
+        c->known = true;
+        return;
+    }
+    switch (cg->kind) {
+    case KF_GROUP_ELEMWISE:
+    case KF_GROUP_OPAQUE: elementwise(t, g, cg, c); break;
+    case KF_GROUP_REDUCTION: reduction(t, g, cg, c); break;
+    case KF_GROUP_ANCHOR: anchor(t, math, g, cg, c); break;
+    default: break;
+    }
+    if (cg->kind == KF_GROUP_OPAQUE) c->form = "opaque";
+    if (!c->known) {
+        c->bound = "launch";
+        c->us = t->kernel_min_us + t->launch_us;
+    }
+}
+
+/* ---- describing groups ----------------------------------------------------- */
+
+/* Would the library take node n, after the anchor, into its own epilogue?
+ * A ReLU, a tanh GELU (cuBLASLt), or the Add of a constant bias vector
+ * along the output row; anything else needs the generated epilogue kernel. */
+static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n) {
+    if (n->op == KF_OP_RELU) return true;
+    if (n->op == KF_OP_GELU && a->op != KF_OP_CONV) return !strcmp(kf_attr_s(n, "approximate", "none"), "tanh");
+    if (n->op != KF_OP_ADD || n->nin != 2) return false;
+    const kf_graph *g = m->graph;
+    for (int i = 0; i < 2; i++) {
+        kf_id b = n->in[i];
+        if (!b || !kf_value_is_constant(m, b)) continue;
+        const kf_type *bt = &g->values[b].type, *yt = a->nout && a->out[0] ? &g->values[a->out[0]].type : NULL;
+        if (!yt || !kf_type_is_static(bt) || !kf_type_is_static(yt) || yt->rank < 1) continue;
+        int64_t bn = numel_of(g, b);
+        int64_t along = a->op == KF_OP_CONV ? (yt->rank > 1 ? yt->dims[1] : -1) : yt->dims[yt->rank - 1];
+        if (bn == along) return true;
+    }
+    return false;
+}
+
+void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, kf_cost_group *cg,
+                             bool (*member)(const void *ctx, kf_id node), const void *ctx) {
+    const kf_graph *g = m->graph;
+    cg->prologue = cg->epilogue = false;
+    cg->operand_bytes = 0;
+    if (!cg->anchor) return;
+    const kf_node *a = &g->nodes[cg->anchor];
+    for (int i = 0; i < a->nin; i++) {
+        kf_id v = a->in[i];
+        if (!v) continue;
+        bool dup = false;
+        for (int q = 0; q < i && !dup; q++) dup = a->in[q] == v;
+        if (dup) continue;
+        kf_id pr = g->values[v].producer;
+        if (pr && member(ctx, pr)) {
+            cg->prologue = true;
+            continue;
+        }
+        int64_t b = value_bytes(g, v);
+        if (b < 0 || cg->operand_bytes < 0) cg->operand_bytes = -1;
+        else cg->operand_bytes += b;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        kf_id x = nodes[i];
+        if (x == cg->anchor || x == cg->anchor2) continue;
+        const kf_node *nd = &g->nodes[x];
+        bool after = false; /* reads the anchor's result (directly or through the epilogue) */
+        for (int k = 0; k < nd->nin && !after; k++) {
+            kf_id pr = nd->in[k] ? g->values[nd->in[k]].producer : 0;
+            after = pr && member(ctx, pr);
+        }
+        if (after && !absorbed(m, a, nd)) cg->epilogue = true;
+    }
+}
+
+typedef struct plan_ctx {
+    const kf_plan *p;
+    uint32_t k;
+} plan_ctx;
+
+static bool in_plan_group(const void *ctx, kf_id node) {
+    const plan_ctx *c = ctx;
+    return c->p->group_of[node] == c->k;
+}
+
+void kf_cost_of_group(const kf_model *m, const kf_plan *p, uint32_t k, kf_cost_group *cg) {
+    const kf_group *G = &p->groups[k];
+    memset(cg, 0, sizeof *cg);
+    cg->kind = G->kind;
+    cg->view = G->view;
+    cg->anchor = G->kind == KF_GROUP_ANCHOR ? G->anchor : 0;
+    cg->anchor2 = G->anchor2;
+    cg->reduction = G->kind == KF_GROUP_ANCHOR ? G->reduction : G->kind == KF_GROUP_REDUCTION ? G->anchor : 0;
+    cg->bytes_read = G->bytes_read;
+    cg->bytes_written = G->bytes_written;
+    cg->flops = G->flops;
+    cg->space = G->noutputs ? G->outputs[0] : 0;
+    if (G->kind == KF_GROUP_ELEMWISE || G->kind == KF_GROUP_OPAQUE) {
+        /* the largest output is the space the loop walks */
+        for (uint32_t i = 1; i < G->noutputs; i++)
+            if (numel_of(m->graph, G->outputs[i]) > numel_of(m->graph, cg->space)) cg->space = G->outputs[i];
+    }
+    plan_ctx c = {p, k};
+    if (cg->anchor) kf_cost_describe_anchor(m, G->nodes, G->nnodes, cg, in_plan_group, &c);
+}

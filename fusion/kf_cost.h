@@ -1,0 +1,133 @@
+/*
+ * kf_cost.h: device profiles and the cost model that decides fusion.
+ *
+ * A target is data (one text file per device, fusion/targets/NAME.target,
+ * embedded at build time; users may pass their own file): SM count,
+ * bandwidths, per-dtype rates, on-chip limits, launch cost, and the
+ * calibrated rates of kfuse's own kernel templates. One function estimates
+ * a kernel group's time on a target (kf_cost_group); the planner merges two
+ * groups only when that estimate says the merged kernel is not slower than
+ * the two apart, and the report prints the same figure.
+ *
+ * The model, per group (DESIGN.md "The cost model"):
+ *
+ *   time = max(bytes / bandwidth, work / (rate per block x blocks that run
+ *              at once)) x waves + fixed cost of the kernel form
+ *
+ * where the grid is the one codegen will launch (tiles, row tiles, pixels
+ * per block), a block's rate comes from the template's calibration (a
+ * generated GEMM on row tiles of 8 does a fifth of the work per block of
+ * one on 64x64 tiles), and a library call (cuBLASLt, cuDNN) is modeled
+ * from the datasheet rate at the precision, split-K and wave quantization.
+ * Every figure is an estimate; its error against measured kernels is
+ * published (bench/RESULTS.md, "Cost model calibration").
+ */
+#ifndef KF_COST_H
+#define KF_COST_H
+
+#include <stdio.h>
+
+#include "kf_plan.h"
+
+/* A device profile. Rates are per second; "frac" fields are fractions of
+ * the matching peak, so a calibration carries over between GPUs of one
+ * generation (see fusion/targets/README.md for each field). */
+typedef struct kf_target {
+    char name[32];
+    char desc[96];
+    int sms;                  /* streaming multiprocessors */
+    double clock_ghz;         /* SM clock under load */
+    int max_threads_sm;       /* resident threads per SM */
+    int max_blocks_sm;        /* resident blocks per SM */
+    int regs_sm;              /* 32-bit registers per SM */
+    int smem_sm_kib;          /* shared memory per SM */
+    double dram_gbs;          /* device copy bandwidth, bytes read + written (measured where possible) */
+    double l2_mib;            /* L2 size */
+    double l2_gbs;            /* L2 bandwidth, all SMs */
+    double fma_tflops_fp32;   /* SIMT FMA rate (2 FLOPs per FMA) */
+    double fma_tflops_fp16;   /* SIMT half rate (packed) */
+    double tc_tflops_tf32;    /* tensor cores, dense */
+    double tc_tflops_fp16;    /* fp16 and bf16 */
+    double tc_tops_int8;
+    double tc_tflops_fp8;     /* 0: no fp8 tensor cores */
+    double launch_us;         /* one kernel node of a replayed CUDA Graph */
+    double kernel_min_us;     /* the shortest a kernel that touches DRAM takes */
+    int vendor_lib;           /* 1: GEMM/conv anchors go to cuBLASLt/cuDNN where they map */
+    /* calibrated rates of kfuse's templates (fractions of the peaks above) */
+    double ew_frac;           /* elementwise template: fraction of dram_gbs */
+    double red_pass_clk;      /* row reductions: row elements per SM clock per pass over the row */
+    double red_pass_us;       /* row reductions: fixed cost of one pass (a block reduce + sync) */
+    double gemm_blk_base;     /* generated GEMM family: per-block rate as a fraction of one SM's */
+    double gemm_blk_per_out;  /*   FMA peak = base + per_out x outputs each work-item holds */
+    double conv_blk_frac;     /* generated convolutions: per-block rate, fraction of an SM's peak */
+    double gen_blk_cap;       /* a whole SM of generated-GEMM blocks reaches at most this fraction */
+    double lib_gemm_frac;     /* cuBLASLt: fraction of the peak rate at full occupancy */
+    double lib_conv_frac;     /* cuDNN: the same */
+    double lib_fixed_us;      /* a library GEMM's fixed cost (the small-problem floor) */
+    double lib_conv_fixed_us; /* a library convolution's */
+} kf_target;
+
+/* Math the libraries may use for float32 data (the precision option):
+ * strict float32 FMA, or TF32 tensor cores. float16/bfloat16 data always
+ * takes the tensor-core rate. */
+typedef enum kf_cost_math { KF_MATH_FP32 = 0, KF_MATH_TF32 = 1 } kf_cost_math;
+
+/* Looks up a built-in profile ("h200", "h100", "a100", "test") or, when
+ * name contains a '/' or ends in ".target", reads that file. On success
+ * *out is the caller's (kf_target_free). Errors: KF_ERR_INVALID_ARG
+ * (unknown name: the message lists the built-in ones), KF_ERR_IO, and
+ * KF_ERR_BAD_MODEL naming file:line for a bad or missing field. */
+kf_status kf_target_get(const char *name, kf_target **out);
+/* Parses profile text; `where` names it in errors. */
+kf_status kf_target_parse(const char *text, size_t len, const char *where, kf_target **out);
+void kf_target_free(kf_target *t);
+/* Name of built-in profile i (0, 1, ...); NULL past the last. */
+const char *kf_target_builtin_name(size_t i);
+
+/* What the model says about one kernel group. */
+typedef struct kf_cost {
+    double us;          /* estimated time, launch included; 0 for no kernel */
+    int64_t blocks;     /* grid the form launches (its library tiles for a library call) */
+    int64_t resident;   /* blocks one SM holds at once */
+    const char *form;   /* "none", "ew", "reduce", "gemm", "gemm_rows", "gemm_b2b", "conv",
+                         * "conv_b2b", "lib_gemm", "lib_conv", "host" */
+    const char *bound;  /* "memory", "l2" (operand tiles re-read per block), "compute",
+                         * "latency", "launch" */
+    bool known;         /* false: shapes unknown, us is a floor (launch only) */
+    double epilogue_us; /* library forms: the generated epilogue kernel's part of us (0: none) */
+} kf_cost;
+
+/* A group as the cost model sees it; kf_cost_of_group fills one from a
+ * finished plan, the planner from its working state. */
+typedef struct kf_cost_group {
+    kf_group_kind kind;
+    bool view;                 /* no kernel (kf_group.view) */
+    kf_id anchor, anchor2;     /* kf_group.anchor / anchor2 */
+    kf_id reduction;           /* the row reduction of an anchor group, or a reduction group's master */
+    bool prologue;             /* an anchor operand is computed inside the group */
+    bool epilogue;             /* nodes after the anchor other than bias/activation the library absorbs */
+    int64_t bytes_read, bytes_written, flops; /* as kf_group; -1 unknown */
+    int64_t operand_bytes;     /* anchor groups: bytes of the anchor's operands read from outside */
+    kf_id space;               /* elementwise: the value whose elements the kernel walks */
+} kf_cost_group;
+
+/* Estimates one group on target t with math mode `math`. Always fills *c
+ * (unknown shapes give a launch-only floor with known false). Pure: no
+ * allocation, no error. */
+void kf_cost_estimate(const kf_target *t, kf_cost_math math, const kf_graph *g, const kf_cost_group *cg, kf_cost *c);
+
+/* Fills the anchor fields of cg (prologue, epilogue, operand_bytes) from
+ * the group's member nodes; cg->anchor must be set. member(ctx, node)
+ * says whether a node is in the group. */
+void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, kf_cost_group *cg,
+                             bool (*member)(const void *ctx, kf_id node), const void *ctx);
+
+/* The cost description of group k of plan p over model m. */
+void kf_cost_of_group(const kf_model *m, const kf_plan *p, uint32_t k, kf_cost_group *cg);
+
+/* Does an anchor group of this shape run as a library call on t? Always
+ * false for back-to-back anchors and operand prologues (a generated kernel),
+ * true for one MatMul/Gemm/Conv otherwise when t has vendor libraries. */
+bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg);
+
+#endif
