@@ -317,7 +317,9 @@ static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_g
 }
 
 bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg) {
-    if (!t->vendor_lib || cg->kind != KF_GROUP_ANCHOR || !cg->anchor || cg->anchor2 || cg->prologue) return false;
+    if (!t->vendor_lib || cg->kind != KF_GROUP_ANCHOR || !cg->anchor || cg->anchor2 || cg->prologue ||
+        cg->epilogue_declined)
+        return false;
     const kf_node *a = &g->nodes[cg->anchor];
     if (a->op != KF_OP_MATMUL && a->op != KF_OP_GEMM && a->op != KF_OP_CONV) return false;
     if (a->nin < 2 || !a->in[0] || !a->in[1]) return false;
@@ -487,7 +489,7 @@ static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n) {
 void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, kf_cost_group *cg,
                              bool (*member)(const void *ctx, kf_id node), const void *ctx) {
     const kf_graph *g = m->graph;
-    cg->prologue = cg->epilogue = false;
+    cg->prologue = cg->epilogue = cg->epilogue_declined = false;
     cg->operand_bytes = 0;
     if (!cg->anchor) return;
     const kf_node *a = &g->nodes[cg->anchor];
@@ -516,6 +518,16 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
             after = pr && member(ctx, pr);
         }
         if (after && !absorbed(m, a, nd)) cg->epilogue = true;
+        /* what the epilogue kernel after a library call declines
+         * (kernels/libanchor.c through codegen): a Split whose outputs
+         * beyond the first are used, a Gather select of the reduced rows */
+        if (nd->op == KF_OP_SPLIT) {
+            int used = 0;
+            for (int o = 0; o < nd->nout; o++)
+                used += nd->out[o] && (g->values[nd->out[o]].nusers || g->values[nd->out[o]].is_output);
+            if (used > 1) cg->epilogue_declined = true;
+        }
+        if (nd->op == KF_OP_GATHER && cg->reduction) cg->epilogue_declined = true;
     }
 }
 

@@ -75,6 +75,7 @@ typedef struct spec {
 
 struct kf_exec {
     kf_exec_options o;
+    char target[256];  /* o.target, owned: specs are planned after create returns */
     void *base_bytes;  /* the optimized model serialised: each spec loads a copy */
     size_t base_len;
     char *base_dir;
@@ -657,6 +658,8 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);
+        if (e->o.target) po.target = e->o.target;
+        else if (!po.target) po.target = KF_PLAN_DEFAULT_TARGET;
         st = kf_plan_build(s->m, &po, &s->p);
     }
     uint32_t nv = s->m ? s->m->graph->nvalues : 0;
@@ -754,6 +757,12 @@ static bool host_lib_has(kf_dev *d, bool conv) {
 
 static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e) {
     e->o = *o;
+    if (o->target) {
+        if (strlen(o->target) >= sizeof e->target)
+            return kf_fail(KF_ERR_INVALID_ARG, "target name or path longer than %zu bytes", sizeof e->target - 1);
+        memcpy(e->target, o->target, strlen(o->target) + 1);
+        e->o.target = e->target;
+    }
     if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(&e->dev));
     else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, &e->dev));
     else if (o->backend != KF_EXEC_REF) return kf_fail(KF_ERR_INVALID_ARG, "unknown backend %d", (int)o->backend);

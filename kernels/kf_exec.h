@@ -40,6 +40,9 @@ typedef struct kf_exec_options {
     FILE *trace;           /* one line per group when the plan is made (NULL: none) */
     bool no_vendor_lib;    /* cuda: anchors stay generated kernels instead of cuBLASLt/cuDNN
                             * calls (kf_libanchor.h); also KFUSE_NO_VENDOR_LIB=1 */
+    const char *target;    /* the device profile fusion is planned for (fusion/kf_cost.h):
+                            * NULL: KFUSE_TARGET, else KF_PLAN_DEFAULT_TARGET; "none": every
+                            * legal merge, no cost model */
 } kf_exec_options;
 
 /* backend opencl, optimize on, threads 0, everything else NULL/false. */

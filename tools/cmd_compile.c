@@ -134,6 +134,8 @@ int kfuse_cmd_compile(int argc, char **argv) {
         o.arch = a.arch;
         o.compile_only = true;
         o.threads = a.threads;
+        const char *tr = getenv("KFUSE_TRACE");
+        o.trace = tr && strstr(tr, "backend") ? stderr : NULL;
         st = kf_exec_create(m, &o, &x);
     }
     if (!st) st = kf_exec_prepare(x, types, n, &s);

@@ -1,0 +1,306 @@
+/*
+ * test_cost.c: device profiles (fusion/target.c) and the cost model
+ * (fusion/cost.c, plan_cost.c): profile parsing and its errors, estimates
+ * on the made-up "test" device worked out by hand, and the planner's
+ * time-based decisions: a back-to-back GEMM that would starve an H200 is
+ * refused with its reason, the same one kf_plan_merge_reason gives, while
+ * a tiny one (one small kernel beats two library calls) is kept; without
+ * a target, or with legal_only, every legal merge is made.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "graph_text.h"
+#include "kf_cost.h"
+#include "kf_plan.h"
+
+/* ---- profiles ---------------------------------------------------------------- */
+
+Test(cost, builtin_profiles_load) {
+    size_t n = 0;
+    for (; kf_target_builtin_name(n); n++) {
+        kf_target *t = NULL;
+        cr_assert_eq(kf_target_get(kf_target_builtin_name(n), &t), KF_OK, "%s: %s", kf_target_builtin_name(n),
+                     kf_last_error());
+        cr_expect_str_eq(t->name, kf_target_builtin_name(n));
+        cr_expect_gt(t->sms, 0);
+        cr_expect_gt(t->dram_gbs, 0);
+        kf_target_free(t);
+    }
+    cr_expect_geq(n, 4, "h200, h100, a100 and test at least");
+    kf_target *t = NULL;
+    cr_assert_eq(kf_target_get("h200", &t), KF_OK);
+    cr_expect_eq(t->sms, 132);
+    cr_expect_float_eq(t->dram_gbs, 4210, 1e-9);
+    kf_target_free(t);
+}
+
+Test(cost, unknown_name_lists_the_builtin_ones) {
+    kf_target *t = (kf_target *)1;
+    cr_expect_eq(kf_target_get("h9000", &t), KF_ERR_INVALID_ARG);
+    cr_expect_null(t);
+    cr_expect(strstr(kf_last_error(), "h9000") && strstr(kf_last_error(), "h200"), "%s", kf_last_error());
+}
+
+static char *builtin_text(const char *drop_key, const char *extra) {
+    /* the test profile as text, with one key left out and a line added */
+    static const char *lines[] = {
+        "name = mine", "desc = a profile from a file", "sms = 4", "clock_ghz = 1", "max_threads_sm = 1024",
+        "max_blocks_sm = 4", "regs_sm = 65536", "smem_sm_kib = 64", "dram_gbs = 100", "l2_mib = 1", "l2_gbs = 400",
+        "fma_tflops_fp32 = 1", "fma_tflops_fp16 = 2", "tc_tflops_tf32 = 8", "tc_tflops_fp16 = 16", "tc_tops_int8 = 32",
+        "tc_tflops_fp8 = 0", "launch_us = 1", "kernel_min_us = 2", "vendor_lib = 1", "ew_frac = 0.5",
+        "red_pass_clk = 1", "red_pass_us = 1", "gemm_blk_base = 0.01", "gemm_blk_per_out = 0.01",
+        "conv_blk_frac = 0.02", "gen_blk_cap = 0.5", "lib_gemm_frac = 0.5", "lib_conv_frac = 0.25",
+        "lib_fixed_us = 4", "lib_conv_fixed_us = 6"};
+    size_t cap = 4096;
+    char *s = malloc(cap);
+    cr_assert(s);
+    strcpy(s, "# a comment line\n\n");
+    for (size_t i = 0; i < sizeof lines / sizeof lines[0]; i++) {
+        if (drop_key && !strncmp(lines[i], drop_key, strlen(drop_key)) && lines[i][strlen(drop_key)] == ' ') continue;
+        strcat(s, lines[i]);
+        strcat(s, "   # trailing comment\n");
+    }
+    if (extra) strcat(s, extra);
+    return s;
+}
+
+Test(cost, profile_file_round_trip_and_errors) {
+    char *text = builtin_text(NULL, NULL);
+    kf_target *t = NULL;
+    cr_assert_eq(kf_target_parse(text, strlen(text), "mine.target", &t), KF_OK, "%s", kf_last_error());
+    cr_expect_str_eq(t->name, "mine");
+    cr_expect_eq(t->sms, 4);
+    cr_expect_float_eq(t->lib_conv_fixed_us, 6, 1e-12);
+    kf_target_free(t);
+    /* the same text from a file, named by path */
+    char path[64];
+    snprintf(path, sizeof path, "/tmp/kfuse_target_%ld.target", (long)getpid());
+    FILE *f = fopen(path, "w");
+    cr_assert(f);
+    fputs(text, f);
+    fclose(f);
+    cr_assert_eq(kf_target_get(path, &t), KF_OK, "%s", kf_last_error());
+    cr_expect_str_eq(t->name, "mine");
+    kf_target_free(t);
+    remove(path);
+    free(text);
+
+    struct {
+        const char *drop, *extra, *want;
+    } bad[] = {
+        {"dram_gbs", NULL, "missing key 'dram_gbs'"},
+        {NULL, "dram_gb = 5\n", "unknown key 'dram_gb'"},
+        {NULL, "sms = 8\n", "given twice"},
+        {"sms", "sms = 4.5\n", "whole number"},
+        {"dram_gbs", "dram_gbs = 4.2e9\n", "dram_gbs must be a number"},
+        {"ew_frac", "ew_frac = fast\n", "ew_frac must be"},
+        {NULL, "just words\n", "expected 'key = value'"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        char *b = builtin_text(bad[i].drop, bad[i].extra);
+        t = (kf_target *)1;
+        cr_expect_eq(kf_target_parse(b, strlen(b), "bad.target", &t), KF_ERR_BAD_MODEL, "case %zu", i);
+        cr_expect_null(t);
+        cr_expect(strstr(kf_last_error(), bad[i].want) && strstr(kf_last_error(), "bad.target"), "case %zu: %s", i,
+                  kf_last_error());
+        free(b);
+    }
+    cr_expect_eq(kf_target_get("/nonexistent/dir/x.target", &t), KF_ERR_IO);
+}
+
+/* ---- estimates worked out by hand on the test device ----------------------------
+ * test.target: 4 SMs at 1 GHz, 100 GB/s at ew_frac 0.5, 1 TFLOP/s fp32,
+ * launch 1 us, smallest kernel 2 us, library GEMMs at 0.5 of the peak with
+ * a 4 us fixed cost; a reduction pass 1 element per SM clock plus 1 us. */
+
+static kf_plan *plan_on(kf_model *m, const char *target, bool legal_only) {
+    kf_plan_options o = {.fuel = -1, .target = target, .legal_only = legal_only};
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
+    return p;
+}
+
+static uint32_t group_of(const kf_model *m, const kf_plan *p, const char *value) {
+    kf_id v = kf_graph_find(m->graph, value);
+    cr_assert(v && m->graph->values[v].producer, "no produced value %s", value);
+    return p->group_of[m->graph->values[v].producer];
+}
+
+Test(cost, elementwise_chain_is_memory_bound) {
+    kf_model *m = gt_parse("input x float[262144]\n"
+                           "y = Relu(x)\n"
+                           "z = Exp(y)\n"
+                           "output z\n");
+    kf_plan *p = plan_on(m, "test", false);
+    cr_assert_eq(p->ngroups, 1);
+    const kf_group *G = &p->groups[0];
+    /* 1 MiB read + 1 MiB written at 100 GB/s x 0.5; 1024 blocks fill 4 SMs */
+    double want = 2097152.0 / 50e9 * 1e6 + 1;
+    cr_expect_float_eq(G->est_us, want, 1e-9, "%.6f vs %.6f", G->est_us, want);
+    cr_expect_eq(G->est_blocks, 1024);
+    cr_expect_str_eq(G->est_form, "ew");
+    cr_expect_str_eq(G->est_bound, "memory");
+    cr_expect_float_eq(p->est_us, want, 1e-9);
+    cr_expect_str_eq(p->target, "test");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cost, softmax_rows_are_pass_bound) {
+    kf_model *m = gt_parse("input x float[64, 1024]\n"
+                           "y = Softmax(x) {axis=-1}\n"
+                           "output y\n");
+    kf_plan *p = plan_on(m, "test", false);
+    cr_assert_eq(p->ngroups, 1);
+    const kf_group *G = &p->groups[0];
+    /* 64 rows of 1024 take a 256-lane segment each: 64 blocks on 4 SMs;
+     * 3 passes over 65536 elements at 1 per SM clock, plus 1 us a pass */
+    double want = 65536.0 * 3 / (4 * 1e9) * 1e6 + 3 + 1;
+    cr_expect_float_eq(G->est_us, want, 1e-9, "%.6f vs %.6f", G->est_us, want);
+    cr_expect_eq(G->est_blocks, 64);
+    cr_expect_str_eq(G->est_form, "reduce");
+    cr_expect_str_eq(G->est_bound, "compute");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cost, library_gemm_splits_tiles_to_fill_the_sms) {
+    kf_model *m = gt_parse("input x float[64, 256]\n"
+                           "const w float[256, 128] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "output y\n");
+    kf_plan *p = plan_on(m, "test", false);
+    cr_assert_eq(p->ngroups, 1);
+    const kf_group *G = &p->groups[0];
+    /* 128x64 tiles: 2 of them (K = 256 allows no split) fill 2 of 4 SMs;
+     * 4.19 MFLOP at 1 TFLOP/s x 0.5 x 0.5, then the 4 us fixed cost */
+    double want = 2.0 * 64 * 128 * 256 / (1e12 * 0.5 * 0.5) * 1e6 + 4 + 1;
+    cr_expect_float_eq(G->est_us, want, 1e-9, "%.6f vs %.6f", G->est_us, want);
+    cr_expect_str_eq(G->est_form, "lib_gemm");
+    cr_expect_eq(G->est_blocks, 2);
+    /* TF32 on the same call: 8x the rate */
+    kf_plan_options o = {.fuel = -1, .target = "test", .math = KF_MATH_TF32};
+    kf_plan *q = NULL;
+    cr_assert_eq(kf_plan_build(m, &o, &q), KF_OK);
+    double tf32 = 2.0 * 64 * 128 * 256 / (8e12 * 0.5 * 0.5) * 1e6;
+    double mem = (64.0 * 256 * 4 + 256.0 * 128 * 4 + 64.0 * 128 * 4) / 50e9 * 1e6; /* now the larger term */
+    cr_expect_float_eq(q->groups[0].est_us, (tf32 > mem ? tf32 : mem) + 4 + 1, 1e-9, "%.6f", q->groups[0].est_us);
+    kf_plan_free(q);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cost, unknown_shapes_give_a_floor_and_leave_the_decision_to_legality) {
+    kf_model *m = gt_parse("input x float[N, 8]\n"
+                           "y = Relu(x)\n"
+                           "z = Exp(y)\n"
+                           "output z\n");
+    kf_plan *p = plan_on(m, "h200", false);
+    cr_expect_eq(p->ngroups, 1, "the chain still fuses");
+    cr_expect_float_eq(p->groups[0].est_us, 2.5 + 1.0, 1e-9, "kernel_min_us + launch_us of h200");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* ---- the planner's decisions ------------------------------------------------------ */
+
+/* BERT-base at sequence 128, attention output into the FFN: back-to-back
+ * on chip would hold 8 rows of 768 a block, 16 blocks for 132 SMs
+ * (measured on an H200: 5.8 ms, against tens of microseconds for two
+ * library GEMMs). */
+static const char *ffn =
+    "input x float[128, 768]\n"
+    "const w1 float[768, 768] = random\n"
+    "const w2 float[768, 3072] = random\n"
+    "h = MatMul(x, w1)\n"
+    "a = Relu(h)\n"
+    "y = MatMul(a, w2)\n"
+    "output y\n";
+
+Test(cost, back_to_back_that_starves_the_gpu_is_refused_with_its_reason) {
+    kf_model *m = gt_parse(ffn);
+    kf_plan *p = plan_on(m, "h200", false);
+    uint32_t g1 = group_of(m, p, "a"), g2 = group_of(m, p, "y");
+    cr_assert_neq(g1, g2, "the two GEMMs stay apart");
+    cr_expect_eq(p->groups[g1].anchor2, 0);
+    cr_expect_str_eq(p->groups[g1].est_form, "lib_gemm");
+    cr_expect_str_eq(p->groups[g2].est_form, "lib_gemm");
+    const char *why = NULL;
+    for (uint32_t i = 0; i < p->nbounds; i++)
+        if (p->bounds[i].from == g1 && p->bounds[i].to == g2) why = p->bounds[i].reason;
+    cr_assert_not_null(why);
+    cr_expect_str_eq(why, KF_REASON_COST_BLOCKS);
+    cr_expect_str_eq(kf_plan_merge_reason(p, g1, g2, false), KF_REASON_COST_BLOCKS, "one decision function");
+    cr_expect_geq(p->cost_refusals, 1);
+    double apart = p->est_us;
+    kf_plan_free(p);
+
+    /* legal_only: the bytes-only planner's back-to-back group, estimated */
+    p = plan_on(m, "h200", true);
+    g1 = group_of(m, p, "a");
+    cr_expect_eq(g1, group_of(m, p, "y"));
+    cr_expect_neq(p->groups[g1].anchor2, 0);
+    cr_expect_str_eq(p->groups[g1].est_form, "gemm_b2b");
+    cr_expect_eq(p->groups[g1].est_blocks, 16);
+    cr_expect_gt(p->est_us, 20 * apart, "b2b %.1f us vs apart %.1f us", p->est_us, apart);
+    cr_expect_eq(p->cost_refusals, 0);
+    kf_plan_free(p);
+
+    /* no target: the same legal merges, no estimates */
+    p = plan_on(m, "none", false);
+    cr_expect_eq(group_of(m, p, "a"), group_of(m, p, "y"));
+    cr_expect_float_eq(p->est_us, -1, 1e-12);
+    cr_expect_str_eq(p->target, "");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cost, tiny_back_to_back_beats_two_library_calls) {
+    kf_model *m = gt_parse("input x float[4, 8]\n"
+                           "const w1 float[8, 8] = random\n"
+                           "const w2 float[8, 8] = random\n"
+                           "h = MatMul(x, w1)\n"
+                           "a = Relu(h)\n"
+                           "y = MatMul(a, w2)\n"
+                           "output y\n");
+    kf_plan *p = plan_on(m, "h200", false);
+    uint32_t g = group_of(m, p, "y");
+    cr_expect_eq(g, group_of(m, p, "a"));
+    cr_expect_neq(p->groups[g].anchor2, 0);
+    cr_expect_str_eq(p->groups[g].est_form, "gemm_b2b");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cost, a_bias_epilogue_joins_the_library_call) {
+    kf_model *m = gt_parse("input x float[128, 768]\n"
+                           "const w float[768, 768] = random\n"
+                           "const b float[768] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "z = Add(y, b)\n"
+                           "r = Relu(z)\n"
+                           "output r\n");
+    kf_plan *p = plan_on(m, "h200", false);
+    cr_assert_eq(p->ngroups, 1, "bias and ReLU ride in the library's epilogue");
+    cr_expect_str_eq(p->groups[0].est_form, "lib_gemm");
+    cr_expect_float_eq(p->groups[0].est_epilogue_us, 0, 1e-12, "no generated epilogue kernel");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cost, a_bad_target_is_an_error_of_the_planner) {
+    kf_model *m = gt_parse("input x float[4]\n"
+                           "y = Relu(x)\n"
+                           "output y\n");
+    kf_plan_options o = {.fuel = -1, .target = "no-such-gpu"};
+    kf_plan *p = (kf_plan *)1;
+    cr_expect_eq(kf_plan_build(m, &o, &p), KF_ERR_INVALID_ARG);
+    cr_expect_null(p);
+    cr_expect(strstr(kf_last_error(), "no-such-gpu"), "%s", kf_last_error());
+    kf_model_free(m);
+}
