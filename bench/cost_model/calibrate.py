@@ -202,12 +202,18 @@ def main():
                          gs[0]["est_us"] - launch_us, us, gs[0]["est_blocks"], "-"))
     os.unlink(nolib.name)
     classes = {}
-    lines = ["| model | group | ops | kernel | est blocks | grid | estimate µs | measured µs | est / measured |",
-             "|---|---:|---|---|---:|---:|---:|---:|---:|"]
+    lines = ["| model | ops | kernel | launches | est blocks | grid | estimate µs | measured µs | est / measured |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|"]
+    same = {}  # identical estimates of one kind of group: one row, measured min-max
     for model, gid, ops, cls, est, meas, eb, mb in rows:
         ratio = est / meas if meas > 0 else float("inf")
         classes.setdefault(cls, []).append(ratio)
-        lines.append(f"| {model} | {gid} | {ops[:48]} | {cls} | {eb} | {mb} | {est:.1f} | {meas:.1f} | {ratio:.2f} |")
+        same.setdefault((model, ops, cls, round(est, 1), eb, mb), []).append(meas)
+    for (model, ops, cls, est, eb, mb), ms in same.items():
+        lo, hi = min(ms), max(ms)
+        meas = f"{lo:.1f}" if hi - lo < 0.05 else f"{lo:.1f}–{hi:.1f}"
+        rat = f"{est / hi:.2f}" if hi - lo < 0.05 else f"{est / hi:.2f}–{est / lo:.2f}"
+        lines.append(f"| {model} | {ops[:48]} | {cls} | {len(ms)} | {eb} | {mb} | {est:.1f} | {meas} | {rat} |")
     summary = ["| kernel class | kernels | geo-mean est / measured | worst | within 2x |", "|---|---:|---:|---:|---:|"]
     allr = []
     for cls, rs in sorted(classes.items()):
