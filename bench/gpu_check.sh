@@ -3,19 +3,25 @@
 # the lent H200), in one call of at most 8 minutes: build kfuse there (or use
 # a prebuilt one carried in), check that nothing links libcuda, run the unit
 # tests that need a GPU, `kfuse run --backend cuda --check` on the bundled
-# models, the ONNX node tests on cuda, fused-kernel bandwidth against a
-# measured device-to-device copy, `kfuse compile` cold/warm and `kfuse
-# bench`. Every step has a time limit and its own log section; a failed step
+# models in each precision, the ONNX node tests on cuda, fused-kernel
+# bandwidth against a measured device-to-device copy, `kfuse compile`
+# cold/warm, `kfuse bench`, BERT-base and ResNet-50 against PyTorch eager,
+# torch.compile and torch.compile reduce-overhead in fp32 and fp16 (with
+# `kfuse run --check` of both in each precision), and Nsight Compute's
+# per-kernel times of both. GPU_CHECK_PARTS picks parts (see `want`).
+# Every step has a time limit and its own log section; a failed step
 # is reported and the next one runs. Results go under $OUT (default
 # ./gpu_check_out): summary.txt (one line per step, the figures) and
 # gpu_check.log (everything).
 #
 #   bench/gpu_check.sh                 on the GPU machine, from the repo root
 #   KFUSE_BIN=build/tools/kfuse bench/gpu_check.sh   a dry run without building
-#   bench/gpu_check.sh --pack DIR      here: copy build/tools/kfuse and the
-#                                      shared libraries it needs (not libc,
-#                                      not libcuda) into DIR, for a machine
-#                                      that cannot build (no protoc-c)
+#   bench/gpu_check.sh --pack DIR      here: copy build/tools/kfuse, the unit
+#                                      test binary, the shared libraries they
+#                                      need (not glibc's, not libcuda) and the
+#                                      ONNX node tests (node.tar.xz) into DIR,
+#                                      for a machine that cannot build (no
+#                                      protoc-c, protobuf-c or Criterion)
 # The GPU machine installs nothing: without cmake/protoc-c/libprotobuf-c it
 # uses $KFUSE_PREBUILT (default .gpucheck/, made by --pack); without
 # Criterion the unit tests are skipped and the summary says so.
@@ -25,15 +31,34 @@ root=$(cd "$(dirname "$0")/.." && pwd)
 if [ "${1:-}" = "--pack" ]; then
   dir=${2:?usage: gpu_check.sh --pack DIR}
   bin=${3:-$root/build/tools/kfuse}
+  tbin=${4:-$(dirname "$(dirname "$bin")")/tests/kfuse_tests}
   mkdir -p "$dir" || exit 1
   cp "$bin" "$dir/kfuse" || exit 1
-  # the libraries a bare machine may lack; libc and friends come from there
-  ldd "$bin" | awk '/=>/ {print $3}' | grep -E 'protobuf-c|nvrtc|OpenCL' | while read -r lib; do
+  # the libraries a bare machine may lack; libc and friends come from there, and so
+  # does NVRTC (the CUDA image has it; at 100+ MB it would not fit the 64 MiB that
+  # travels to the GPU machine): KFUSE_PACK_NVRTC=1 carries it anyway
+  ldd "$bin" | awk '/=>/ {print $3}' | grep -E 'protobuf-c|OpenCL' | while read -r lib; do
     cp -L "$lib" "$dir/"
   done
-  for b in "$(dirname "$(ldd "$bin" | awk '/nvrtc/ {print $3}')")"/libnvrtc-builtins.so*; do
-    [ -e "$b" ] && cp -L "$b" "$dir/"
-  done
+  if [ "${KFUSE_PACK_NVRTC:-0}" = 1 ]; then
+    cp -L "$(ldd "$bin" | awk '/nvrtc/ {print $3}')" "$dir/"
+    for b in "$(dirname "$(ldd "$bin" | awk '/nvrtc/ {print $3}')")"/libnvrtc-builtins.so*; do
+      [ -e "$b" ] && cp -L "$b" "$dir/"
+    done
+  fi
+  # the unit tests and what they link (Criterion and its own dependencies), never
+  # glibc's libraries or the driver: the GPU machine has its own
+  if [ -x "$tbin" ]; then
+    cp "$tbin" "$dir/kfuse_tests"
+    ldd "$tbin" | awk '/=>/ {print $3}' |
+      grep -vE '/(libc|libm|libdl|librt|libpthread|libresolv|libgcc_s|libstdc\+\+|ld-linux[^/]*|libcuda|libnvidia[^/]*|libnvrtc[^/]*)\.so' |
+      while read -r lib; do cp -nL "$lib" "$dir/"; done
+  else
+    echo "no unit-test binary at $tbin: the pack runs without unit tests"
+  fi
+  # the ONNX node tests (the GPU image's onnx package carries no test data)
+  data=/usr/share/libonnx-testdata/data
+  [ -d "$data/node" ] && tar cJf "$dir/node.tar.xz" -C "$data" node
   ls -la "$dir"
   exit 0
 fi
@@ -51,6 +76,12 @@ export KFUSE_CACHE_DIR=$work/cache
 jobs=$(nproc 2>/dev/null || echo 4)
 
 note() { echo "$*" | tee -a "$summary" >>"$log"; }
+# GPU_CHECK_PARTS: the parts to run, comma-separated (default all): tests (unit tests), models
+# (bundled models --check in each precision), node (ONNX node tests), kernels (bandwidth,
+# compile, bench of the small models), peers (BERT-base/ResNet-50 against PyTorch, full-size
+# --check, Nsight Compute); a part left out is noted as skipped
+parts=${GPU_CHECK_PARTS:-tests,models,node,kernels,peers}
+want() { case ",$parts," in *",$1,"*) return 0 ;; *) note "SKIP  $2 (not in GPU_CHECK_PARTS)"; return 1 ;; esac; }
 left() { echo $((budget - ($(date +%s) - start))); }
 
 # step NAME LIMIT COMMAND...: runs COMMAND under `timeout`, at most LIMIT
@@ -102,9 +133,21 @@ else
   note "note  cannot build here (needs cmake, protoc-c, libprotobuf-c, /usr/include/onnx/onnx.proto)"
   pre=${KFUSE_PREBUILT:-$root/.gpucheck}
   if [ -x "$pre/kfuse" ]; then
-    export LD_LIBRARY_PATH="$pre${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # NVRTC and cuBLASLt where the CUDA image keeps them, cuDNN inside PyTorch's wheels
+    libdirs=$pre
+    for d in /usr/local/cuda/targets/x86_64-linux/lib /usr/local/cuda-*/targets/x86_64-linux/lib /usr/local/cuda/lib64 \
+             $(python3 -c 'import site; print(" ".join(site.getsitepackages()))' 2>/dev/null | xargs -n1 -I{} sh -c 'ls -d {}/nvidia/*/lib 2>/dev/null'); do
+      [ -d "$d" ] && libdirs=$libdirs:$d
+    done
+    export LD_LIBRARY_PATH="$libdirs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     kfuse=$pre/kfuse
     note "note  using the prebuilt $pre/kfuse"
+    if [ -x "$pre/kfuse_tests" ]; then
+      tests=$pre/kfuse_tests
+      export KF_SOURCE_DIR=$root # the models the tests read, in this copy of the tree
+    else
+      note "note  no unit-test binary in $pre: unit tests skipped"
+    fi
   else
     note "FAIL  no kfuse: nothing prebuilt at $pre (make one with bench/gpu_check.sh --pack .gpucheck)"
   fi
@@ -127,26 +170,34 @@ export -f nolibcuda
 step "ldd: kfuse and libkfuse.so do not link libcuda" 10 nolibcuda "$kfuse" "$(dirname "$(dirname "$kfuse")")/libkfuse.so"
 
 # ---- unit tests that use the GPU ---------------------------------------------
-if [ -n "$tests" ]; then
-  step "unit tests exec/* (cuda ones run here)" 60 "$tests" --jobs 4 --filter 'exec/*'
-  step "unit tests api/*" 45 "$tests" --jobs 4 --filter 'api/*'
-  step "unit tests libanchor/* (cuBLASLt and cuDNN calls run here)" 60 "$tests" --jobs 4 --filter 'libanchor/*'
+if [ -n "$tests" ] && want tests "unit tests"; then
+  step "unit tests exec/*, api/*, libanchor/* (the CUDA ones, cuBLASLt and cuDNN calls run here)" 100 \
+    "$tests" --jobs 4 --filter '@(exec|api|libanchor)/*'
+  grep -E "Synthesis" "$log" | tail -n 1 | sed 's/^/      /' >>"$summary"
 fi
 
+# the precisions `kfuse run` takes (all four once the option exists)
+precisions="fp32"
+"$kfuse" run --help 2>&1 | grep -q -- "--precision" && precisions="fp32 tf32 fp16 bf16"
+export precisions
+
 # ---- run --check on the bundled models -------------------------------------------
-runcheck() { # every bundled model, fused and (more elementwise kernels) one group per node
-  local m bad=0
+runcheck() { # every bundled model fused in each precision, and (more elementwise kernels) one group per node
+  local m p bad=0
   for m in "$root"/bench/models/tiny_cnn.onnx "$root"/bench/models/small/*/model.onnx; do
     [ -f "$m" ] || continue
-    for fusion in 0 1; do
-      echo "--- $m (KFUSE_DISABLE_FUSION=$fusion)"
-      if ! KFUSE_DISABLE_FUSION=$fusion timeout 40 "$kfuse" run "$m" --backend cuda --check; then bad=1; fi
+    echo "--- $m (KFUSE_DISABLE_FUSION=1)"
+    KFUSE_DISABLE_FUSION=1 timeout 40 "$kfuse" run "$m" --backend cuda --check || bad=1
+    for p in $precisions; do
+      echo "--- $m ($p)"
+      if [ "$p" = fp32 ]; then timeout 40 "$kfuse" run "$m" --backend cuda --check || bad=1
+      else timeout 40 "$kfuse" run "$m" --backend cuda --check --precision "$p" || bad=1; fi
     done
   done
   return $bad
 }
 export -f runcheck
-step "kfuse run --backend cuda --check (bundled models)" 150 runcheck
+want models "bundled models" && step "kfuse run --backend cuda --check (bundled models, each precision)" 150 runcheck
 grep -E "groups on CUDA|check:" "$log" | sort | uniq -c | sed 's/^/      /' >>"$summary"
 
 # ---- ONNX node tests on cuda ---------------------------------------------------------
@@ -155,6 +206,10 @@ for d in /usr/share/libonnx-testdata/data/node \
          "$(python3 -c 'import onnx, os; print(os.path.dirname(onnx.__file__))' 2>/dev/null)/backend/test/data/node"; do
   [ -d "$d" ] && { nodedir=$d; break; }
 done
+# the copy the pack carries (Debian's libonnx-testdata node tests)
+if [ -z "$nodedir" ] && [ -f "${pre:-$root/.gpucheck}/node.tar.xz" ]; then
+  tar xJf "${pre:-$root/.gpucheck}/node.tar.xz" -C "$work" && nodedir=$work/node
+fi
 conform_cuda() {
   if "$kfuse" --help 2>&1 | grep -E "conform.*cuda" >/dev/null; then
     "$kfuse" conform "$nodedir" --backend cuda
@@ -183,7 +238,8 @@ conform_one() { # one node test folder: PASS, FAIL with the reason, or SKIP
 }
 export nodedir
 export -f conform_cuda conform_one
-if [ -n "$nodedir" ]; then
+if ! want node "ONNX node tests"; then :
+elif [ -n "$nodedir" ]; then
   step "ONNX node tests on cuda ($nodedir)" 100 conform_cuda
   grep -E "^[0-9]+ passed" "$log" | tail -n 1 | sed 's/^/      /' >>"$summary"
 else
@@ -222,7 +278,7 @@ EOF
   return 0
 }
 export -f bandwidth
-step "fused kernel bandwidth vs device copy" 60 bandwidth
+want kernels "kernel bandwidth" && step "fused kernel bandwidth vs device copy" 60 bandwidth
 grep -E "^(copy|fused):" "$log" | sed 's/^/      /' >>"$summary"
 
 # ---- compile cold/warm and bench -----------------------------------------------------
@@ -237,7 +293,7 @@ compile_cw() {
 }
 export bert resnet
 export -f compile_cw
-step "kfuse compile --backend cuda, cold then warm" 60 compile_cw
+want kernels "compile cold/warm" && step "kfuse compile --backend cuda, cold then warm" 60 compile_cw
 grep -E "^(cold|warm) " "$log" | sed 's/^/      /' >>"$summary"
 benches() {
   local m
@@ -251,7 +307,8 @@ benches() {
   done
 }
 export -f benches
-step "kfuse bench --backend cuda (BERT, ResNet small; fused, unfused, no vendor lib, no batching)" 120 benches
+want kernels "bench of the small models" &&
+  step "kfuse bench --backend cuda (BERT, ResNet small; fused, unfused, no vendor lib, no batching)" 120 benches
 grep -E "bench: .*(p50|launches|arena)" "$log" | sed 's/^/      /' >>"$summary"
 
 # ---- BERT-base and ResNet-50 against PyTorch eager and torch.compile ----------------------
@@ -259,12 +316,32 @@ grep -E "bench: .*(p50|launches|arena)" "$log" | sed 's/^/      /' >>"$summary"
 # weights, batch 1, BERT at sequence 128: bench/gpu_torch_latency.py times eager and
 # torch.compile with CUDA events and `kfuse bench --backend cuda` on the same module exported
 # to ONNX. Last, as the longest step: what is left of the budget.
-torch_latency() { OUT="$OUT" python3 "$root/bench/gpu_torch_latency.py" --kfuse "$kfuse" --out "$OUT"; }
+torch_latency() {
+  local extra=()
+  [ "$precisions" != fp32 ] && extra=(--fp16 --check)
+  OUT="$OUT" python3 "$root/bench/gpu_torch_latency.py" --kfuse "$kfuse" --out "$OUT" --iters 30 "${extra[@]}"
+}
+# Nsight Compute per-kernel times of one run of each static export (the calibration input of
+# bench/cost_model/calibrate.py): OUT/ncu_<model>_fp32.csv
+ncu_kernels() {
+  command -v ncu >/dev/null || { echo "no ncu"; return 1; }
+  local m
+  for m in bert resnet50; do
+    [ -f "$OUT/${m}_static.onnx" ] || continue
+    ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+      "$kfuse" bench "$OUT/${m}_static.onnx" --backend cuda --warmup 0 --iters 1 >"$OUT/ncu_${m}_fp32.csv" 2>&1
+    echo "$m: $(grep -c gpu__time_duration "$OUT/ncu_${m}_fp32.csv") kernels profiled"
+  done
+}
 export root OUT
-export -f torch_latency
-if python3 -c "import torch, torchvision, transformers; assert torch.cuda.is_available()" >>"$log" 2>&1; then
-  step "BERT-base and ResNet-50: PyTorch eager, torch.compile, kfuse" 200 torch_latency
+export -f torch_latency ncu_kernels
+if ! want peers "PyTorch comparison"; then :
+elif python3 -c "import torch, torchvision, transformers; assert torch.cuda.is_available()" >>"$log" 2>&1; then
+  step "BERT-base and ResNet-50: PyTorch eager, torch.compile (fp32, fp16, reduce-overhead), kfuse" 300 torch_latency
   grep -E "^\| (bert|resnet50) " "$OUT/torch_latency.md" 2>/dev/null | sed 's/^/      /' >>"$summary"
+  grep -E "^check " "$log" | sed 's/^/      /' >>"$summary"
+  step "Nsight Compute: kernels of BERT-base and ResNet-50" 80 ncu_kernels
+  grep -E "kernels profiled" "$log" | sed 's/^/      /' >>"$summary"
 else
   note "SKIP  PyTorch comparison: python3 lacks torch/torchvision/transformers or a CUDA device"
 fi

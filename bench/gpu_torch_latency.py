@@ -2,10 +2,13 @@
 """BERT-base and ResNet-50 latency: PyTorch eager, torch.compile and kfuse on one GPU, side by side.
 
 For each model (random weights, bench/models/export.py's builders): batch 1, BERT at sequence
-128, ResNet-50 at 3x224x224, fp32. PyTorch eager and torch.compile (default mode) are timed
-with CUDA events, median (p50) and p99 of --iters runs after --warmup runs; the same module is
-exported to ONNX with static shapes and `kfuse bench --backend cuda` times it the same way
-(its own p50/p99 line). One table on stdout (and --out DIR/torch_latency.md). Used by
+128, ResNet-50 at 3x224x224. PyTorch eager and torch.compile (default mode) in fp32, and with
+--fp16 also eager, torch.compile and torch.compile(mode="reduce-overhead") (CUDA graphs) on
+the module in float16, are timed with CUDA events, median (p50) and p99 of --iters runs after
+--warmup runs; the fp32 module is exported to ONNX with static shapes and `kfuse bench
+--backend cuda` times it the same way (its own p50/p99 line), in fp32 and, with --fp16, with
+`--precision fp16`. With --check each export also runs `kfuse run --check` on CUDA in every
+precision kfuse takes. One table on stdout (and --out DIR/torch_latency.md). Used by
 bench/gpu_check.sh; a CPU dry run (no GPU) is `--device cpu --no-compile --backend ref`.
 
     python3 bench/gpu_torch_latency.py --kfuse build/tools/kfuse [--models bert,resnet50] [--out DIR]
@@ -55,9 +58,11 @@ def time_fn(fn, args, device, warmup, iters):
     return statistics.median(ts), ts[min(len(ts) - 1, int(0.99 * len(ts)))]
 
 
-def kfuse_bench(kfuse, path, backend, warmup, iters):
-    r = subprocess.run([kfuse, "bench", path, "--backend", backend, "--warmup", str(warmup), "--iters", str(iters)],
-                       capture_output=True, text=True, timeout=600)
+def kfuse_bench(kfuse, path, backend, warmup, iters, precision=None):
+    cmd = [kfuse, "bench", path, "--backend", backend, "--warmup", str(warmup), "--iters", str(iters)]
+    if precision:
+        cmd += ["--precision", precision]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     text = r.stdout + r.stderr
     m50 = re.search(r"p50[ =:]+([0-9.]+) ?ms", text)
     m99 = re.search(r"p99[ =:]+([0-9.]+) ?ms", text)
@@ -76,22 +81,27 @@ def main():
     ap.add_argument("--warmup", type=int, default=10)
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
+    ap.add_argument("--fp16", action="store_true", help="also the float16 peers and kfuse --precision fp16")
+    ap.add_argument("--check", action="store_true", help="kfuse run --check on each export, every precision")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
-    rows = ["| model | PyTorch eager p50 / p99 | torch.compile p50 / p99 | kfuse (%s) p50 / p99 | kfuse time ÷ eager | kfuse time ÷ compile |" % a.backend,
-            "|---|---:|---:|---:|---:|---:|"]
+    cols = ["PyTorch eager", "torch.compile", "kfuse"]
+    if a.fp16:
+        cols += ["eager fp16", "torch.compile fp16", "compile fp16 reduce-overhead", "kfuse fp16"]
+    rows = ["| model | " + " | ".join(c + " p50 / p99" for c in cols) + " | kfuse ÷ compile | kfuse fp16 ÷ reduce-overhead |",
+            "|---|" + "---:|" * (len(cols) + 2)]
+    fmt = lambda p: "—" if p is None or p[0] is None else f"{p[0]:.3f} / {p[1]:.3f} ms"
+    ratio = lambda x, y: "—" if x is None or y is None or x[0] is None or y[0] is None else f"{x[0] / y[0]:.2f}x"
     for name in a.models.split(","):
         torch.manual_seed(0)
         model, _, _, outs = ex.build(name, False)
         model.eval().to(a.device)
         inp = inputs_for(name, a.device)
         args = tuple(inp.values())
-        eager = time_fn(model, args, a.device, a.warmup, a.iters)
-        comp = (None, None)
+        res = {"PyTorch eager": time_fn(model, args, a.device, a.warmup, a.iters)}
         if not a.no_compile:
             try:
-                cm = torch.compile(model)
-                comp = time_fn(cm, args, a.device, a.warmup, a.iters)
+                res["torch.compile"] = time_fn(torch.compile(model), args, a.device, a.warmup, a.iters)
             except Exception as e:  # torch.compile needs a working Triton/inductor setup
                 print(f"{name}: torch.compile failed: {e}", file=sys.stderr)
         path = os.path.join(a.out, f"{name}_static.onnx")
@@ -102,15 +112,38 @@ def main():
                               input_names=list(inp), output_names=outs, do_constant_folding=True)
             model.to(a.device)
         k50, k99, last = kfuse_bench(a.kfuse, path, a.backend, a.warmup, a.iters)
-        fmt = lambda p: "—" if p[0] is None else f"{p[0]:.3f} / {p[1]:.3f} ms"
-        ratio = lambda x, y: "—" if x is None or y is None else f"{x / y:.2f}x"
-        rows.append(f"| {name} | {fmt(eager)} | {fmt(comp)} | {fmt((k50, k99)) if k50 is not None else 'failed: ' + last} | "
-                    f"{ratio(k50, eager[0])} | {ratio(k50, comp[0])} |")
+        res["kfuse"] = (k50, k99)
+        if a.fp16:
+            half = model.half()
+            hargs = tuple(t.half() if t.is_floating_point() else t for t in args)
+            res["eager fp16"] = time_fn(half, hargs, a.device, a.warmup, a.iters)
+            if not a.no_compile:
+                for col, mode in (("torch.compile fp16", None), ("compile fp16 reduce-overhead", "reduce-overhead")):
+                    try:
+                        cm = torch.compile(half, mode=mode) if mode else torch.compile(half)
+                        res[col] = time_fn(cm, hargs, a.device, a.warmup, a.iters)
+                    except Exception as e:
+                        print(f"{name}: {col} failed: {e}", file=sys.stderr)
+            h50, h99, hlast = kfuse_bench(a.kfuse, path, a.backend, a.warmup, a.iters, "fp16")
+            res["kfuse fp16"] = (h50, h99)
+            if h50 is None:
+                print(f"{name}: kfuse fp16: {hlast}", file=sys.stderr)
+            model.float()
+        if k50 is None:
+            print(f"{name}: kfuse: {last}", file=sys.stderr)
+        if a.check:
+            for prec in ("fp32", "tf32", "fp16", "bf16"):
+                cmd = [a.kfuse, "run", path, "--backend", a.backend, "--check"] + ([] if prec == "fp32" else ["--precision", prec])
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+                tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
+                print(f"check {name} {prec}: exit {r.returncode}: {tail[0]}", flush=True)
+        rows.append(f"| {name} | " + " | ".join(fmt(res.get(c)) for c in cols) + f" | {ratio(res.get('kfuse'), res.get('torch.compile'))} | "
+                    f"{ratio(res.get('kfuse fp16'), res.get('compile fp16 reduce-overhead'))} |")
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(table)
     with open(os.path.join(a.out, "torch_latency.md"), "w") as f:
-        f.write(f"device {a.device}, batch 1, BERT seq 128, ResNet-50 224x224, fp32, {a.iters} iters after {a.warmup}\n\n{table}\n")
+        f.write(f"device {a.device}, batch 1, BERT seq 128, ResNet-50 224x224, {a.iters} iters after {a.warmup}\n\n{table}\n")
     return 0
 
 

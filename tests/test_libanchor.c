@@ -237,7 +237,7 @@ Test(libanchor, declines_with_reasons) {
  * every one that maps is checked; BERT, GPT-2 and ViT each map some. */
 static void check_model(const char *rel, bool expect_mapped) {
     char path[1024];
-    snprintf(path, sizeof path, "%s/bench/models/small/%s/model.onnx", KF_SOURCE_DIR, rel);
+    snprintf(path, sizeof path, "%s/bench/models/small/%s/model.onnx", tu_source_dir(), rel);
     kf_model *m = NULL;
     cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
     /* kf_exec specialises symbolic dims before planning; so does this:
@@ -325,7 +325,7 @@ Test(libanchor, conv_1d_3d_and_float16) {
 Test(libanchor, exec_conv_model_on_opencl, .timeout = 300) {
     cgu_need_opencl();
     char path[1024];
-    snprintf(path, sizeof path, "%s/bench/models/small/resnet50/model.onnx", KF_SOURCE_DIR);
+    snprintf(path, sizeof path, "%s/bench/models/small/resnet50/model.onnx", tu_source_dir());
     kf_model *m = NULL;
     cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
     for (uint32_t s = 1; s < m->graph->nsyms; s++)
@@ -451,7 +451,7 @@ Test(libanchor, exec_runs_library_steps_and_epilogues_on_opencl) {
 Test(libanchor, exec_bundled_bert_with_library_steps, .timeout = 300) {
     cgu_need_opencl();
     char path[1024];
-    snprintf(path, sizeof path, "%s/bench/models/small/bert/model.onnx", KF_SOURCE_DIR);
+    snprintf(path, sizeof path, "%s/bench/models/small/bert/model.onnx", tu_source_dir());
     kf_model *m = NULL;
     cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
     for (uint32_t s = 1; s < m->graph->nsyms; s++)

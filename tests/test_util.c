@@ -183,3 +183,8 @@ void tu_eval(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *o
     kf_status st = kf_eval_node(n, nin, in, out);
     cr_assert_eq(st, KF_OK, "eval %s failed: %s", n->op_type, kf_last_error());
 }
+
+const char *tu_source_dir(void) {
+    const char *d = getenv("KF_SOURCE_DIR");
+    return d && *d ? d : KF_SOURCE_DIR;
+}

@@ -26,6 +26,11 @@ kf_tensor tu_i64(int rank, const int64_t *dims, const int64_t *vals);
 /* Random values uniform in [lo, hi) from the test seed. */
 kf_tensor tu_rand(kf_dtype dt, int rank, const int64_t *dims, double lo, double hi);
 
+/* The source tree the tests read models from: $KF_SOURCE_DIR when set (a
+ * test binary carried to another machine, bench/gpu_check.sh), else the
+ * tree it was built from. */
+const char *tu_source_dir(void);
+
 /* The run's seed: $KF_SEED or the clock, printed once. */
 uint64_t tu_seed(void);
 double tu_uniform(double lo, double hi);
