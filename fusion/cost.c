@@ -59,16 +59,17 @@ static double finish(const kf_target *t, kf_cost *c, double body_us, double floo
     return c->us;
 }
 
-static double mem_us(const kf_target *t, int64_t bytes, double fill) {
+static double mem_us(const kf_target *t, double bytes, double fill) {
     if (bytes <= 0) return 0;
     if (fill > 1) fill = 1;
     if (fill <= 0) fill = 1e-3;
-    return (double)bytes / (t->dram_gbs * 1e9 * t->ew_frac * fill) * 1e6;
+    return bytes / (t->dram_gbs * 1e9 * t->ew_frac * fill) * 1e6;
 }
 
 static int64_t bytes_of(const kf_cost_group *cg) {
-    if (cg->bytes_read < 0 || cg->bytes_written < 0) return -1;
-    return cg->bytes_read + cg->bytes_written;
+    int64_t b;
+    if (cg->bytes_read < 0 || cg->bytes_written < 0 || !kf_add_ok(cg->bytes_read, cg->bytes_written, &b)) return -1;
+    return b;
 }
 
 static void elementwise(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
@@ -124,7 +125,7 @@ static void red_rows(const kf_graph *g, const kf_node *r, int64_t *rows, int64_t
 }
 
 /* A reduction kernel: `e` row elements, `rows` rows, `passes` passes. */
-static void reduce_rows(const kf_target *t, int64_t e, int64_t rows, int64_t row, int passes, int64_t bytes, kf_cost *c) {
+static void reduce_rows(const kf_target *t, int64_t e, int64_t rows, int64_t row, int passes, double bytes, kf_cost *c) {
     int64_t seg = 32;
     while (seg < row / 4 && seg < KF_COST_BLOCK) seg *= 2;
     int64_t per = KF_COST_BLOCK / seg;
@@ -211,7 +212,7 @@ static int64_t anchor_resident(const kf_target *t, int64_t smem) {
  * at `frac` of one SM's FMA peak, reading `l2_bytes` through L2 (operand
  * tiles re-read per block) and `bytes` from DRAM. */
 static void generated(const kf_target *t, int64_t flops, int64_t blocks, double frac, int64_t smem, int64_t bytes,
-                      int64_t l2_bytes, kf_cost *c) {
+                      double l2_bytes, kf_cost *c) {
     if (blocks < 1) blocks = 1;
     c->blocks = blocks;
     c->resident = anchor_resident(t, smem);
@@ -223,7 +224,7 @@ static void generated(const kf_target *t, int64_t flops, int64_t blocks, double 
     int64_t waves = ceil_div(blocks, t->sms * conc);
     double comp = (double)waves * ((double)flops / (double)blocks) / rate * 1e6;
     double m = mem_us(t, bytes, (double)blocks / t->sms);
-    double l2 = (double)l2_bytes / (t->l2_gbs * 1e9) * 1e6;
+    double l2 = l2_bytes / (t->l2_gbs * 1e9) * 1e6;
     double body = comp;
     c->bound = "compute";
     if (m > body) body = m, c->bound = "memory";
@@ -284,7 +285,7 @@ static int64_t lib_tiles(const kf_target *t, int64_t m, int64_t n, int64_t batch
 }
 
 static void library(const kf_target *t, kf_cost_math math, double flops, kf_dtype dt, bool tc_ok, double frac,
-                    double fixed_us, int64_t tiles, int64_t k, int64_t bytes, kf_cost *c) {
+                    double fixed_us, int64_t tiles, int64_t k, double bytes, kf_cost *c) {
     int64_t units;
     double fill = lib_fill(t, tiles, k, &units);
     c->blocks = units;
@@ -301,7 +302,7 @@ static void library(const kf_target *t, kf_cost_math math, double flops, kf_dtyp
 static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, const kf_node *a) {
     int64_t out = value_bytes(g, a->out[0]);
     int64_t other = cg->bytes_read >= 0 && cg->operand_bytes >= 0 ? cg->bytes_read - cg->operand_bytes : 0;
-    int64_t bytes = out + (other > 0 ? other : 0) + (cg->bytes_written > 0 ? cg->bytes_written : 0);
+    double bytes = (double)out + (double)(other > 0 ? other : 0) + (double)(cg->bytes_written > 0 ? cg->bytes_written : 0);
     kf_cost e = {0};
     if (cg->reduction) {
         int64_t rows, row;
@@ -349,7 +350,8 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
     bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE;
     kf_dtype dt = a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
     if (kf_cost_library(t, g, cg)) {
-        int64_t flops = 0, tiles = 1, k = 1;
+        double flops = 0; /* doubles: products of dims may pass 64 bits on hostile shapes */
+        int64_t tiles = 1, k = 1;
         bool tc_ok = true;
         if (conv) {
             int64_t cout, pix, batch;
@@ -358,21 +360,21 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             int64_t wn = numel_of(g, a->in[1]);
             k = w->dims[0] > 0 ? wn / w->dims[0] : 1;
             tc_ok = w->rank > 1 && w->dims[1] >= 8;
-            flops = 2 * batch * pix * cout * k;
+            flops = 2.0 * (double)batch * (double)pix * (double)cout * (double)k;
             tiles = ceil_div(batch * pix, 128) * ceil_div(cout, 64);
         } else {
             gemm_dims d;
             if (!gemm_shape(g, a, &d)) return;
             k = d.k;
-            flops = 2 * d.m * d.n * d.k * d.batch;
+            flops = 2.0 * (double)d.m * (double)d.n * (double)d.k * (double)d.batch;
             tiles = lib_tiles(t, d.m, d.n, d.batch, d.k);
         }
         c->known = true;
         c->form = conv ? "lib_conv" : "lib_gemm";
         /* the call reads its operands and writes its output; the rest is
          * the epilogue kernel's */
-        int64_t call_bytes = (cg->operand_bytes > 0 ? cg->operand_bytes : 0) + value_bytes(g, a->out[0]);
-        library(t, math, (double)flops, dt, tc_ok, conv ? t->lib_conv_frac : t->lib_gemm_frac,
+        double call_bytes = (double)(cg->operand_bytes > 0 ? cg->operand_bytes : 0) + (double)value_bytes(g, a->out[0]);
+        library(t, math, flops, dt, tc_ok, conv ? t->lib_conv_frac : t->lib_gemm_frac,
                 conv ? t->lib_conv_fixed_us : t->lib_fixed_us, tiles, k, call_bytes, c);
         if (cg->epilogue || cg->reduction) {
             c->epilogue_us = epilogue_us(t, g, cg, a);
@@ -389,16 +391,16 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             return;
         }
         int64_t esz = (int64_t)kf_dtype_size(dt);
-        int64_t wbytes = d.k * d.n * esz, xbytes = d.m * d.k * esz;
+        double wbytes = (double)d.k * (double)d.n * (double)esz, xbytes = (double)d.m * (double)d.k * (double)esz;
         if (cg->anchor2 || cg->reduction) {
             /* row tiles: every block reads all of the right operand(s) */
             int64_t row = d.n;
-            int64_t w2 = 0;
+            double w2 = 0;
             if (cg->anchor2) {
                 gemm_dims d2;
                 const kf_node *b = &g->nodes[cg->anchor2];
                 if (gemm_shape(g, b, &d2)) {
-                    w2 = d2.k * d2.n * esz;
+                    w2 = (double)d2.k * (double)d2.n * (double)esz;
                     /* a row reduction after the second GEMM keeps its rows too */
                     if (cg->reduction && g->nodes[cg->reduction].nin &&
                         numel_of(g, g->nodes[cg->reduction].in[0]) == numel_of(g, b->out[0]))
@@ -409,13 +411,13 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             int64_t blocks = ceil_div(d.m, rm) * d.batch;
             c->form = cg->anchor2 ? "gemm_b2b" : "gemm_rows";
             generated(t, cg->flops, blocks, gemm_rate(t, (double)rm / 4), KF_COST_ROW_BYTES + 8704, bytes,
-                      blocks * (wbytes + w2), c);
+                      (double)blocks * (wbytes + w2), c);
             return;
         }
         int64_t tm = ceil_div(d.m, 64), tn = ceil_div(d.n, 64);
         c->form = "gemm";
-        generated(t, cg->flops, tm * tn * d.batch, gemm_rate(t, 16), 8704, bytes, d.batch * (tm * wbytes + tn * xbytes),
-                  c);
+        generated(t, cg->flops, tm * tn * d.batch, gemm_rate(t, 16), 8704, bytes,
+                  (double)d.batch * ((double)tm * wbytes + (double)tn * xbytes), c);
         return;
     }
     int64_t cout, pix, batch;
@@ -431,7 +433,8 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
         c->form = "conv_b2b";
         int64_t w2 = a->nin > 1 ? value_bytes(g, g->nodes[cg->anchor2].in[1]) : 0;
         int64_t blocks = ceil_div(pix, p) * batch;
-        generated(t, cg->flops, blocks, t->conv_blk_frac, KF_COST_ROW_BYTES, bytes, blocks * (w2 > 0 ? w2 : 0), c);
+        generated(t, cg->flops, blocks, t->conv_blk_frac, KF_COST_ROW_BYTES, bytes, (double)blocks * (double)(w2 > 0 ? w2 : 0),
+                  c);
         return;
     }
     /* direct convolution: a work-item per pixel and 4 output channels */
@@ -505,8 +508,8 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
             continue;
         }
         int64_t b = value_bytes(g, v);
-        if (b < 0 || cg->operand_bytes < 0) cg->operand_bytes = -1;
-        else cg->operand_bytes += b;
+        if (b < 0 || cg->operand_bytes < 0 || !kf_add_ok(cg->operand_bytes, b, &cg->operand_bytes))
+            cg->operand_bytes = -1;
     }
     for (uint32_t i = 0; i < n; i++) {
         kf_id x = nodes[i];

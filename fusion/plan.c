@@ -654,7 +654,7 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
     m.maxpos = A->maxpos > B->maxpos ? A->maxpos : B->maxpos;
     m.nnodes = A->nnodes + B->nnodes;
     m.cost = A->cost + B->cost;
-    m.flops = A->flops < 0 || B->flops < 0 ? -1 : A->flops + B->flops;
+    if (A->flops < 0 || B->flops < 0 || !kf_add_ok(A->flops, B->flops, &m.flops)) m.flops = -1;
     kf_free(A->in);
     kf_free(A->out);
     kf_free(B->in);

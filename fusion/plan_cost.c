@@ -46,7 +46,8 @@ static void describe(pl_state *s, uint32_t ra, uint32_t rb, kf_cost_group *cg) {
     cg->anchor = an[0];
     cg->anchor2 = na > 1 ? an[1] : 0;
     cg->reduction = A->red ? A->red : two ? B->red : 0;
-    cg->flops = A->flops < 0 || (two && B->flops < 0) ? -1 : A->flops + (two ? B->flops : 0);
+    cg->flops = A->flops;
+    if (two && (A->flops < 0 || B->flops < 0 || !kf_add_ok(A->flops, B->flops, &cg->flops))) cg->flops = -1;
     cg->space = A->space;
     if (two && B->space && (!cg->space || pl_value_bytes(g, B->space) > pl_value_bytes(g, cg->space)))
         cg->space = B->space;
@@ -61,12 +62,12 @@ static void describe(pl_state *s, uint32_t ra, uint32_t rb, kf_cost_group *cg) {
     uint32_t nin = pl_union_inputs(s, ra, rb, s->vbuf);
     for (uint32_t i = 0; i < nin && cg->bytes_read >= 0; i++) {
         int64_t b = pl_read_bytes(g, s->vbuf[i], in_union, &c);
-        cg->bytes_read = b < 0 ? -1 : cg->bytes_read + b;
+        if (b < 0 || !kf_add_ok(cg->bytes_read, b, &cg->bytes_read)) cg->bytes_read = -1;
     }
     uint32_t nout = pl_union_outputs(s, ra, rb, s->vbuf);
     for (uint32_t i = 0; i < nout && cg->bytes_written >= 0; i++) {
         int64_t b = pl_value_bytes(g, s->vbuf[i]);
-        cg->bytes_written = b < 0 ? -1 : cg->bytes_written + b;
+        if (b < 0 || !kf_add_ok(cg->bytes_written, b, &cg->bytes_written)) cg->bytes_written = -1;
     }
     if (cg->anchor) kf_cost_describe_anchor(s->m, s->cbuf, n, cg, in_union, &c);
 }

@@ -1,7 +1,7 @@
 /*
  * fuzz_pipeline.c: libFuzzer target for everything after the loader: a
  * model that loads goes through load -> bind symbolic dims -> kf_optimize
- * -> kf_plan_build -> kernel text for every group codegen supports (both
+ * -> kf_plan_build (with the cost model on half the inputs) -> kernel text for every group codegen supports (both
  * targets) and the library-anchor mapping of every anchor group -> fuse export -> save -> load again. Every stage must succeed
  * or return a typed error with a message; the exported model must load.
  * Crashes, sanitizer reports, leaks and the aborts below are findings.
@@ -106,6 +106,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);
+        /* both planners: the cost model's (what users get) and every legal
+         * merge (the most groups of every shape for codegen), by the input's
+         * last byte */
+        po.target = data[size - 1] & 1 ? "h200" : "none";
         st = checked(kf_plan_build(m, &po, &built), "plan");
     }
     if (!st) st = checked(kernels(m, built, nvrtc == 1), "codegen");
