@@ -19,6 +19,16 @@ struct kf_la_anchor;
 
 typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA = 3 } kf_exec_backend;
 
+/* Arithmetic a compiled plan may use (DESIGN.md "Precision"). Numbers
+ * equal kfuse.h's kf_precision and never shift.
+ *   FP32  strict: float32 tensors, library calls without TF32 (cuBLASLt
+ *         compute 32F, cuDNN FMA math)
+ *   TF32  float32 tensors; cuBLASLt and cuDNN may round operands to TF32
+ *         on tensor cores; generated kernels as FP32
+ *   FP16, BF16  float32 weights and activations become float16/bfloat16
+ *         (fusion/pass_precision.c), accumulation stays float32 */
+typedef enum kf_precision { KF_PREC_FP32 = 0, KF_PREC_TF32 = 1, KF_PREC_FP16 = 2, KF_PREC_BF16 = 3 } kf_precision;
+
 /* Compile threads at most: kernels are independent and NVRTC/PoCL use one
  * core each, so more than a machine's cores only adds memory. */
 #define KF_EXEC_MAX_THREADS 16
