@@ -95,10 +95,34 @@ static const char *env_has(const char *var, const char *word) {
     return v && strstr(v, word) ? v : NULL;
 }
 
+static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16"};
+
+const char *kf_precision_name(kf_precision p) { return (unsigned)p < KF_PRECISION_COUNT ? prec_names[p] : "?"; }
+
+bool kf_precision_parse(const char *s, kf_precision *p) {
+    for (int i = 0; s && i < KF_PRECISION_COUNT; i++)
+        if (!strcmp(s, prec_names[i])) {
+            *p = (kf_precision)i;
+            return true;
+        }
+    return false;
+}
+
+kf_status kf_precision_from_env(kf_precision *p) {
+    const char *v = getenv("KFUSE_PRECISION");
+    *p = KF_PRECISION_FP32;
+    if (!v || !v[0] || kf_precision_parse(v, p)) return KF_OK;
+    return kf_fail(KF_ERR_INVALID_ARG, "KFUSE_PRECISION='%s': not a precision (fp32, tf32, fp16, bf16)", v);
+}
+
 void kf_exec_options_default(kf_exec_options *o) {
     memset(o, 0, sizeof *o);
     o->backend = KF_EXEC_OPENCL;
     o->optimize = true;
+    if (kf_precision_from_env(&o->precision)) {
+        kf_clear_error();
+        o->precision = (kf_precision)-1; /* kf_exec_create says why */
+    }
 }
 
 static int64_t value_bytes(const kf_graph *g, kf_id v) {
@@ -471,6 +495,7 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
         kf_la_anchor_release(&la);
         return KF_OK;
     }
+    la.gemm.precision = la.conv.precision = e->o.precision;
     if (!(st->lib = kf_malloc(sizeof *st->lib))) {
         kf_la_anchor_release(&la);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
@@ -754,6 +779,11 @@ static bool host_lib_has(kf_dev *d, bool conv) {
 
 static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e) {
     e->o = *o;
+    if ((unsigned)o->precision >= KF_PRECISION_COUNT) {
+        kf_precision p;
+        KF_TRY(kf_precision_from_env(&p)); /* the environment's bad value, named */
+        return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16)", (int)o->precision);
+    }
     if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(&e->dev));
     else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, &e->dev));
     else if (o->backend != KF_EXEC_REF) return kf_fail(KF_ERR_INVALID_ARG, "unknown backend %d", (int)o->backend);

@@ -19,15 +19,22 @@ struct kf_la_anchor;
 
 typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA = 3 } kf_exec_backend;
 
-/* Arithmetic a compiled plan may use (DESIGN.md "Precision"). Numbers
- * equal kfuse.h's kf_precision and never shift.
+/* Precisions (kfuse.h's kf_precision, DESIGN.md "Precision"):
  *   FP32  strict: float32 tensors, library calls without TF32 (cuBLASLt
  *         compute 32F, cuDNN FMA math)
  *   TF32  float32 tensors; cuBLASLt and cuDNN may round operands to TF32
  *         on tensor cores; generated kernels as FP32
  *   FP16, BF16  float32 weights and activations become float16/bfloat16
- *         (fusion/pass_precision.c), accumulation stays float32 */
-typedef enum kf_precision { KF_PREC_FP32 = 0, KF_PREC_TF32 = 1, KF_PREC_FP16 = 2, KF_PREC_BF16 = 3 } kf_precision;
+ *         (kf_fuse_precision) before planning; accumulation stays float32 */
+#define KF_PRECISION_COUNT 4
+
+/* Parses "fp32", "tf32", "fp16" or "bf16" into *p; false (and *p
+ * unchanged) otherwise. */
+bool kf_precision_parse(const char *s, kf_precision *p);
+
+/* The precision KFUSE_PRECISION names: FP32 when it is unset or empty,
+ * KF_ERR_INVALID_ARG naming the value when it is none of the names. */
+kf_status kf_precision_from_env(kf_precision *p);
 
 /* Compile threads at most: kernels are independent and NVRTC/PoCL use one
  * core each, so more than a machine's cores only adds memory. */
@@ -50,9 +57,13 @@ typedef struct kf_exec_options {
     FILE *trace;           /* one line per group when the plan is made (NULL: none) */
     bool no_vendor_lib;    /* cuda: anchors stay generated kernels instead of cuBLASLt/cuDNN
                             * calls (kf_libanchor.h); also KFUSE_NO_VENDOR_LIB=1 */
+    kf_precision precision;/* KF_PRECISION_*; fp16/bf16 convert the model's float32 values
+                            * (kf_fuse_precision) before planning */
 } kf_exec_options;
 
-/* backend opencl, optimize on, threads 0, everything else NULL/false. */
+/* backend opencl, optimize on, threads 0, precision from KFUSE_PRECISION
+ * (fp32 when unset; a value it does not name makes kf_exec_create fail
+ * with the reason), everything else NULL/false. */
 void kf_exec_options_default(kf_exec_options *o);
 
 /* What compiling one specialisation did, and run figures. */

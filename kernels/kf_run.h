@@ -34,11 +34,11 @@ typedef struct kf_run_summary {
  * planner, kernel compiles and reference nodes, naming the node. */
 kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
                         FILE *trace, kf_run_summary *sum);
-/* The same on backend b (KF_EXEC_CUDA: KF_ERR_NO_DEVICE "no CUDA device:
- * ..." without driver or device; KF_EXEC_REF: every group on ref);
- * groups_cl counts the groups run as generated kernels on b. */
-kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
-                         FILE *trace, kf_run_summary *sum);
+/* The same on backend b at precision prec (KF_EXEC_CUDA: KF_ERR_NO_DEVICE
+ * "no CUDA device: ..." without driver or device; KF_EXEC_REF: every
+ * group on ref); groups_cl counts the groups run as generated kernels on b. */
+kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
+                         kf_tensor *outputs, FILE *trace, kf_run_summary *sum);
 
 /* --check tolerance per dtype: float32/float64 atol 1e-5 rtol 1e-4,
  * float16 atol 2.5e-3 rtol 1e-3, bfloat16 atol 2e-2 rtol 1e-2, integers and
@@ -50,5 +50,12 @@ bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t
 /* The tolerance kf_run_close holds dtype dt to (0 and 0 for exact dtypes):
  * one statement of DESIGN.md's policy for the CLI and the tests. */
 void kf_run_tolerance(kf_dtype dt, double *atol, double *rtol);
+
+/* A plan compiled at precision p against the float32 reference: float
+ * outputs are held to the looser of their dtype's tolerance and p's
+ * (tf32 and fp16: float16's, bf16: bfloat16's); fp32 is kf_run_tolerance. */
+void kf_run_tolerance_prec(kf_dtype dt, kf_precision p, double *atol, double *rtol);
+/* kf_run_close at kf_run_tolerance_prec(., p). */
+bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision p, char *why, size_t whylen);
 
 #endif

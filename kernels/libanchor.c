@@ -470,12 +470,12 @@ kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt) {
     kf_la_math r;
     /* tensor cores round float32 operands to TF32; 16-bit operands lose
      * nothing there (their products are exact in the float32 accumulator) */
-    bool fast = p != KF_PREC_FP32 || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16;
+    bool fast = p != KF_PRECISION_FP32 || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16;
     r.cudnn_math = fast ? KF_CUDNN_TENSOR_OP_MATH : KF_CUDNN_FMA_MATH;
     r.cudnn_algo_math = 1u << KF_CUDNN_FMA_MATH;
     if (fast) r.cudnn_algo_math |= 1u << KF_CUDNN_DEFAULT_MATH | 1u << KF_CUDNN_TENSOR_OP_MATH;
     /* FAST_TF32 only on float32 data: a 16-bit GEMM computes in 32F */
-    r.cublas_compute = p == KF_PREC_TF32 && dt == KF_DT_FLOAT ? KF_CUBLAS_COMPUTE_32F_FAST_TF32 : KF_CUBLAS_COMPUTE_32F;
+    r.cublas_compute = p == KF_PRECISION_TF32 && dt == KF_DT_FLOAT ? KF_CUBLAS_COMPUTE_32F_FAST_TF32 : KF_CUBLAS_COMPUTE_32F;
     r.cudnn_data = dt == KF_DT_FLOAT16    ? KF_CUDNN_DATA_HALF
                    : dt == KF_DT_BFLOAT16 ? KF_CUDNN_DATA_BFLOAT16
                                           : KF_CUDNN_DATA_FLOAT;

@@ -9,13 +9,14 @@
 
 #include "kf_run.h"
 
-kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
-                         FILE *trace, kf_run_summary *sum) {
+kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
+                         kf_tensor *outputs, FILE *trace, kf_run_summary *sum) {
     if (sum) memset(sum, 0, sizeof *sum);
     if (ninputs < 0) return kf_fail(KF_ERR_INVALID_ARG, "%d inputs", ninputs);
     kf_exec_options o;
     kf_exec_options_default(&o);
     o.backend = b;
+    o.precision = prec;
     o.trace = trace;
     kf_exec *x;
     KF_TRY(kf_exec_create(m, &o, &x));
@@ -32,7 +33,9 @@ kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs
 
 kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs, FILE *trace,
                         kf_run_summary *sum) {
-    return kf_run_backend(m, KF_EXEC_OPENCL, inputs, ninputs, outputs, trace, sum);
+    kf_exec_options o;
+    kf_exec_options_default(&o); /* KFUSE_PRECISION */
+    return kf_run_backend(m, KF_EXEC_OPENCL, o.precision, inputs, ninputs, outputs, trace, sum);
 }
 
 /* ---- --check comparison ------------------------------------------------- */
@@ -54,7 +57,20 @@ void kf_run_tolerance(kf_dtype dt, double *atol, double *rtol) {
     *rtol = dt == KF_DT_FLOAT16 ? RUN_F16_RTOL : dt == KF_DT_BFLOAT16 ? RUN_BF16_RTOL : RUN_F32_RTOL;
 }
 
+void kf_run_tolerance_prec(kf_dtype dt, kf_precision p, double *atol, double *rtol) {
+    kf_run_tolerance(dt, atol, rtol);
+    if (!kf_dtype_is_float(dt) || p == KF_PRECISION_FP32) return;
+    double a, r;
+    kf_run_tolerance(p == KF_PRECISION_BF16 ? KF_DT_BFLOAT16 : KF_DT_FLOAT16, &a, &r);
+    if (a > *atol) *atol = a;
+    if (r > *rtol) *rtol = r;
+}
+
 bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t whylen) {
+    return kf_run_close_prec(got, want, KF_PRECISION_FP32, why, whylen);
+}
+
+bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision p, char *why, size_t whylen) {
     if (got->dtype != want->dtype || got->rank != want->rank || got->numel != want->numel) {
         snprintf(why, whylen, "dtype/shape differ: got dtype %d rank %d numel %lld, want dtype %d rank %d numel %lld",
                  (int)got->dtype, got->rank, (long long)got->numel, (int)want->dtype, want->rank,
@@ -74,7 +90,7 @@ bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t
         return false;
     }
     double atol, rtol;
-    kf_run_tolerance(dt, &atol, &rtol);
+    kf_run_tolerance_prec(dt, p, &atol, &rtol);
     for (int64_t i = 0; i < got->numel; i++) {
         if (kf_dtype_is_float(dt)) {
             double a = kf_get_f64(got, i), b = kf_get_f64(want, i);

@@ -581,27 +581,27 @@ Test(libanchor, cuda_library_calls_match_ref, .timeout = 300) {
  * tensor cores (CUDNN_FMA_MATH = 3, and only FMA algorithms from the
  * heuristic's list), nor cuBLASLt (CUBLAS_COMPUTE_32F = 68). */
 Test(libanchor, math_per_precision) {
-    kf_la_math m = kf_la_math_for(KF_PREC_FP32, KF_DT_FLOAT);
+    kf_la_math m = kf_la_math_for(KF_PRECISION_FP32, KF_DT_FLOAT);
     cr_assert_eq(m.cudnn_math, 3, "fp32 conv math %d, want CUDNN_FMA_MATH", m.cudnn_math);
     cr_assert_eq(m.cudnn_algo_math, 1u << 3, "fp32 may pick an algorithm of math mask %#x", m.cudnn_algo_math);
     cr_assert_eq(m.cublas_compute, 68);
     cr_assert_eq(m.cudnn_data, 0);
     cr_assert_eq(m.cuda_data, 0);
 
-    m = kf_la_math_for(KF_PREC_TF32, KF_DT_FLOAT);
+    m = kf_la_math_for(KF_PRECISION_TF32, KF_DT_FLOAT);
     cr_assert_eq(m.cudnn_math, 1); /* CUDNN_TENSOR_OP_MATH */
     cr_assert(m.cudnn_algo_math & 1u << 1);
     cr_assert(!(m.cudnn_algo_math & 1u << 2), "ALLOW_CONVERSION would round float32 to float16");
     cr_assert_eq(m.cublas_compute, 77); /* CUBLAS_COMPUTE_32F_FAST_TF32 */
     cr_assert_eq(m.cuda_data, 0);
 
-    m = kf_la_math_for(KF_PREC_FP16, KF_DT_FLOAT16);
+    m = kf_la_math_for(KF_PRECISION_FP16, KF_DT_FLOAT16);
     cr_assert_eq(m.cudnn_math, 1);
     cr_assert_eq(m.cublas_compute, 68, "16-bit operands accumulate in float32");
     cr_assert_eq(m.cudnn_data, 2);
     cr_assert_eq(m.cuda_data, 2);
 
-    m = kf_la_math_for(KF_PREC_BF16, KF_DT_BFLOAT16);
+    m = kf_la_math_for(KF_PRECISION_BF16, KF_DT_BFLOAT16);
     cr_assert_eq(m.cudnn_math, 1);
     cr_assert_eq(m.cublas_compute, 68);
     cr_assert_eq(m.cudnn_data, 9);
@@ -609,7 +609,7 @@ Test(libanchor, math_per_precision) {
 
     /* a float16 model at fp32: tensor cores round nothing there, and the
      * accumulation stays float32 */
-    m = kf_la_math_for(KF_PREC_FP32, KF_DT_FLOAT16);
+    m = kf_la_math_for(KF_PRECISION_FP32, KF_DT_FLOAT16);
     cr_assert_eq(m.cudnn_math, 1);
     cr_assert_eq(m.cublas_compute, 68);
     cr_assert_eq(m.cudnn_data, 2);
