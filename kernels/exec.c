@@ -19,6 +19,7 @@
 #include "kf_libanchor.h"
 #include "kf_memplan.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 
 /* A distinct kernel text and what it compiled to. */
 typedef struct ukern {
@@ -678,6 +679,17 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
             kf_id v = e->in_ids[i] ? kf_graph_find(g, e->in_names[i]) : 0;
             s->in_ids[i] = v && !g->values[v].init ? v : 0;
         }
+    }
+    if (!st && (e->o.precision == KF_PRECISION_FP16 || e->o.precision == KF_PRECISION_BF16)) {
+        /* after optimizing (rules see the float32 graph they were written
+         * for), before planning: the planner and codegen see 16-bit values */
+        kf_precision_stats ps;
+        st = kf_fuse_precision(s->m, e->o.precision == KF_PRECISION_FP16 ? KF_DT_FLOAT16 : KF_DT_BFLOAT16, &ps);
+        if (!st && e->o.trace)
+            fprintf(e->o.trace, "kfuse: backend: %s: %u nodes on %s, %u kept float32, %u casts, %u weights converted\n",
+                    kf_precision_name(e->o.precision), ps.nodes_low,
+                    e->o.precision == KF_PRECISION_FP16 ? "float16" : "bfloat16", ps.nodes_kept, ps.casts,
+                    ps.weights_converted);
     }
     if (!st) {
         kf_plan_options po;
