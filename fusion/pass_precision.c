@@ -269,6 +269,7 @@ kf_status kf_fuse_precision(kf_model *m, kf_dtype low, kf_precision_stats *st) {
     if (st) memset(st, 0, sizeof *st);
     if (low != KF_DT_FLOAT16 && low != KF_DT_BFLOAT16)
         return kf_fail(KF_ERR_INVALID_ARG, "precision pass: %s is not float16 or bfloat16", kf_dtype_name(low));
+    KF_TRY(kf_infer_shapes(m)); /* every value's dtype known, whoever made the graph */
     ctx c = {.m = m, .g = m->graph, .low = low, .nv = m->graph->nvalues, .nn = m->graph->nnodes};
     c.f32 = kf_calloc(c.nv + 1, sizeof(bool));
     c.pinned = kf_calloc(c.nv + 1, sizeof(bool));

@@ -361,3 +361,6 @@ static void compile_ex_matches_ref(kf_backend b, kf_precision p) {
 }
 
 Test(api, compile_ex_tf32_opencl) { compile_ex_matches_ref(KF_BACKEND_OPENCL, KF_PRECISION_TF32); }
+Test(api, compile_ex_fp16_opencl) { compile_ex_matches_ref(KF_BACKEND_OPENCL, KF_PRECISION_FP16); }
+Test(api, compile_ex_bf16_opencl) { compile_ex_matches_ref(KF_BACKEND_OPENCL, KF_PRECISION_BF16); }
+Test(api, compile_ex_bf16_ref) { compile_ex_matches_ref(KF_BACKEND_REF, KF_PRECISION_BF16); }
