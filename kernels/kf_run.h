@@ -58,4 +58,26 @@ void kf_run_tolerance_prec(kf_dtype dt, kf_precision p, double *atol, double *rt
 /* kf_run_close at kf_run_tolerance_prec(., p). */
 bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision p, char *why, size_t whylen);
 
+/* Whole-model check of a plan at precision p (`kfuse run --check`). An
+ * fp32 plan is held to kf_run_close. A tf32/fp16/bf16 plan rounds every
+ * stored value (every library operand, for tf32) to the low type, so its
+ * error grows with the number of roundings stacked on an output and with
+ * the magnitude of the values rounded, not with each element's own
+ * magnitude (an element near 0 after a subtraction carries the error of
+ * its operands). With L = depth, the longest chain of nodes to the output,
+ * and (a, r) = kf_run_tolerance_prec:
+ *
+ *   |got - want| <= sqrt(L) * (a + r * max|want|) + sqrt(L) * r * |want|
+ *
+ * sqrt(L): independent roundings add up like a random walk (the
+ * probabilistic rounding-error bound, Higham & Mary 2019), r * max|want|:
+ * errors relative to the output's scale, as normwise test ratios are.
+ * Bundled models pass at the element tolerance itself; this bound is for
+ * deep models and cancellations (a decomposed LayerNorm's x - mean). */
+bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precision p, uint32_t depth, char *why,
+                        size_t whylen);
+/* depth[o] for every graph output o of m: the longest chain of nodes from
+ * a graph input or constant to it (at least 1). KF_ERR_BAD_MODEL on a cycle. */
+kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth);
+
 #endif

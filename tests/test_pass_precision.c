@@ -217,3 +217,49 @@ Test(pass_precision, does_not_take_other_types) {
     cr_expect_eq(gt_count(m, "Cast"), 0);
     kf_model_free(m);
 }
+
+/* ---- the whole-model tolerance of `kfuse run --check` at a low precision ---- */
+
+static kf_tensor vec(const double *v, int n) {
+    kf_tensor t = {0};
+    int64_t d = n;
+    cr_assert_eq(kf_tensor_alloc(&t, KF_DT_FLOAT, 1, &d), KF_OK);
+    for (int i = 0; i < n; i++) kf_set_f64(&t, i, v[i]);
+    return t;
+}
+
+Test(pass_precision, model_tolerance) {
+    const double want_v[3] = {10.0, 0.01, -3.0};
+    const double near_v[3] = {10.02, 0.02, -3.0};  /* 0.01 off near 0: an fp16 rounding of a value ~10 */
+    const double far_v[3] = {10.0, 0.5, -3.0};     /* 5% of the output's scale: a wrong result */
+    kf_tensor want = vec(want_v, 3), near = vec(near_v, 3), far = vec(far_v, 3);
+    char why[256];
+    /* fp32 is never scaled */
+    cr_expect(!kf_run_close_model(&near, &want, KF_PRECISION_FP32, 100, why, sizeof why));
+    cr_expect(!kf_run_close_prec(&near, &want, KF_PRECISION_FP16, why, sizeof why), "element tolerance");
+    cr_expect(kf_run_close_model(&near, &want, KF_PRECISION_FP16, 4, why, sizeof why), "%s", why);
+    cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_FP16, 4, why, sizeof why));
+    cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_BF16, 4, why, sizeof why));
+    cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_FP16, 50, why, sizeof why), "50 roundings deep");
+    kf_tensor_release(&want);
+    kf_tensor_release(&near);
+    kf_tensor_release(&far);
+}
+
+Test(pass_precision, output_depths) {
+    kf_model *m = gt_parse("opset 17\n"
+                           "input x float[4]\n"
+                           "const k float[4] = random\n"
+                           "a = Add(x, k)\n"
+                           "b = Relu(a)\n"
+                           "c = Mul(b, a)\n"
+                           "output c\n"
+                           "output a\n"
+                           "output x\n");
+    uint32_t d[3];
+    cr_assert_eq(kf_run_output_depths(m, d), KF_OK);
+    cr_expect_eq(d[0], 3);
+    cr_expect_eq(d[1], 1);
+    cr_expect_eq(d[2], 1, "an input passed through counts as one");
+    kf_model_free(m);
+}

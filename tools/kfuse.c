@@ -326,6 +326,9 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     kf_status st = (check && !want) || !names ? kf_fail(KF_ERR_NOMEM, "out of memory") : KF_OK;
     for (uint32_t o = 0; !st && o < nout; o++)
         if (!(names[o] = strdup(m->graph->values[m->graph->outputs[o]].name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    uint32_t *depth = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
+    if (!st && check && !depth) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && check) st = kf_run_output_depths(m, depth);
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
     const char *tr = getenv("KFUSE_TRACE");
     kf_run_summary sum;
@@ -337,7 +340,7 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
                 kf_precision_name(prec));
     for (uint32_t o = 0; !st && check && o < nout; o++) {
         char why[512];
-        if (!kf_run_close_prec(&outs[o], &want[o], prec, why, sizeof why)) {
+        if (!kf_run_close_model(&outs[o], &want[o], prec, depth[o], why, sizeof why)) {
             fprintf(stderr, "kfuse: check: output '%s' differs from ref: %s\n", names[o], why);
             rc = EXIT_CHECK;
             break;
@@ -345,13 +348,16 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     }
     if (!st && check && rc == EXIT_OK)
         fprintf(stderr, "kfuse: check: %u outputs match ref%s\n", nout,
-                prec == KF_PRECISION_FP32 ? "" : prec == KF_PRECISION_BF16 ? " (bfloat16 tolerance)" : " (float16 tolerance)");
+                prec == KF_PRECISION_FP32   ? ""
+                : prec == KF_PRECISION_BF16 ? " (bfloat16 tolerance, scaled by depth and output magnitude)"
+                                            : " (float16 tolerance, scaled by depth and output magnitude)");
     for (uint32_t o = 0; o < nout; o++) {
         if (want) kf_tensor_release(&want[o]);
         if (names) free(names[o]);
     }
     free(want);
     free(names);
+    free(depth);
     return rc;
 }
 
