@@ -49,7 +49,7 @@ typedef struct kf_la_gemm {
     int64_t batch;
     int64_t stride_a, stride_b, stride_c, stride_d;
     float alpha, beta;      /* beta != 0 only with c */
-    kf_dtype dtype;         /* A, B, C, D and bias: float32 or float16; compute float32 */
+    kf_dtype dtype;         /* A, B, C, D and bias: float32, float16 or bfloat16; compute float32 */
     kf_precision precision; /* FP32 (0): strict; TF32 lets the library use tensor cores */
     kf_la_act act;
     kf_id a, b;             /* value ids of the buffers passed as A and B */
@@ -104,7 +104,7 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
                            size_t whylen);
 void kf_la_anchor_release(kf_la_anchor *a);
 
-/* What cuBLASLt computes for g, on the host in float (float16 storage
+/* What cuBLASLt computes for g, on the host in float (16-bit storage
  * read and rounded like the library's fp32-compute mode): reads a, b, c
  * (NULL when g->c is 0), bias (NULL when g->bias is 0) as raw element
  * arrays of g->dtype and writes every element of D into d, which must
