@@ -57,8 +57,10 @@ typedef struct ctx {
     kf_precision_stats st;
 } ctx;
 
-/* Whether node id computes on the low type (see the file comment). */
-static bool goes_low(ctx *c, kf_id id) {
+/* Whether node id computes on the low type (see the file comment). An
+ * out-of-memory in its shape function is the pass's failure (*nomem), not
+ * a refusal: a run must not silently differ for want of memory. */
+static bool goes_low(ctx *c, kf_id id, bool *nomem) {
     const kf_graph *g = c->g;
     const kf_node *n = &g->nodes[id];
     const kf_op_info *info = n->dead ? NULL : kf_node_op(n);
@@ -87,8 +89,10 @@ static bool goes_low(ctx *c, kf_id id) {
         memset(&tout[j], 0, sizeof tout[j]);
         tout[j].rank = -1;
     }
-    if (info->shape(n, n->nin, pin, val, n->nout, tout)) {
-        kf_clear_error(); /* refused: no kernel on the low type */
+    kf_status st = info->shape(n, n->nin, pin, val, n->nout, tout);
+    if (st == KF_ERR_NOMEM) *nomem = true;
+    if (st) {
+        if (st != KF_ERR_NOMEM) kf_clear_error(); /* refused: no kernel on the low type */
         return false;
     }
     for (int j = 0; j < n->nout; j++) {
@@ -186,15 +190,17 @@ static kf_status run(ctx *c) {
         for (int i = 0; pin && i < n->nin; i++)
             if (n->in[i] && c->f32[n->in[i]]) c->pinned[n->in[i]] = true;
     }
-    for (uint32_t k = 0; k < count; k++) {
+    bool nomem = false;
+    for (uint32_t k = 0; k < count && !nomem; k++) {
         kf_id id = order[k];
-        c->low_node[id] = goes_low(c, id);
+        c->low_node[id] = goes_low(c, id, &nomem);
         bool f32_out = false;
         for (int j = 0; j < g->nodes[id].nout; j++) f32_out |= g->nodes[id].out[j] && c->f32[g->nodes[id].out[j]];
         if (c->low_node[id]) c->st.nodes_low++;
         else if (f32_out) c->st.nodes_kept++;
     }
     kf_free(order);
+    if (nomem) return KF_ERR_NOMEM; /* the message is the shape function's */
     if (!c->st.nodes_low) return KF_OK;
 
     /* constants only low nodes read: converted where they are */
@@ -261,8 +267,9 @@ static kf_status run(ctx *c) {
         }
     }
     kf_status st = kf_infer_shapes(c->m);
-    if (st) return kf_fail(KF_ERR_INTERNAL, "the %s graph does not infer: %s", kf_dtype_name(c->low), kf_last_error());
-    return KF_OK;
+    if (st && st != KF_ERR_NOMEM)
+        return kf_fail(KF_ERR_INTERNAL, "the %s graph does not infer: %s", kf_dtype_name(c->low), kf_last_error());
+    return st;
 }
 
 kf_status kf_fuse_precision(kf_model *m, kf_dtype low, kf_precision_stats *st) {
