@@ -23,8 +23,10 @@ typedef struct kf_precision_stats {
  * Float32 constants are converted once (rounded to nearest even). Left in
  * float32: nodes kfuse does not know, nodes whose shape function refuses
  * the low type (the reference evaluator has no such kernel), nodes with
- * no float32 result (comparisons, Cast to an integer, ArgMax: their
- * inputs are read in float32), and everything that computes a value read
+ * no float32 result (comparisons, Cast to an integer, ArgMax) whose float
+ * operands are all float32 sources (inputs, constants: read exactly; with
+ * an operand computed low they compare low, constants rounded alike),
+ * and everything that computes a value read
  * as a shape or size (the parameters of shape-from-data ops: Reshape's
  * shape, Resize's scales, Range's bounds...). *st may be NULL.
  * KF_ERR_INVALID_ARG for another `low`; KF_ERR_NOMEM; KF_ERR_INTERNAL

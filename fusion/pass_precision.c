@@ -16,10 +16,11 @@
  *                                                     float32, Cast in and out
  *
  * Which nodes go low is asked of the op table, never of op names: a node
- * computes low when it is known, has a float32 result, and its shape
- * function accepts its float32 operands retyped to the low type and gives
- * the low type for every float32 result (the same function is what the
- * evaluator and codegen check dtypes against).
+ * computes low when it is known, has a float32 result (or, with none, reads
+ * a value computed low), and its shape function accepts its float32
+ * operands retyped to the low type and gives the low type for every
+ * float32 result (the same function is what the evaluator and codegen
+ * check dtypes against).
  */
 #include <stdio.h>
 #include <string.h>
@@ -66,13 +67,23 @@ static bool goes_low(ctx *c, kf_id id, bool *nomem) {
     const kf_op_info *info = n->dead ? NULL : kf_node_op(n);
     if (!info || !info->shape || n->nin > KF_PASS_PRECISION_MAX_ARITY || n->nout > KF_PASS_PRECISION_MAX_ARITY)
         return false;
-    bool f32_out = false;
+    bool f32_out = false, low_in = false, f32_in = false;
     for (int j = 0; j < n->nout; j++)
         if (n->out[j] && c->f32[n->out[j]]) {
             f32_out = true;
             if (c->pinned[n->out[j]]) return false;
         }
-    if (!f32_out) return false;
+    for (int i = 0; i < n->nin; i++) {
+        kf_id v = n->in[i], p = v ? g->values[v].producer : 0;
+        if (!v || !c->f32[v]) continue;
+        f32_in = true;
+        low_in |= p && c->low_node[p];
+    }
+    /* no float result (a comparison, ArgMax, Shape, a Cast to an integer):
+     * low only where an operand is computed low anyway, so its constants
+     * round with it (x > 0.7534 compares like x and 0.7534 both rounded) and
+     * no Cast back is needed; on float32 sources it stays exact */
+    if (!f32_out && !(f32_in && low_in)) return false;
     kf_type tin[KF_PASS_PRECISION_MAX_ARITY], tout[KF_PASS_PRECISION_MAX_ARITY];
     const kf_type *pin[KF_PASS_PRECISION_MAX_ARITY];
     const kf_tensor *val[KF_PASS_PRECISION_MAX_ARITY];
@@ -193,7 +204,7 @@ static kf_status run(ctx *c) {
     bool nomem = false;
     for (uint32_t k = 0; k < count && !nomem; k++) {
         kf_id id = order[k];
-        c->low_node[id] = goes_low(c, id, &nomem);
+        c->low_node[id] = goes_low(c, id, &nomem); /* producers first: topological order */
         bool f32_out = false;
         for (int j = 0; j < g->nodes[id].nout; j++) f32_out |= g->nodes[id].out[j] && c->f32[g->nodes[id].out[j]];
         if (c->low_node[id]) c->st.nodes_low++;

@@ -107,21 +107,34 @@ Test(pass_precision, shared_constant_is_copied_once) {
 }
 
 /* Nodes without a float result (comparisons, ArgMax, Cast to an integer)
- * stay float32 and read a Cast back of a 16-bit value. */
-Test(pass_precision, no_float_result_reads_float32) {
+ * read a 16-bit operand as it is, and round their constants with it; on
+ * float32 sources alone they stay float32 and exact. */
+Test(pass_precision, no_float_result) {
     kf_precision_stats st;
     kf_model *m = converted("opset 17\n"
                             "input x float[4, 8]\n"
+                            "const t float[] = 0.7534\n"
                             "r = Relu(x)\n"
                             "i = ArgMax(r) {axis=1}\n"
                             "c = Cast(r) {to=7}\n"
+                            "g = Greater(r, t)\n"
+                            "e = Less(x, t)\n"
                             "output i\n"
-                            "output c\n",
+                            "output c\n"
+                            "output g\n"
+                            "output e\n",
                             KF_DT_FLOAT16, &st);
     cr_expect_eq(dtype_of(m, "r"), KF_DT_FLOAT16);
-    cr_expect_eq(operand_dtype(m, "ArgMax", 0), KF_DT_FLOAT);
-    cr_expect_eq(st.nodes_low, 1);
-    cr_expect_eq(st.casts, 2, "x in, one float32 twin of r for both readers");
+    cr_expect_eq(operand_dtype(m, "ArgMax", 0), KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "Greater", 0), KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "Greater", 1), KF_DT_FLOAT16, "the threshold rounds with the value");
+    cr_expect_eq(operand_dtype(m, "Less", 0), KF_DT_FLOAT, "on a graph input: exact");
+    cr_expect_eq(operand_dtype(m, "Less", 1), KF_DT_FLOAT);
+    cr_expect_eq(dtype_of(m, "i"), KF_DT_INT64);
+    cr_expect_eq(dtype_of(m, "g"), KF_DT_BOOL);
+    cr_expect_eq(st.nodes_low, 4, "Relu, ArgMax, Cast, Greater");
+    cr_expect_eq(st.casts, 1, "x in; nothing casts back");
+    cr_expect_eq(st.weights_converted, 1, "t: a float16 copy, the float32 original stays for Less");
     kf_model_free(m);
 }
 
