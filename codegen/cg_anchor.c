@@ -137,7 +137,9 @@ static bool forward_step(gen *st, kf_id a, kf_id v, const ix *at, ix *res, int *
         return true;
     default: {
         const kf_op_info *oi = kf_op_get(n->op);
-        if (n != st->red && (!oi || !oi->cg_expr || n->nout != 1)) break;
+        /* Cast has no cg_expr (emit_cast writes it) but maps elements one to one */
+        bool elementwise = oi && (oi->cg_expr || n->op == KF_OP_CAST);
+        if (n != st->red && (!elementwise || n->nout != 1)) break;
         if (!same_dims(it, ot))
             return fail(st, "node '%s': %s broadcasts the anchor's output into a larger space (not generated)",
                         kf_node_label(n), n->op_type);

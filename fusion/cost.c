@@ -325,7 +325,9 @@ bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group 
     if (a->op != KF_OP_MATMUL && a->op != KF_OP_GEMM && a->op != KF_OP_CONV) return false;
     if (a->nin < 2 || !a->in[0] || !a->in[1]) return false;
     kf_dtype dt = g->values[a->in[0]].type.dtype;
-    if (dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16) return false; /* the library path's dtypes */
+    /* the library path's dtypes: cuBLASLt takes bfloat16 too, cuDNN's NCHW
+     * convolutions do not (kernels/libanchor.c) */
+    if (dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16 && (dt != KF_DT_BFLOAT16 || a->op == KF_OP_CONV)) return false;
     if (a->op == KF_OP_MATMUL)
         return g->values[a->in[0]].type.rank >= 2 && g->values[a->in[1]].type.rank >= 2; /* 1-D: generated */
     if (a->op == KF_OP_CONV) {

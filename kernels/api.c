@@ -4,6 +4,7 @@
  * out. Everything here is argument checking and conversion; the work and
  * the thread-safety are kf_exec's.
  */
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -36,7 +37,10 @@ kf_status kf_model_optimize(kf_model *m) {
     return st;
 }
 
-kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) {
+/* The first kf_compile_options: every later one starts with these fields. */
+#define OPTS_V1_SIZE (offsetof(kf_compile_options, precision) + sizeof(kf_precision))
+
+static kf_status compile(const kf_model *m, kf_backend b, const kf_precision *prec, kf_compiled **out) {
     if (!out) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: out is NULL");
     *out = NULL;
     if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: NULL model");
@@ -46,6 +50,7 @@ kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) {
                                                             : KF_BACKEND_REF;
     kf_exec_options o;
     kf_exec_options_default(&o);
+    if (prec) o.precision = *prec;
     switch (b) {
     case KF_BACKEND_REF: o.backend = KF_EXEC_REF; break;
     case KF_BACKEND_OPENCL: o.backend = KF_EXEC_OPENCL; break;
@@ -62,6 +67,26 @@ kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) {
     }
     *out = c;
     return KF_OK;
+}
+
+kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) { return compile(m, b, NULL, out); }
+
+kf_status kf_compile_ex(const kf_model *m, const kf_compile_options *opts, kf_compiled **out) {
+    if (out) *out = NULL;
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    if (opts) {
+        if (opts->struct_size < OPTS_V1_SIZE)
+            return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_ex: struct_size %zu, the smallest kf_compile_options is %zu",
+                           opts->struct_size, (size_t)OPTS_V1_SIZE);
+        if (opts->struct_size > sizeof o)
+            return kf_fail(KF_ERR_UNSUPPORTED,
+                           "kf_compile_ex: struct_size %zu, this kfuse (%s) knows kf_compile_options of %zu bytes",
+                           opts->struct_size, kf_version(), sizeof o);
+        memcpy(&o, opts, opts->struct_size);
+    }
+    if ((unsigned)o.precision >= KF_PRECISION_COUNT)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_ex: precision %d (fp32, tf32, fp16, bf16)", (int)o.precision);
+    return compile(m, o.backend, &o.precision, out);
 }
 
 kf_backend kf_compiled_backend(const kf_compiled *c) { return c ? c->backend : KF_BACKEND_BEST; }

@@ -9,7 +9,9 @@
  * checked on the CPU by tests/test_libanchor.c through kf_la_gemm_host.
  *
  * The call sequence (per call; descriptors are cheap host objects):
- *   cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F)
+ *   cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), compute from
+ *     kf_la_math_for: COMPUTE_32F (strict fp32, and 16-bit operands),
+ *     COMPUTE_32F_FAST_TF32 only when the plan's precision is tf32
  *   cublasLtMatmulDescSetAttribute: TRANSA, TRANSB, EPILOGUE
  *     (DEFAULT/RELU/GELU, |BIAS with BIAS_POINTER, BIAS_BATCH_STRIDE 0)
  *   cublasLtMatrixLayoutCreate for A (k x m when transposed), B, C, D;
@@ -43,8 +45,7 @@ typedef struct {
 } cublasLtMatmulHeuristicResult_t;
 
 enum {
-    LT_CUDA_R_32F = 0, LT_CUDA_R_16F = 2,          /* cudaDataType */
-    LT_COMPUTE_32F = 68,                           /* cublasComputeType_t */
+    LT_CUDA_R_32F = KF_CUDA_R_32F,                 /* cudaDataType (scale type) */
     LT_OP_N = 0, LT_OP_T = 1,                      /* cublasOperation_t */
     LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8,
     LT_DESC_BIAS_BATCH_STRIDE = 10,
@@ -205,12 +206,13 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
     const char *why = kf_cublaslt_unavailable();
     if (why) return kf_fail(KF_ERR_NO_DEVICE, "%s", why);
     if (g->batch > INT32_MAX) return kf_fail(KF_ERR_UNSUPPORTED, "cuBLASLt: batch count %lld", (long long)g->batch);
-    int type = g->dtype == KF_DT_FLOAT16 ? LT_CUDA_R_16F : LT_CUDA_R_32F;
+    kf_la_math mt = kf_la_math_for(g->precision, g->dtype);
+    int type = mt.cuda_data;
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     const char *what = "cublasLtMatmulDescCreate";
-    cublasStatus_t r = lt.DescCreate(&op, LT_COMPUTE_32F, LT_CUDA_R_32F);
+    cublasStatus_t r = lt.DescCreate(&op, mt.cublas_compute, LT_CUDA_R_32F);
     int32_t ta = g->trans_a ? LT_OP_T : LT_OP_N, tb = g->trans_b ? LT_OP_T : LT_OP_N;
     uint32_t epi = g->act == KF_LA_ACT_RELU ? LT_EPI_RELU : g->act == KF_LA_ACT_GELU_TANH ? LT_EPI_GELU : 0;
     if (g->bias) epi |= LT_EPI_BIAS;
@@ -267,8 +269,10 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
  *   cudnnSetTensorNdDescriptor (NCHW strides), cudnnSetFilterNdDescriptor
  *   (NCHW), cudnnSetConvolutionNdDescriptor (symmetric pads, strides,
  *   dilations, CROSS_CORRELATION, compute FLOAT) + GroupCount + MathType
- *   TENSOR_OP_MATH; cudnnGetConvolutionForwardAlgorithm_v7, first
- *   algorithm whose workspace fits; then
+ *   from kf_la_math_for (FMA for strict fp32: cuDNN would otherwise run
+ *   float32 convolutions on TF32 tensor cores, about 1e-3 relative error);
+ *   cudnnGetConvolutionForwardAlgorithm_v7, first algorithm whose
+ *   workspace fits and whose perf.mathType the precision allows; then
  *   - bias + ReLU: cudnnConvolutionBiasActivationForward (alpha2 0, z = y);
  *     the fused op needs a bias, so libanchor.c takes a ReLU only after one;
  *   - bias, no activation: the same with IDENTITY, which cuDNN takes only
@@ -289,12 +293,11 @@ typedef struct {
 } cudnnConvolutionFwdAlgoPerf_t;
 
 enum {
-    DNN_DATA_FLOAT = 0, DNN_DATA_HALF = 2,
+    DNN_DATA_FLOAT = KF_CUDNN_DATA_FLOAT,
     DNN_TENSOR_NCHW = 0,
     DNN_CROSS_CORRELATION = 1,
     DNN_ACTIVATION_RELU = 1, DNN_ACTIVATION_IDENTITY = 5,
     DNN_NOT_PROPAGATE_NAN = 0,
-    DNN_TENSOR_OP_MATH = 1,
     DNN_FWD_ALGO_IMPLICIT_PRECOMP_GEMM = 1
 };
 /* Algorithms asked of the heuristic: cuDNN 9 lists 8 forward algorithms. */
@@ -394,7 +397,8 @@ static cudnnStatus_t tensor_nd(cudnnTensorDescriptor_t *t, int type, int nd, con
 kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const void *w, const void *bias, void *d) {
     const char *why = kf_cudnn_unavailable();
     if (why) return kf_fail(KF_ERR_NO_DEVICE, "%s", why);
-    int type = c->dtype == KF_DT_FLOAT16 ? DNN_DATA_HALF : DNN_DATA_FLOAT;
+    kf_la_math mt = kf_la_math_for(c->precision, c->dtype);
+    int type = mt.cudnn_data;
     /* 1-D goes in as 2-D (a unit height): cuDNN's Nd calls need 4 dims */
     int ns = c->nspatial < 2 ? 2 : c->nspatial, nd = ns + 2, off = ns - c->nspatial;
     int xd[2 + KF_LA_MAX_SPATIAL + 1], wd[2 + KF_LA_MAX_SPATIAL + 1], yd[2 + KF_LA_MAX_SPATIAL + 1],
@@ -426,7 +430,7 @@ kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const 
     if (!r && (what = "convolution descriptor", !(r = dnn.CreateConv(&cv)))) {
         r = dnn.SetConvNd(cv, ns, pad, str, dil, DNN_CROSS_CORRELATION, DNN_DATA_FLOAT);
         if (!r) r = dnn.SetGroups(cv, (int)c->groups);
-        if (!r) r = dnn.SetMath(cv, DNN_TENSOR_OP_MATH);
+        if (!r) r = dnn.SetMath(cv, mt.cudnn_math);
     }
     bool fused = c->bias || c->act != KF_LA_ACT_NONE;
     if (!r && fused && (what = "activation descriptor", !(r = dnn.CreateAct(&ac))))
@@ -441,7 +445,9 @@ kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const 
         r = dnn.GetAlgo(dnn.handle, tx, fw, cv, ty, DNN_ALGOS, &got, perf);
         int pick = -1;
         for (int i = 0; !r && i < got && pick < 0; i++)
-            if (perf[i].status == 0 && perf[i].memory <= wsb) pick = i;
+            if (perf[i].status == 0 && perf[i].memory <= wsb && perf[i].mathType >= 0 && perf[i].mathType < 32 &&
+                (mt.cudnn_algo_math >> perf[i].mathType & 1u))
+                pick = i;
         if (!r && pick >= 0) algo = perf[pick].algo;
     }
     kf_status st = KF_OK;

@@ -15,10 +15,12 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kf_cost.h"
 #include "kf_exec.h"
 #include "kf_libanchor.h"
 #include "kf_memplan.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 
 /* A distinct kernel text and what it compiled to. */
 typedef struct ukern {
@@ -96,10 +98,34 @@ static const char *env_has(const char *var, const char *word) {
     return v && strstr(v, word) ? v : NULL;
 }
 
+static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16"};
+
+const char *kf_precision_name(kf_precision p) { return (unsigned)p < KF_PRECISION_COUNT ? prec_names[p] : "?"; }
+
+bool kf_precision_parse(const char *s, kf_precision *p) {
+    for (int i = 0; s && i < KF_PRECISION_COUNT; i++)
+        if (!strcmp(s, prec_names[i])) {
+            *p = (kf_precision)i;
+            return true;
+        }
+    return false;
+}
+
+kf_status kf_precision_from_env(kf_precision *p) {
+    const char *v = getenv("KFUSE_PRECISION");
+    *p = KF_PRECISION_FP32;
+    if (!v || !v[0] || kf_precision_parse(v, p)) return KF_OK;
+    return kf_fail(KF_ERR_INVALID_ARG, "KFUSE_PRECISION='%s': not a precision (fp32, tf32, fp16, bf16)", v);
+}
+
 void kf_exec_options_default(kf_exec_options *o) {
     memset(o, 0, sizeof *o);
     o->backend = KF_EXEC_OPENCL;
     o->optimize = true;
+    if (kf_precision_from_env(&o->precision)) {
+        kf_clear_error();
+        o->precision = (kf_precision)-1; /* kf_exec_create says why */
+    }
 }
 
 static int64_t value_bytes(const kf_graph *g, kf_id v) {
@@ -472,6 +498,7 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
         kf_la_anchor_release(&la);
         return KF_OK;
     }
+    la.gemm.precision = la.conv.precision = e->o.precision;
     if (!(st->lib = kf_malloc(sizeof *st->lib))) {
         kf_la_anchor_release(&la);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
@@ -655,11 +682,23 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
             s->in_ids[i] = v && !g->values[v].init ? v : 0;
         }
     }
+    if (!st && (e->o.precision == KF_PRECISION_FP16 || e->o.precision == KF_PRECISION_BF16)) {
+        /* after optimizing (rules see the float32 graph they were written
+         * for), before planning: the planner and codegen see 16-bit values */
+        kf_precision_stats ps;
+        st = kf_fuse_precision(s->m, e->o.precision == KF_PRECISION_FP16 ? KF_DT_FLOAT16 : KF_DT_BFLOAT16, &ps);
+        if (!st && e->o.trace)
+            fprintf(e->o.trace, "kfuse: backend: %s: %u nodes on %s, %u kept float32, %u casts, %u weights converted\n",
+                    kf_precision_name(e->o.precision), ps.nodes_low,
+                    e->o.precision == KF_PRECISION_FP16 ? "float16" : "bfloat16", ps.nodes_kept, ps.casts,
+                    ps.weights_converted);
+    }
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);
         if (e->o.target) po.target = e->o.target;
         else if (!po.target) po.target = KF_PLAN_DEFAULT_TARGET;
+        po.math = e->o.precision == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32;
         st = kf_plan_build(s->m, &po, &s->p);
     }
     uint32_t nv = s->m ? s->m->graph->nvalues : 0;
@@ -762,6 +801,11 @@ static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e)
             return kf_fail(KF_ERR_INVALID_ARG, "target name or path longer than %zu bytes", sizeof e->target - 1);
         memcpy(e->target, o->target, strlen(o->target) + 1);
         e->o.target = e->target;
+    }
+    if ((unsigned)o->precision >= KF_PRECISION_COUNT) {
+        kf_precision p;
+        KF_TRY(kf_precision_from_env(&p)); /* the environment's bad value, named */
+        return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16)", (int)o->precision);
     }
     if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(&e->dev));
     else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, &e->dev));

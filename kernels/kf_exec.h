@@ -19,6 +19,23 @@ struct kf_la_anchor;
 
 typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA = 3 } kf_exec_backend;
 
+/* Precisions (kfuse.h's kf_precision, DESIGN.md "Precision"):
+ *   FP32  strict: float32 tensors, library calls without TF32 (cuBLASLt
+ *         compute 32F, cuDNN FMA math)
+ *   TF32  float32 tensors; cuBLASLt and cuDNN may round operands to TF32
+ *         on tensor cores; generated kernels as FP32
+ *   FP16, BF16  float32 weights and activations become float16/bfloat16
+ *         (kf_fuse_precision) before planning; accumulation stays float32 */
+#define KF_PRECISION_COUNT 4
+
+/* Parses "fp32", "tf32", "fp16" or "bf16" into *p; false (and *p
+ * unchanged) otherwise. */
+bool kf_precision_parse(const char *s, kf_precision *p);
+
+/* The precision KFUSE_PRECISION names: FP32 when it is unset or empty,
+ * KF_ERR_INVALID_ARG naming the value when it is none of the names. */
+kf_status kf_precision_from_env(kf_precision *p);
+
 /* Compile threads at most: kernels are independent and NVRTC/PoCL use one
  * core each, so more than a machine's cores only adds memory. */
 #define KF_EXEC_MAX_THREADS 16
@@ -43,9 +60,13 @@ typedef struct kf_exec_options {
     const char *target;    /* the device profile fusion is planned for (fusion/kf_cost.h):
                             * NULL: KFUSE_TARGET, else KF_PLAN_DEFAULT_TARGET; "none": every
                             * legal merge, no cost model */
+    kf_precision precision;/* KF_PRECISION_*; fp16/bf16 convert the model's float32 values
+                            * (kf_fuse_precision) before planning */
 } kf_exec_options;
 
-/* backend opencl, optimize on, threads 0, everything else NULL/false. */
+/* backend opencl, optimize on, threads 0, precision from KFUSE_PRECISION
+ * (fp32 when unset; a value it does not name makes kf_exec_create fail
+ * with the reason), everything else NULL/false. */
 void kf_exec_options_default(kf_exec_options *o);
 
 /* What compiling one specialisation did, and run figures. */

@@ -49,7 +49,8 @@ typedef struct kf_la_gemm {
     int64_t batch;
     int64_t stride_a, stride_b, stride_c, stride_d;
     float alpha, beta;      /* beta != 0 only with c */
-    kf_dtype dtype;         /* A, B, C, D and bias: float32 or float16; compute float32 */
+    kf_dtype dtype;         /* A, B, C, D and bias: float32, float16 or bfloat16; compute float32 */
+    kf_precision precision; /* FP32 (0): strict; TF32 lets the library use tensor cores */
     kf_la_act act;
     kf_id a, b;             /* value ids of the buffers passed as A and B */
     kf_id c;                /* value read as C (0: none, beta 0) */
@@ -74,6 +75,7 @@ typedef struct kf_la_conv {
     int64_t in[KF_LA_MAX_SPATIAL], kern[KF_LA_MAX_SPATIAL], out[KF_LA_MAX_SPATIAL];
     int64_t pad[KF_LA_MAX_SPATIAL], stride[KF_LA_MAX_SPATIAL], dilation[KF_LA_MAX_SPATIAL];
     kf_dtype dtype;                    /* X, W, bias, D: float32 or float16; compute float32 */
+    kf_precision precision;            /* as kf_la_gemm's */
     kf_la_act act;                     /* NONE or RELU (cuDNN's fused op has no GELU) */
     kf_id x, w, bias, d;               /* value ids; bias 0: none */
 } kf_la_conv;
@@ -102,7 +104,7 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
                            size_t whylen);
 void kf_la_anchor_release(kf_la_anchor *a);
 
-/* What cuBLASLt computes for g, on the host in float (float16 storage
+/* What cuBLASLt computes for g, on the host in float (16-bit storage
  * read and rounded like the library's fp32-compute mode): reads a, b, c
  * (NULL when g->c is 0), bias (NULL when g->bias is 0) as raw element
  * arrays of g->dtype and writes every element of D into d, which must
@@ -130,6 +132,38 @@ void kf_la_anchor_values(const kf_la_anchor *a, kf_id v[5]);
  * whole library-anchor path (steps, buffers, epilogue launches, CUDA-less
  * runs on OpenCL) runs where no GPU is. a NULL: nothing to prepare. */
 kf_status kf_la_dev_host_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *const bufs[5]);
+
+/* Library enum values the math choice names (cudnn_ops.h/cudnn_cnn.h,
+ * cublas_api.h, library_types.h; stable since cuDNN 8 / CUDA 11). */
+enum {
+    KF_CUDNN_DEFAULT_MATH = 0, KF_CUDNN_TENSOR_OP_MATH = 1, KF_CUDNN_TENSOR_OP_MATH_ALLOW_CONVERSION = 2,
+    KF_CUDNN_FMA_MATH = 3,                                             /* cudnnMathType_t */
+    KF_CUDNN_DATA_FLOAT = 0, KF_CUDNN_DATA_HALF = 2, KF_CUDNN_DATA_BFLOAT16 = 9, /* cudnnDataType_t */
+    KF_CUBLAS_COMPUTE_32F = 68, KF_CUBLAS_COMPUTE_32F_FAST_TF32 = 77,  /* cublasComputeType_t */
+    KF_CUDA_R_32F = 0, KF_CUDA_R_16F = 2, KF_CUDA_R_16BF = 14          /* cudaDataType */
+};
+
+/* How a library call computes, from the plan's precision and the call's
+ * tensor dtype: what cuda_lib.c hands the libraries. */
+typedef struct kf_la_math {
+    int cudnn_math;          /* cudnnSetConvolutionMathType */
+    unsigned cudnn_algo_math;/* bit (1 << m) set: an algorithm of the heuristic's list whose
+                              * perf.mathType is m may be chosen */
+    int cudnn_data;          /* tensor/filter descriptors' cudnnDataType_t (compute is FLOAT) */
+    int cublas_compute;      /* cublasLtMatmulDescCreate's compute type (scale type R_32F) */
+    int cuda_data;           /* cuBLASLt matrix layouts' cudaDataType */
+} kf_la_math;
+
+/* The math of a call on dt (float32, float16 or bfloat16) at precision p.
+ * A pure function, so the choice is tested without a GPU:
+ *   FP32: cuDNN FMA math and only FMA algorithms (no TF32 anywhere),
+ *         cuBLASLt COMPUTE_32F;
+ *   TF32: tensor-op math (and algorithms), COMPUTE_32F_FAST_TF32;
+ *   16-bit dt (FP16/BF16 plans, or a float16 model at any precision):
+ *         tensor-op math, COMPUTE_32F, i.e. 16-bit operands with float32
+ *         accumulation (their products are exact in float32).
+ * Never ALLOW_CONVERSION: it would round float32 operands to float16. */
+kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt);
 
 /* ---- cuda_lib.c: the library calls (dlopen; never linked) -------------- */
 

@@ -34,11 +34,11 @@ typedef struct kf_run_summary {
  * planner, kernel compiles and reference nodes, naming the node. */
 kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
                         FILE *trace, kf_run_summary *sum);
-/* The same on backend b (KF_EXEC_CUDA: KF_ERR_NO_DEVICE "no CUDA device:
- * ..." without driver or device; KF_EXEC_REF: every group on ref);
- * groups_cl counts the groups run as generated kernels on b. */
-kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
-                         FILE *trace, kf_run_summary *sum);
+/* The same on backend b at precision prec (KF_EXEC_CUDA: KF_ERR_NO_DEVICE
+ * "no CUDA device: ..." without driver or device; KF_EXEC_REF: every
+ * group on ref); groups_cl counts the groups run as generated kernels on b. */
+kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
+                         kf_tensor *outputs, FILE *trace, kf_run_summary *sum);
 
 /* --check tolerance per dtype: float32/float64 atol 1e-5 rtol 1e-4,
  * float16 atol 2.5e-3 rtol 1e-3, bfloat16 atol 2e-2 rtol 1e-2, integers and
@@ -50,5 +50,34 @@ bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t
 /* The tolerance kf_run_close holds dtype dt to (0 and 0 for exact dtypes):
  * one statement of DESIGN.md's policy for the CLI and the tests. */
 void kf_run_tolerance(kf_dtype dt, double *atol, double *rtol);
+
+/* A plan compiled at precision p against the float32 reference: float
+ * outputs are held to the looser of their dtype's tolerance and p's
+ * (tf32 and fp16: float16's, bf16: bfloat16's); fp32 is kf_run_tolerance. */
+void kf_run_tolerance_prec(kf_dtype dt, kf_precision p, double *atol, double *rtol);
+/* kf_run_close at kf_run_tolerance_prec(., p). */
+bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision p, char *why, size_t whylen);
+
+/* Whole-model check of a plan at precision p (`kfuse run --check`). An
+ * fp32 plan is held to kf_run_close. A tf32/fp16/bf16 plan rounds every
+ * stored value (every library operand, for tf32) to the low type, so its
+ * error grows with the number of roundings stacked on an output and with
+ * the magnitude of the values rounded, not with each element's own
+ * magnitude (an element near 0 after a subtraction carries the error of
+ * its operands). With L = depth, the longest chain of nodes to the output,
+ * and (a, r) = kf_run_tolerance_prec:
+ *
+ *   |got - want| <= sqrt(L) * (a + r * max|want|) + sqrt(L) * r * |want|
+ *
+ * sqrt(L): independent roundings add up like a random walk (the
+ * probabilistic rounding-error bound, Higham & Mary 2019), r * max|want|:
+ * errors relative to the output's scale, as normwise test ratios are.
+ * Bundled models pass at the element tolerance itself; this bound is for
+ * deep models and cancellations (a decomposed LayerNorm's x - mean). */
+bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precision p, uint32_t depth, char *why,
+                        size_t whylen);
+/* depth[o] for every graph output o of m: the longest chain of nodes from
+ * a graph input or constant to it (at least 1). KF_ERR_BAD_MODEL on a cycle. */
+kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth);
 
 #endif

@@ -65,14 +65,17 @@ typedef struct operand {
     kf_id absorbed; /* the Transpose node taken into t, or 0 */
 } operand;
 
-/* The library path takes float32 and float16 (computed in float32), with
- * both operands of the anchor's output dtype. */
-static kf_status library_dtype(const kf_node *an, const kf_type *xt, const kf_type *wt, const kf_type *yt, char *why,
-                               size_t whylen) {
+/* The library path takes float32 and float16, and bfloat16 GEMMs
+ * (computed in float32), with both operands of the anchor's output dtype.
+ * cuDNN's legacy API runs bfloat16 convolutions in NHWC only on most
+ * GPUs, so an NCHW bfloat16 conv keeps its generated kernel. */
+static kf_status library_dtype(const kf_node *an, const kf_type *xt, const kf_type *wt, const kf_type *yt, bool conv,
+                               char *why, size_t whylen) {
     kf_dtype dt = yt->dtype;
-    if ((dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16) || xt->dtype != dt || wt->dtype != dt)
-        return decline(why, whylen, "node '%s': %s operands: the library path takes float32 and float16",
-                       kf_node_label(an), kf_dtype_name(xt->dtype));
+    bool ok = dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || (dt == KF_DT_BFLOAT16 && !conv);
+    if (!ok || xt->dtype != dt || wt->dtype != dt)
+        return decline(why, whylen, "node '%s': %s operands: the library path takes float32 and float16%s",
+                       kf_node_label(an), kf_dtype_name(xt->dtype), conv ? " convolutions" : ", bfloat16 GEMMs");
     return KF_OK;
 }
 
@@ -148,7 +151,7 @@ static kf_status map_gemm(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
     const kf_type *xt = &g->values[an->in[0]].type, *wt = &g->values[an->in[1]].type;
     const kf_type *yt = &g->values[an->out[0]].type;
     kf_dtype dt = yt->dtype;
-    KF_TRY(library_dtype(an, xt, wt, yt, why, whylen));
+    KF_TRY(library_dtype(an, xt, wt, yt, false, why, whylen));
     if (xt->rank < 2 || wt->rank < 2)
         return decline(why, whylen, "node '%s': a 1-D operand (matrix-vector) is left to the generated kernel", lab);
     /* logical per-batch shapes after the prologue transposes: X M x K, W K x N */
@@ -273,7 +276,7 @@ static kf_status map_conv(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
     const kf_type *xt = &g->values[an->in[0]].type, *wt = &g->values[an->in[1]].type;
     const kf_type *yt = &g->values[an->out[0]].type;
     kf_dtype dt = yt->dtype;
-    KF_TRY(library_dtype(an, xt, wt, yt, why, whylen));
+    KF_TRY(library_dtype(an, xt, wt, yt, true, why, whylen));
     int ns = xt->rank - 2;
     if (ns < 1 || ns > KF_LA_MAX_SPATIAL || wt->rank != xt->rank || yt->rank != xt->rank)
         return decline(why, whylen, "node '%s': %d spatial dims (the library path takes 1 to %d)", lab, ns,
@@ -464,10 +467,38 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
     return st;
 }
 
+/* ---- the math a call may use -------------------------------------------- */
+
+kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt) {
+    kf_la_math r;
+    /* tensor cores round float32 operands to TF32; 16-bit operands lose
+     * nothing there (their products are exact in the float32 accumulator) */
+    bool fast = p != KF_PRECISION_FP32 || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16;
+    r.cudnn_math = fast ? KF_CUDNN_TENSOR_OP_MATH : KF_CUDNN_FMA_MATH;
+    r.cudnn_algo_math = 1u << KF_CUDNN_FMA_MATH;
+    if (fast) r.cudnn_algo_math |= 1u << KF_CUDNN_DEFAULT_MATH | 1u << KF_CUDNN_TENSOR_OP_MATH;
+    /* FAST_TF32 only on float32 data: a 16-bit GEMM computes in 32F */
+    r.cublas_compute = p == KF_PRECISION_TF32 && dt == KF_DT_FLOAT ? KF_CUBLAS_COMPUTE_32F_FAST_TF32 : KF_CUBLAS_COMPUTE_32F;
+    r.cudnn_data = dt == KF_DT_FLOAT16    ? KF_CUDNN_DATA_HALF
+                   : dt == KF_DT_BFLOAT16 ? KF_CUDNN_DATA_BFLOAT16
+                                          : KF_CUDNN_DATA_FLOAT;
+    r.cuda_data = dt == KF_DT_FLOAT16 ? KF_CUDA_R_16F : dt == KF_DT_BFLOAT16 ? KF_CUDA_R_16BF : KF_CUDA_R_32F;
+    return r;
+}
+
 /* ---- the host model of the call ----------------------------------------- */
 
 static double rd(const kf_tensor *t, int64_t i) {
-    return t->dtype == KF_DT_FLOAT16 ? kf_half_to_float(((const uint16_t *)t->data)[i]) : ((const float *)t->data)[i];
+    if (t->dtype == KF_DT_FLOAT16) return kf_half_to_float(((const uint16_t *)t->data)[i]);
+    if (t->dtype == KF_DT_BFLOAT16) return kf_bf16_to_float(((const uint16_t *)t->data)[i]);
+    return ((const float *)t->data)[i];
+}
+
+/* Stores y as element i of t, rounded like the library's output. */
+static void wr(kf_tensor *t, int64_t i, float y) {
+    if (t->dtype == KF_DT_FLOAT16) ((uint16_t *)t->data)[i] = kf_float_to_half(y);
+    else if (t->dtype == KF_DT_BFLOAT16) ((uint16_t *)t->data)[i] = kf_float_to_bf16(y);
+    else ((float *)t->data)[i] = y;
 }
 
 static bool fits(const kf_tensor *t, kf_dtype dt, int64_t last) {
@@ -499,9 +530,7 @@ kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tens
                 if (g->act == KF_LA_ACT_RELU) y = y > 0.0f ? y : 0.0f;
                 else if (g->act == KF_LA_ACT_GELU_TANH)
                     y = 0.5f * y * (1.0f + tanhf(0.7978845608028654f * (y + 0.044715f * y * y * y)));
-                int64_t di = bt * g->stride_d + j * g->ldd + i;
-                if (g->dtype == KF_DT_FLOAT16) ((uint16_t *)d->data)[di] = kf_float_to_half(y);
-                else ((float *)d->data)[di] = y;
+                wr(d, bt * g->stride_d + j * g->ldd + i, y);
             }
     return KF_OK;
 }
@@ -546,9 +575,7 @@ kf_status kf_la_conv_host(const kf_la_conv *c, const kf_tensor *x, const kf_tens
                     }
                 if (c->bias) acc += (float)rd(bias, k);
                 if (c->act == KF_LA_ACT_RELU) acc = acc > 0.0f ? acc : 0.0f;
-                int64_t di = (n * c->k + k) * osz + o;
-                if (c->dtype == KF_DT_FLOAT16) ((uint16_t *)d->data)[di] = kf_float_to_half(acc);
-                else ((float *)d->data)[di] = acc;
+                wr(d, (n * c->k + k) * osz + o, acc);
             }
     return KF_OK;
 }

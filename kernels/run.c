@@ -9,13 +9,14 @@
 
 #include "kf_run.h"
 
-kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs, int ninputs, kf_tensor *outputs,
-                         FILE *trace, kf_run_summary *sum) {
+kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
+                         kf_tensor *outputs, FILE *trace, kf_run_summary *sum) {
     if (sum) memset(sum, 0, sizeof *sum);
     if (ninputs < 0) return kf_fail(KF_ERR_INVALID_ARG, "%d inputs", ninputs);
     kf_exec_options o;
     kf_exec_options_default(&o);
     o.backend = b;
+    o.precision = prec;
     o.trace = trace;
     kf_exec *x;
     KF_TRY(kf_exec_create(m, &o, &x));
@@ -32,7 +33,9 @@ kf_status kf_run_backend(kf_model *m, kf_exec_backend b, const kf_tensor *inputs
 
 kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs, FILE *trace,
                         kf_run_summary *sum) {
-    return kf_run_backend(m, KF_EXEC_OPENCL, inputs, ninputs, outputs, trace, sum);
+    kf_exec_options o;
+    kf_exec_options_default(&o); /* KFUSE_PRECISION */
+    return kf_run_backend(m, KF_EXEC_OPENCL, o.precision, inputs, ninputs, outputs, trace, sum);
 }
 
 /* ---- --check comparison ------------------------------------------------- */
@@ -54,7 +57,69 @@ void kf_run_tolerance(kf_dtype dt, double *atol, double *rtol) {
     *rtol = dt == KF_DT_FLOAT16 ? RUN_F16_RTOL : dt == KF_DT_BFLOAT16 ? RUN_BF16_RTOL : RUN_F32_RTOL;
 }
 
+void kf_run_tolerance_prec(kf_dtype dt, kf_precision p, double *atol, double *rtol) {
+    kf_run_tolerance(dt, atol, rtol);
+    if (!kf_dtype_is_float(dt) || p == KF_PRECISION_FP32) return;
+    double a, r;
+    kf_run_tolerance(p == KF_PRECISION_BF16 ? KF_DT_BFLOAT16 : KF_DT_FLOAT16, &a, &r);
+    if (a > *atol) *atol = a;
+    if (r > *rtol) *rtol = r;
+}
+
 bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t whylen) {
+    return kf_run_close_prec(got, want, KF_PRECISION_FP32, why, whylen);
+}
+
+/* got against want with float elements held to atol + rtol * |want|. */
+static bool close_at(const kf_tensor *got, const kf_tensor *want, double atol, double rtol, char *why, size_t whylen);
+
+bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision p, char *why, size_t whylen) {
+    double atol, rtol;
+    kf_run_tolerance_prec(got->dtype, p, &atol, &rtol);
+    return close_at(got, want, atol, rtol, why, whylen);
+}
+
+bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precision p, uint32_t depth, char *why,
+                        size_t whylen) {
+    double atol, rtol;
+    kf_run_tolerance_prec(got->dtype, p, &atol, &rtol);
+    if (p != KF_PRECISION_FP32 && kf_dtype_is_float(got->dtype) && got->dtype == want->dtype) {
+        double big = 0, s = sqrt(depth > 1 ? (double)depth : 1.0);
+        for (int64_t i = 0; i < want->numel; i++) {
+            double w = fabs(kf_get_f64(want, i));
+            if (isfinite(w) && w > big) big = w;
+        }
+        atol = s * (atol + rtol * big);
+        rtol *= s;
+    }
+    return close_at(got, want, atol, rtol, why, whylen);
+}
+
+kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth) {
+    const kf_graph *g = m->graph;
+    kf_id *order = NULL;
+    uint32_t count = 0;
+    KF_TRY(kf_graph_topo(g, &order, &count));
+    uint32_t *d = kf_calloc((size_t)g->nvalues + 1, sizeof(uint32_t));
+    if (!d) {
+        kf_free(order);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    for (uint32_t k = 0; k < count; k++) {
+        const kf_node *n = &g->nodes[order[k]];
+        uint32_t dn = 0;
+        for (int i = 0; i < n->nin; i++)
+            if (n->in[i] && d[n->in[i]] > dn) dn = d[n->in[i]];
+        for (int j = 0; j < n->nout; j++)
+            if (n->out[j]) d[n->out[j]] = dn + 1;
+    }
+    for (uint32_t o = 0; o < g->noutputs; o++) depth[o] = d[g->outputs[o]] ? d[g->outputs[o]] : 1;
+    kf_free(d);
+    kf_free(order);
+    return KF_OK;
+}
+
+static bool close_at(const kf_tensor *got, const kf_tensor *want, double atol, double rtol, char *why, size_t whylen) {
     if (got->dtype != want->dtype || got->rank != want->rank || got->numel != want->numel) {
         snprintf(why, whylen, "dtype/shape differ: got dtype %d rank %d numel %lld, want dtype %d rank %d numel %lld",
                  (int)got->dtype, got->rank, (long long)got->numel, (int)want->dtype, want->rank,
@@ -73,8 +138,6 @@ bool kf_run_close(const kf_tensor *got, const kf_tensor *want, char *why, size_t
         snprintf(why, whylen, "%s tensors differ", dt == KF_DT_STRING ? "string" : "complex");
         return false;
     }
-    double atol, rtol;
-    kf_run_tolerance(dt, &atol, &rtol);
     for (int64_t i = 0; i < got->numel; i++) {
         if (kf_dtype_is_float(dt)) {
             double a = kf_get_f64(got, i), b = kf_get_f64(want, i);

@@ -20,6 +20,7 @@
 #include "kf_fuse.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 #include "kf_run.h"
 
 /* ---- random numbers (splitmix64: a seed alone fixes every draw) -------- */
@@ -1924,6 +1925,112 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* got (n outputs) against x->want at precision p's whole-model tolerance
+ * (kf_run_close_model, depths of the original graph); *out_of_range when
+ * got is not finite where want is (a value past the low type's range). */
+static bool close_low(ctx *x, const kf_tensor *got, uint32_t n, kf_precision p, const uint32_t *depth,
+                      bool *out_of_range, char *why, size_t whylen) {
+    *out_of_range = false;
+    if (n != x->nwant) {
+        snprintf(why, whylen, "%u outputs, want %u", n, x->nwant);
+        return false;
+    }
+    for (uint32_t i = 0; i < n; i++) {
+        if (kf_dtype_is_float(got[i].dtype) && got[i].dtype == x->want[i].dtype && got[i].numel == x->want[i].numel)
+            for (int64_t k = 0; k < got[i].numel; k++)
+                if (!isfinite(kf_get_f64(&got[i], k))) *out_of_range = true;
+        char w[400];
+        if (!*out_of_range && !kf_run_close_model(&got[i], &x->want[i], p, depth[i], w, sizeof w)) {
+            snprintf(why, whylen, "output %u: %s", i, w);
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Whether ref on the original graph stays within p's tolerance of
+ * x->want when its float inputs and constants move by about one rounding
+ * to the low type (rounded to it; scaled by 1 + 2u): when it does not, an output
+ * depends on its inputs discontinuously there (Floor, a Cast to an
+ * integer, a comparison near a tie) or through a cancellation, and no
+ * low-precision run can be expected to match. Such graphs are counted
+ * and skipped, not failed. */
+static void perturb(kf_tensor *t, kf_precision p, int trial) {
+    if (t->dtype != KF_DT_FLOAT) return;
+    for (int64_t k = 0; k < t->numel; k++) {
+        float v = ((float *)t->data)[k];
+        if (trial == 1) v *= p == KF_PRECISION_BF16 ? 1 + 2 * 0x1p-8f : 1 + 2 * 0x1p-11f;
+        else v = p == KF_PRECISION_BF16 ? kf_bf16_to_float(kf_float_to_bf16(v)) : kf_half_to_float(kf_float_to_half(v));
+        ((float *)t->data)[k] = v;
+    }
+}
+
+static bool well_conditioned(ctx *x, kf_precision p, const uint32_t *depth) {
+    bool ok = true;
+    for (int trial = 0; ok && trial < 2; trial++) {
+        kf_model *c = NULL;
+        kf_tensor *in = calloc((size_t)x->nins + 1, sizeof(kf_tensor)), *out = calloc(x->nwant + 1, sizeof(kf_tensor));
+        if (!in || !out) need(KF_ERR_NOMEM);
+        need(rg_copy(x->m, &c));
+        for (kf_id v = 1; v < c->graph->nvalues; v++)
+            if (c->graph->values[v].init) perturb(c->graph->values[v].init, p, trial);
+        for (int i = 0; i < x->nins; i++) {
+            need(kf_tensor_alloc(&in[i], x->ins[i].dtype, x->ins[i].rank, x->ins[i].dims));
+            memcpy(in[i].data, x->ins[i].data, (size_t)in[i].numel * kf_dtype_size(in[i].dtype));
+            perturb(&in[i], p, trial);
+        }
+        bool skip = false;
+        char w[256];
+        ok = kf_eval_model(c, in, x->nins, out, NULL) == KF_OK &&
+             close_low(x, out, x->nwant, p, depth, &skip, w, sizeof w) && !skip;
+        kf_clear_error();
+        release_all(out, x->nwant);
+        release_all(in, (uint32_t)x->nins);
+        free(in);
+        free(out);
+        kf_model_free(c);
+    }
+    return ok;
+}
+
+/* RG_P_PREC: the graph through kf_fuse_precision, run on ref (and on
+ * OpenCL with RG_P_CL), against ref on the original. */
+static bool precision_paths(ctx *x, const rg_check_opts *o, rg_stats *st) {
+    kf_precision p = o->low == KF_DT_BFLOAT16 ? KF_PRECISION_BF16 : KF_PRECISION_FP16;
+    kf_model *c = NULL;
+    bool ok = true, skip = false;
+    uint32_t *depth = calloc(x->nwant + 1, sizeof(uint32_t));
+    kf_tensor *got = calloc(x->nwant + 1, sizeof(kf_tensor));
+    if (!depth || !got) need(KF_ERR_NOMEM);
+    kf_status s = kf_run_output_depths(x->m, depth);
+    if (!s) s = rg_copy(x->m, &c);
+    if (!s) s = kf_fuse_precision(c, p == KF_PRECISION_BF16 ? KF_DT_BFLOAT16 : KF_DT_FLOAT16, NULL);
+    if (!s) s = kf_eval_model(c, x->ins, x->nins, got, NULL);
+    char w[512];
+    if (s) ok = failed(x, "prec", "%s: %s", kf_status_name(s), kf_last_error());
+    else if (!close_low(x, got, c->graph->noutputs, p, depth, &skip, w, sizeof w) && well_conditioned(x, p, depth))
+        ok = failed(x, "prec", "%s", w);
+    else if (!skip && !well_conditioned(x, p, depth))
+        skip = true;
+    if (c) release_all(got, c->graph->noutputs);
+    if (ok && st) *(skip ? &st->prec_skipped : &st->prec) += 1;
+    if (ok && !skip && (o->paths & RG_P_CL) && !kf_cl_unavailable()) {
+        /* the converted graph is an ordinary 16-bit graph: optimized, planned
+         * and generated again by kf_run_opencl */
+        s = kf_run_opencl(c, x->ins, x->nins, got, NULL, NULL);
+        if (s) ok = failed(x, "prec-opencl", "%s: %s", kf_status_name(s), kf_last_error());
+        else if (!close_low(x, got, c->graph->noutputs, p, depth, &skip, w, sizeof w))
+            ok = failed(x, "prec-opencl", "%s", w);
+        else if (st && !skip)
+            st->prec_cl++;
+        release_all(got, c->graph->noutputs);
+    }
+    free(got);
+    free(depth);
+    if (c) kf_model_free(c);
+    return ok;
+}
+
 bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_opts *o, char *path,
               size_t pathlen, char *why, size_t whylen, rg_stats *st) {
     fam_init();
@@ -1972,6 +2079,7 @@ bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_
             if (c) kf_model_free(c);
         }
     }
+    if (ok && (o->paths & RG_P_PREC)) ok = precision_paths(&x, o, st);
     if (ok && (o->paths & RG_P_FAMILY)) {
         for (int f = 0; ok && f < nfams; f++) {
             if (o->family >= 0 && f != o->family) continue;

@@ -41,7 +41,9 @@ enum {
     RG_P_OPT = 1 << 0,    /* ref after kf_optimize */
     RG_P_FUSE = 1 << 1,   /* ref after opt + plan + kf_fuse_apply (ai.kfuse functions) */
     RG_P_CL = 1 << 2,     /* kf_run_opencl (skipped when kf_cl_unavailable()) */
-    RG_P_FAMILY = 1 << 3  /* opt (and fuse) with one pass family disabled */
+    RG_P_FAMILY = 1 << 3, /* opt (and fuse) with one pass family disabled */
+    RG_P_PREC = 1 << 4    /* the fp16/bf16 pass (kf_fuse_precision, rg_check_opts.low) on ref,
+                           * and the converted graph on OpenCL when RG_P_CL is set too */
 };
 
 /* Pass/rule families that can be disabled alone: each .kfp file of the
@@ -53,6 +55,7 @@ typedef struct rg_check_opts {
     unsigned paths;   /* RG_P_* */
     int family;       /* with RG_P_FAMILY: one family index, or -1 for all */
     const char *patterns; /* a .kfp file of extra rules for every opt run, or NULL */
+    kf_dtype low;     /* with RG_P_PREC: KF_DT_FLOAT16 or KF_DT_BFLOAT16 */
 } rg_check_opts;
 
 /* Counters across rg_check calls (per path: graphs compared, skipped). */
@@ -60,6 +63,10 @@ typedef struct rg_stats {
     uint64_t graphs, nodes;
     uint64_t ref, opt, fuse, cl, cl_skipped, family;
     uint64_t cl_groups_cl, cl_groups_ref; /* opencl path: groups run as kernels / on ref */
+    uint64_t prec, prec_cl, prec_skipped; /* RG_P_PREC: agreed on ref / on OpenCL; not judged:
+                                           * past the low type's range, or ill-conditioned (the
+                                           * float32 graph itself moves past the tolerance when
+                                           * inputs and constants move by one rounding) */
     uint64_t fail;
     double slowest_s;
     uint64_t slowest_seed;
@@ -68,7 +75,9 @@ typedef struct rg_stats {
 /* Runs m (not changed) with inputs through the paths in o. Returns true
  * when every path agrees with ref on the original; else false with the
  * failing path ("opt", "fuse", "opencl", "opt-no-<family>",
- * "fuse-no-<family>", or "ref" when the original itself does not run) in
+ * "fuse-no-<family>", "prec" and "prec-opencl" (the converted graph on ref
+ * and on OpenCL against ref on the original, at kf_run_close_model's
+ * tolerance), or "ref" when the original itself does not run) in
  * path and a description in why. st (may be NULL) is updated. */
 bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_opts *o, char *path,
               size_t pathlen, char *why, size_t whylen, rg_stats *st);

@@ -17,17 +17,22 @@ static int usage(void) {
     fprintf(stderr,
             "usage: kfuse_randgraph [--seed S] [--count N] [--print] [--opencl-every K]\n"
             "                       [--families all|rotate|none] [--no-shrink] [--max-fail N] [--quiet]\n"
+            "                       [--precision fp16|bf16|both]\n"
             "  graph i has seed S+i; --opencl-every 1 runs every graph on OpenCL (0: none; default 20)\n"
-            "  --families rotate: graph i disables family i mod F alone (default); all: every family\n");
+            "  --families rotate: graph i disables family i mod F alone (default); all: every family\n"
+            "  --precision: every graph also through the fp16/bf16 pass on ref (and on OpenCL where\n"
+            "    --opencl-every picks it); both: fp16 and bf16 by turns\n");
     return 2;
 }
 
 /* The check options that exercise only the failing path (for shrinking). */
-static rg_check_opts only(const char *path) {
-    rg_check_opts o = {0, -1, NULL};
+static rg_check_opts only(const char *path, kf_dtype low) {
+    rg_check_opts o = {0, -1, NULL, low};
     if (!strcmp(path, "opt")) o.paths = RG_P_OPT;
     else if (!strcmp(path, "fuse")) o.paths = RG_P_FUSE;
     else if (!strcmp(path, "opencl")) o.paths = RG_P_CL;
+    else if (!strcmp(path, "prec")) o.paths = RG_P_PREC;
+    else if (!strcmp(path, "prec-opencl")) o.paths = RG_P_PREC | RG_P_CL;
     else if (!strncmp(path, "opt-no-", 7) || !strncmp(path, "fuse-no-", 8)) {
         const char *f = strstr(path, "-no-") + 4;
         o.paths = RG_P_FAMILY;
@@ -42,6 +47,7 @@ int main(int argc, char **argv) {
     long count = 100, cl_every = 20, max_fail = 5;
     bool print = false, shrink = true, quiet = false;
     int families = 1; /* 0 none, 1 rotate, 2 all */
+    int prec = 0;     /* 0 none, 1 fp16, 2 bf16, 3 both */
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--seed") && v) seed = strtoull(v, NULL, 0), i++;
@@ -51,6 +57,10 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--families") && v) {
             families = !strcmp(v, "none") ? 0 : !strcmp(v, "all") ? 2 : !strcmp(v, "rotate") ? 1 : -1;
             if (families < 0) return usage();
+            i++;
+        } else if (!strcmp(a, "--precision") && v) {
+            prec = !strcmp(v, "fp16") ? 1 : !strcmp(v, "bf16") ? 2 : !strcmp(v, "both") ? 3 : -1;
+            if (prec < 0) return usage();
             i++;
         } else if (!strcmp(a, "--print")) print = true;
         else if (!strcmp(a, "--no-shrink")) shrink = false;
@@ -80,8 +90,12 @@ int main(int argc, char **argv) {
             kf_model_free(m);
             return 3;
         }
-        rg_check_opts o = {RG_P_OPT | RG_P_FUSE, -1, NULL};
+        rg_check_opts o = {RG_P_OPT | RG_P_FUSE, -1, NULL, KF_DT_FLOAT16};
         if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL;
+        if (prec) {
+            o.paths |= RG_P_PREC;
+            o.low = prec == 2 || (prec == 3 && i % 2) ? KF_DT_BFLOAT16 : KF_DT_FLOAT16;
+        }
         if (families) {
             o.paths |= RG_P_FAMILY;
             o.family = families == 2 ? -1 : (int)(i % nf);
@@ -97,7 +111,7 @@ int main(int argc, char **argv) {
             printf("FAIL seed %llu path %s: %s\n--- graph (%u nodes) ---\n%s", (unsigned long long)s, path, why,
                    kf_graph_live_nodes(m->graph), t);
             free(t);
-            rg_check_opts so = only(path);
+            rg_check_opts so = only(path, o.low);
             uint64_t in_seed = s;
             kf_model *sm = shrink && so.paths ? rg_shrink(m, &in_seed, &so, path) : NULL;
             if (sm) {
@@ -116,11 +130,13 @@ int main(int argc, char **argv) {
         kf_model_free(m);
     }
     printf("graphs %llu (nodes %llu), agreed: ref %llu, opt %llu, fuse %llu, opencl %llu (skipped %llu), "
-           "family-disabled %llu; failed %llu; slowest %.3f s (seed %llu)\n"
+           "family-disabled %llu, fp16/bf16 ref %llu opencl %llu (out of range %llu); failed %llu; "
+           "slowest %.3f s (seed %llu)\n"
            "opencl path: %llu groups ran as generated kernels, %llu on the reference evaluator\n",
            (unsigned long long)st.graphs, (unsigned long long)st.nodes, (unsigned long long)st.ref,
            (unsigned long long)st.opt, (unsigned long long)st.fuse, (unsigned long long)st.cl,
-           (unsigned long long)st.cl_skipped, (unsigned long long)st.family, (unsigned long long)st.fail,
+           (unsigned long long)st.cl_skipped, (unsigned long long)st.family, (unsigned long long)st.prec,
+           (unsigned long long)st.prec_cl, (unsigned long long)st.prec_skipped, (unsigned long long)st.fail,
            st.slowest_s, (unsigned long long)st.slowest_seed, (unsigned long long)st.cl_groups_cl,
            (unsigned long long)st.cl_groups_ref);
     rg_write_rule_hits(stdout);

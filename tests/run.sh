@@ -81,6 +81,22 @@ run_models_variants() { # the bundled models through the other execution paths, 
   echo "$n models passed with library anchors (host model) and without batching"
 }
 
+run_models_precision() { # every bundled model at fp16 and bf16 (weights and activations 16-bit),
+  # generated kernels and library anchors (host model), against the float32 reference at the
+  # precision's tolerance; a few seconds in all
+  local m p n=0
+  for p in fp16 bf16; do
+    for m in "$root"/bench/models/tiny_cnn.onnx "$root"/bench/models/small/*/model.onnx; do
+      "$root/build/tools/kfuse" run "$m" --backend opencl --check --precision "$p" >/dev/null ||
+        { echo "FAILED at $p: $m"; return 1; }
+      KFUSE_LIBANCHOR_HOST=1 "$root/build/tools/kfuse" run "$m" --backend opencl --check --precision "$p" >/dev/null ||
+        { echo "FAILED at $p with library anchors (host model): $m"; return 1; }
+      n=$((n + 1))
+    done
+  done
+  echo "$n model runs passed at fp16/bf16, generated and with library anchors (host model)"
+}
+
 "$root/tools/setup-deps.sh" || { echo "dependency setup failed"; exit 1; }
 # A private kernel cache per run: nothing left by an earlier run (or another
 # checkout) is read, and every cache path is exercised cold, then warm.
@@ -105,6 +121,7 @@ stage "conformance (ref)" conform "$root/build/tools/kfuse"
 stage "conformance (opencl)" conform_opencl "$root/build/tools/kfuse"
 stage "bundled and shared models on opencl --check" run_models_opencl
 stage "bundled models: library anchors, no batching" run_models_variants
+stage "bundled models at fp16 and bf16" run_models_precision
 stage "cuda kernels compile (NVRTC, sm_80 + sm_90)" bash -c "'$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_80 && '$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_90"
 stage "emitted kernels compile on their own (nvcc, OpenCL)" "$root/tests/emit_check.sh" "$root/build"
 stage "install + embed example" "$root/tests/install_check.sh" "$root/build-install"

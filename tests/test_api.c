@@ -274,3 +274,93 @@ Test(api, input_info_gives_declared_dtype_and_shape) {
     kf_compiled_free(c);
     kf_model_free(m);
 }
+
+/* ---- kf_compile_ex -------------------------------------------------------- */
+
+/* A struct_size the library cannot honour is a typed error naming it;
+ * nothing is compiled and *out stays NULL. */
+Test(api, compile_ex_struct_size) {
+    kf_model *m = gt_parse(MODEL);
+    kf_compiled *c = (kf_compiled *)&c;
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    o.backend = KF_BACKEND_REF;
+    o.struct_size = 0; /* a caller that never set it */
+    cr_assert_eq(kf_compile_ex(m, &o, &c), KF_ERR_INVALID_ARG);
+    cr_assert_null(c);
+    cr_assert(strstr(kf_last_error(), "struct_size 0"), "%s", kf_last_error());
+    o.struct_size = sizeof o - 1;
+    cr_assert_eq(kf_compile_ex(m, &o, &c), KF_ERR_INVALID_ARG);
+    /* a later kfuse's larger options: refused, not half read */
+    struct {
+        kf_compile_options o;
+        uint64_t later_field;
+    } big = {o, 1};
+    big.o.struct_size = sizeof big;
+    c = (kf_compiled *)&c;
+    cr_assert_eq(kf_compile_ex(m, &big.o, &c), KF_ERR_UNSUPPORTED);
+    cr_assert_null(c);
+    cr_assert(strstr(kf_last_error(), "struct_size"), "%s", kf_last_error());
+    o.struct_size = sizeof o;
+    o.precision = (kf_precision)4;
+    cr_assert_eq(kf_compile_ex(m, &o, &c), KF_ERR_INVALID_ARG);
+    cr_assert(strstr(kf_last_error(), "precision 4"), "%s", kf_last_error());
+    o.precision = KF_PRECISION_FP32;
+    o.backend = (kf_backend)9;
+    cr_assert_eq(kf_compile_ex(m, &o, &c), KF_ERR_INVALID_ARG);
+    /* exactly this header's size, and NULL options, compile */
+    o.backend = KF_BACKEND_REF;
+    cr_assert_eq(kf_compile_ex(m, &o, &c), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_compiled_backend(c), KF_BACKEND_REF);
+    kf_compiled_free(c);
+    cr_assert_eq(kf_compile_ex(m, NULL, &c), KF_OK, "%s", kf_last_error());
+    kf_compiled_free(c);
+    cr_assert_eq(kf_compile_ex(m, &o, NULL), KF_ERR_INVALID_ARG);
+    kf_model_free(m);
+}
+
+Test(api, precision_names) {
+    cr_assert_str_eq(kf_precision_name(KF_PRECISION_FP32), "fp32");
+    cr_assert_str_eq(kf_precision_name(KF_PRECISION_TF32), "tf32");
+    cr_assert_str_eq(kf_precision_name(KF_PRECISION_FP16), "fp16");
+    cr_assert_str_eq(kf_precision_name(KF_PRECISION_BF16), "bf16");
+    cr_assert_str_eq(kf_precision_name((kf_precision)4), "?");
+}
+
+/* Each precision on each backend here: outputs keep the model's float32
+ * type and match the float32 reference at the precision's tolerance. */
+static void compile_ex_matches_ref(kf_backend b, kf_precision p) {
+    need_backend(b);
+    kf_model *m = gt_parse(MODEL);
+    kf_compiled *c = NULL;
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    o.backend = b;
+    o.precision = p;
+    cr_assert_eq(kf_compile_ex(m, &o, &c), KF_OK, "%s", kf_last_error());
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(m, &ins, &nins);
+    kf_tensor want[2] = {0};
+    cr_assert_eq(kf_eval_model(m, ins, 2, want, NULL), KF_OK, "%s", kf_last_error());
+    kf_host_tensor h[2] = {host(&ins[0]), host(&ins[1])};
+    kf_output out[2];
+    cr_assert_eq(kf_run(c, h, 2, out, 2), KF_OK, "%s", kf_last_error());
+    for (int o2 = 0; o2 < 2; o2++) {
+        cr_assert_eq(out[o2].dtype, 1, "output %d dtype %d: the caller sees the declared float32", o2, out[o2].dtype);
+        kf_tensor got = from_output(&out[o2]);
+        char why[256];
+        cr_expect(kf_run_close_prec(&got, &want[o2], p, why, sizeof why), "%s %s output %d: %s", kf_backend_name(b),
+                  kf_precision_name(p), o2, why);
+        kf_tensor_release(&got);
+        kf_tensor_release(&want[o2]);
+        kf_output_release(&out[o2]);
+    }
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(ins);
+    kf_compiled_free(c);
+    kf_model_free(m);
+}
+
+Test(api, compile_ex_tf32_opencl) { compile_ex_matches_ref(KF_BACKEND_OPENCL, KF_PRECISION_TF32); }
+Test(api, compile_ex_fp16_opencl) { compile_ex_matches_ref(KF_BACKEND_OPENCL, KF_PRECISION_FP16); }
+Test(api, compile_ex_bf16_opencl) { compile_ex_matches_ref(KF_BACKEND_OPENCL, KF_PRECISION_BF16); }
+Test(api, compile_ex_bf16_ref) { compile_ex_matches_ref(KF_BACKEND_REF, KF_PRECISION_BF16); }

@@ -19,6 +19,10 @@
 #define ATOL16 2.5e-3
 #define RTOL16 1e-3
 
+/* When set, every output is held to this tolerance instead (outputs Cast
+ * to float32 from 16-bit values carry the 16-bit rounding). */
+static double cast_atol, cast_rtol;
+
 /* Plans text, generates every anchor group (all must be accepted), runs
  * each on OpenCL and compares each output with the reference; returns the
  * number of anchor kernels run. The first generated body goes to *body_out
@@ -45,7 +49,9 @@ static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint
             char w[256];
             const kf_tensor *want = &r.t[k.outs[o].value];
             bool half = want->dtype == KF_DT_FLOAT16;
-            cr_assert(tu_close(&out[o], want, half ? ATOL16 : cgu_dot_atol(K), half ? RTOL16 : RTOL, w, sizeof w),
+            double atol = cast_atol ? cast_atol : half ? ATOL16 : cgu_dot_atol(K);
+            double rtol = cast_rtol ? cast_rtol : half ? RTOL16 : RTOL;
+            cr_assert(tu_close(&out[o], want, atol, rtol, w, sizeof w),
                       "group %u output %u: %s\n%s", gi, o, w, k.body);
             kf_tensor_release(&out[o]);
         }
@@ -283,6 +289,24 @@ Test(cg_anchor, gemm_long_k) {
 Test(cg_anchor, gemm_float16_storage) {
     cgu_need_opencl();
     cr_assert_eq(check_anchors(MM_HALF, 30, NULL, NULL), 1);
+}
+
+/* an fp16/bf16 plan's exit: the 16-bit GEMM result Cast back to float32
+ * in the anchor's epilogue (one kernel, not a reference group) */
+Test(cg_anchor, gemm_16bit_then_cast_to_float) {
+    cgu_need_opencl();
+    static const char *const dts[] = {"float16", "bfloat16"};
+    static const double tol[2][2] = {{ATOL16, RTOL16}, {2e-2, 1e-2}}; /* DESIGN.md: bf16 2e-2 / 1e-2 */
+    for (int i = 0; i < 2; i++) {
+        char text[512];
+        cast_atol = tol[i][0], cast_rtol = tol[i][1];
+        snprintf(text, sizeof text,
+                 "input x %s[20, 30]\nconst w %s[30, 25] = random\nconst b %s[25] = random\n"
+                 "y = MatMul(x, w)\nz = Add(y, b)\nr = Relu(z)\nf = Cast(r) {to=1}\noutput f\n",
+                 dts[i], dts[i], dts[i]);
+        cr_assert_eq(check_anchors(text, 30, NULL, NULL), 1, "%s", dts[i]);
+    }
+    cast_atol = cast_rtol = 0;
 }
 
 Test(cg_anchor, gemm_residual_layernorm_rows) {

@@ -468,6 +468,15 @@ static void walk_compile(const char *what, const char *text, kf_backend b, bool 
 
 Test(faults, compile_run_ref) { walk_compile("norm on ref", norm_text, KF_BACKEND_REF, false); }
 
+/* The same through the fp16/bf16 pass (KFUSE_PRECISION is kf_compile's precision) */
+Test(faults, compile_run_ref_fp16) {
+    setenv("KFUSE_PRECISION", "fp16", 1);
+    walk_compile("norm on ref at fp16", norm_text, KF_BACKEND_REF, false);
+    setenv("KFUSE_PRECISION", "bf16", 1);
+    walk_compile("mnist on ref at bf16", mnist_text, KF_BACKEND_REF, true);
+    unsetenv("KFUSE_PRECISION");
+}
+
 Test(faults, compile_run_ref_sticky) { walk_compile("mnist on ref", mnist_text, KF_BACKEND_REF, true); }
 
 Test(faults, compile_run_opencl_sticky) { walk_compile("mnist on opencl", mnist_text, KF_BACKEND_OPENCL, true); }

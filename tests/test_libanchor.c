@@ -24,6 +24,8 @@
 #define RTOL 1e-4
 #define ATOL16 2.5e-3
 #define RTOL16 1e-3
+#define ATOLBF 2e-2
+#define RTOLBF 1e-2
 
 static char *exec_matches_ref(const kf_model *m, bool lib);
 
@@ -75,8 +77,8 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
                                          G->bias ? &r->t[G->bias] : NULL, &d),
                          KF_OK, "group %u: %s", gi, kf_last_error());
         }
-        bool half = dt->dtype == KF_DT_FLOAT16;
-        double atol = half ? ATOL16 : cgu_dot_atol(K), rtol = half ? RTOL16 : RTOL;
+        bool half = dt->dtype == KF_DT_FLOAT16, bf16 = dt->dtype == KF_DT_BFLOAT16;
+        double atol = bf16 ? ATOLBF : half ? ATOL16 : cgu_dot_atol(K), rtol = bf16 ? RTOLBF : half ? RTOL16 : RTOL;
         char w[256];
         cr_assert(tu_close(&d, &r->t[lv[4]], atol, rtol, w, sizeof w),
                   "group %u: library output '%s' (%s; gemm m %lld n %lld k %lld batch %lld ta %d tb %d): %s", gi,
@@ -206,6 +208,22 @@ Test(libanchor, float16_bias_relu) {
                          "y = MatMul(x, w)\nz = Add(y, b)\nq = Relu(z)\np = Add(q, r)\noutput p\n");
     cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
     cr_assert_eq(t.with_epilogue, 1);
+}
+
+/* A bfloat16 GEMM maps onto cuBLASLt (CUDA_R_16BF, 32F compute); a
+ * bfloat16 NCHW conv keeps its generated kernel, with the reason. */
+Test(libanchor, bfloat16_gemm_maps_conv_declines) {
+    cgu_need_opencl();
+    tally t = check_text("input x bfloat16[17, 40]\nconst w bfloat16[40, 24] = random\nconst b bfloat16[24] = random\n"
+                         "input r bfloat16[17, 24]\n"
+                         "y = MatMul(x, w)\nz = Add(y, b)\nq = Relu(z)\np = Add(q, r)\noutput p\n");
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 1);
+    t = check_text("input c bfloat16[1, 4, 8, 8]\nconst cw bfloat16[8, 4, 3, 3] = random\n"
+                   "cy = Conv(c, cw) {pads=[1,1,1,1]}\noutput cy\n");
+    cr_assert_eq(t.mapped, 0);
+    cr_assert(strstr(t.first_reason, "bfloat16 operands: the library path takes float32 and float16 convolutions"), "%s",
+              t.first_reason);
 }
 
 Test(libanchor, store_side_head_split_in_the_epilogue) {
@@ -574,4 +592,43 @@ Test(libanchor, cuda_library_calls_match_ref, .timeout = 300) {
     cr_assert_not_null(strstr(trace, "library conv"), "%s", trace);
     free(trace);
     kf_model_free(m);
+}
+
+/* The math each precision hands the libraries, with the values of the
+ * library headers written out: strict float32 never lets cuDNN pick TF32
+ * tensor cores (CUDNN_FMA_MATH = 3, and only FMA algorithms from the
+ * heuristic's list), nor cuBLASLt (CUBLAS_COMPUTE_32F = 68). */
+Test(libanchor, math_per_precision) {
+    kf_la_math m = kf_la_math_for(KF_PRECISION_FP32, KF_DT_FLOAT);
+    cr_assert_eq(m.cudnn_math, 3, "fp32 conv math %d, want CUDNN_FMA_MATH", m.cudnn_math);
+    cr_assert_eq(m.cudnn_algo_math, 1u << 3, "fp32 may pick an algorithm of math mask %#x", m.cudnn_algo_math);
+    cr_assert_eq(m.cublas_compute, 68);
+    cr_assert_eq(m.cudnn_data, 0);
+    cr_assert_eq(m.cuda_data, 0);
+
+    m = kf_la_math_for(KF_PRECISION_TF32, KF_DT_FLOAT);
+    cr_assert_eq(m.cudnn_math, 1); /* CUDNN_TENSOR_OP_MATH */
+    cr_assert(m.cudnn_algo_math & 1u << 1);
+    cr_assert(!(m.cudnn_algo_math & 1u << 2), "ALLOW_CONVERSION would round float32 to float16");
+    cr_assert_eq(m.cublas_compute, 77); /* CUBLAS_COMPUTE_32F_FAST_TF32 */
+    cr_assert_eq(m.cuda_data, 0);
+
+    m = kf_la_math_for(KF_PRECISION_FP16, KF_DT_FLOAT16);
+    cr_assert_eq(m.cudnn_math, 1);
+    cr_assert_eq(m.cublas_compute, 68, "16-bit operands accumulate in float32");
+    cr_assert_eq(m.cudnn_data, 2);
+    cr_assert_eq(m.cuda_data, 2);
+
+    m = kf_la_math_for(KF_PRECISION_BF16, KF_DT_BFLOAT16);
+    cr_assert_eq(m.cudnn_math, 1);
+    cr_assert_eq(m.cublas_compute, 68);
+    cr_assert_eq(m.cudnn_data, 9);
+    cr_assert_eq(m.cuda_data, 14);
+
+    /* a float16 model at fp32: tensor cores round nothing there, and the
+     * accumulation stays float32 */
+    m = kf_la_math_for(KF_PRECISION_FP32, KF_DT_FLOAT16);
+    cr_assert_eq(m.cudnn_math, 1);
+    cr_assert_eq(m.cublas_compute, 68);
+    cr_assert_eq(m.cudnn_data, 2);
 }

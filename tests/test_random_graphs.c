@@ -80,7 +80,7 @@ Test(random_graphs, agree_on_every_path) {
         kf_tensor *ins;
         int nins;
         cr_assert_eq(rg_inputs(m, seed, &ins, &nins), KF_OK, "%s", kf_last_error());
-        rg_check_opts o = {RG_P_OPT | RG_P_FUSE | RG_P_FAMILY, (int)(i % nf), NULL};
+        rg_check_opts o = {RG_P_OPT | RG_P_FUSE | RG_P_FAMILY, (int)(i % nf), NULL, KF_DT_FLOAT16};
         if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL;
         char path[64], why[1024];
         double slow = st.slowest_s;
@@ -117,7 +117,7 @@ Test(random_graphs, catches_a_wrong_rule_and_shrinks_it) {
     cr_assert_eq(write(fd, rule, strlen(rule)), (ssize_t)strlen(rule));
     close(fd);
     uint64_t base = tu_seed();
-    rg_check_opts o = {RG_P_OPT, -1, file};
+    rg_check_opts o = {RG_P_OPT, -1, file, KF_DT_FLOAT16};
     bool caught = false;
     for (int i = 0; i < 400 && !caught; i++) {
         uint64_t seed = base + (uint64_t)i;
@@ -197,4 +197,44 @@ Test(random_graphs, covers_the_listed_ops) {
     for (int k = 0; k < NOPS; k++) cr_expect(seen[k] > 0, "no graph used %s", ops[k]);
     cr_expect(fp16 > 0, "no float16 graph");
     cr_expect(sym > 0, "no symbolic dim");
+}
+
+/* Graphs through the fp16/bf16 pass (by turns): the converted graph must
+ * infer, run on ref and match ref on the original at the whole-model
+ * tolerance, and every PREC_CL_EVERY-th runs on OpenCL as well. Graphs
+ * whose float32 outputs already move past that tolerance when their
+ * inputs and constants move by one rounding (Floor, integer Casts, ties,
+ * cancellations) or that leave the 16-bit range are counted, not judged. */
+#define PREC_GRAPHS 400
+#define PREC_CL_EVERY 100 /* OpenCL compiles dominate (seconds a graph on 2 cores): 4 of 400 */
+Test(random_graphs, precision_pass) {
+    uint64_t base = tu_seed();
+    long count = env_long("KF_RANDGRAPH_PREC_COUNT", PREC_GRAPHS);
+    rg_stats st = {0};
+    long failures = 0;
+    for (long i = 0; i < count && failures < 3; i++) {
+        uint64_t seed = base + (uint64_t)i;
+        kf_model *m = rg_generate(seed);
+        cr_assert(m);
+        kf_tensor *ins;
+        int nins;
+        cr_assert_eq(rg_inputs(m, seed, &ins, &nins), KF_OK, "%s", kf_last_error());
+        rg_check_opts o = {RG_P_PREC, -1, NULL, i % 2 ? KF_DT_BFLOAT16 : KF_DT_FLOAT16};
+        if (CI_CL_EVERY > 0 && i % PREC_CL_EVERY == 0) o.paths |= RG_P_CL; /* not under ASan (above) */
+        char path[64], why[1024];
+        if (!rg_check(m, ins, nins, &o, path, sizeof path, why, sizeof why, &st)) {
+            failures++;
+            report_failure(m, seed, path, why, &o);
+        }
+        rg_free_tensors(ins, nins);
+        kf_model_free(m);
+    }
+    fprintf(stderr,
+            "random graphs at fp16/bf16: seeds %llu..%llu: %llu graphs; agreed with float32 ref: on ref %llu, on "
+            "opencl %llu; not judged (out of range or ill-conditioned) %llu; failed %llu\n",
+            (unsigned long long)base, (unsigned long long)(base + (uint64_t)count - 1), (unsigned long long)st.graphs,
+            (unsigned long long)st.prec, (unsigned long long)st.prec_cl, (unsigned long long)st.prec_skipped,
+            (unsigned long long)st.fail);
+    cr_assert_eq(st.fail, 0, "%llu random graphs disagree at a low precision (graphs above)", (unsigned long long)st.fail);
+    cr_assert_geq(st.prec, (uint64_t)count / 2, "most graphs must be judged, %llu were", (unsigned long long)st.prec);
 }

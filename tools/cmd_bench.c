@@ -35,7 +35,7 @@ static double quantile(const double *v, int n, double q) {
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kfuse bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N]...\n"
-               "                  [--seed N] [--threads N]\n"
+               "                  [--seed N] [--threads N] [--precision fp32|tf32|fp16|bf16]\n"
                "  p50/p99 latency of host-to-host runs after warm-up (defaults 10 and 100),\n"
                "  kernels launched per run, arena bytes against the live lower bound\n");
 }
@@ -43,10 +43,12 @@ static void bench_usage(FILE *f) {
 int kfuse_cmd_bench(int argc, char **argv) {
     kfuse_tool_args a;
     kf_exec_backend b;
+    kf_precision prec;
     if (!kfuse_tool_parse(&a, argc, argv) || !kfuse_tool_backend(a.backend, &b)) {
         bench_usage(stderr);
         return EXIT_USAGE;
     }
+    if (!kfuse_tool_precision(a.precision, &prec)) return EXIT_USAGE;
     kf_model *m = NULL;
     kf_exec *x = NULL;
     kf_type *types = NULL;
@@ -65,6 +67,7 @@ int kfuse_cmd_bench(int argc, char **argv) {
         o.backend = b;
         o.arch = a.arch;
         o.threads = a.threads;
+        o.precision = prec;
         st = kf_exec_create(m, &o, &x);
     }
     if (!st) {
@@ -89,8 +92,8 @@ int kfuse_cmd_bench(int argc, char **argv) {
         kf_exec_get_stats(x, &s);
         qsort(ms, (size_t)a.iters, sizeof *ms, cmp_double);
         qsort(dev_ms, (size_t)a.iters, sizeof *dev_ms, cmp_double);
-        printf("kfuse: bench: %s on %s: p50 %.3f ms, p99 %.3f ms (%d runs after %d warm-up; setup %.1f ms)\n",
-               a.model, a.backend, quantile(ms, a.iters, 0.5), quantile(ms, a.iters, 0.99), a.iters, a.warmup, setup);
+        printf("kfuse: bench: %s on %s (%s): p50 %.3f ms, p99 %.3f ms (%d runs after %d warm-up; setup %.1f ms)\n",
+               a.model, a.backend, kf_precision_name(prec), quantile(ms, a.iters, 0.5), quantile(ms, a.iters, 0.99), a.iters, a.warmup, setup);
         if (dev_timed)
             printf("kfuse: bench: device p50 %.4f ms, p99 %.4f ms (launches to completion, inputs already on the device)\n",
                    quantile(dev_ms, a.iters, 0.5), quantile(dev_ms, a.iters, 0.99));

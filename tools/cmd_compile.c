@@ -33,6 +33,7 @@ bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
         bool more = i + 1 < argc;
         if (!strcmp(o, "--backend") && more) a->backend = argv[++i];
         else if (!strcmp(o, "--arch") && more) a->arch = argv[++i];
+        else if (!strcmp(o, "--precision") && more) a->precision = argv[++i];
         else if (!strcmp(o, "--warmup") && more) a->warmup = atoi(argv[++i]);
         else if (!strcmp(o, "--iters") && more) a->iters = atoi(argv[++i]);
         else if (!strcmp(o, "--threads") && more) a->threads = atoi(argv[++i]);
@@ -56,6 +57,17 @@ bool kfuse_tool_backend(const char *name, kf_exec_backend *b) {
     else if (!strcmp(name, "ref")) *b = KF_EXEC_REF;
     else return false;
     return true;
+}
+
+bool kfuse_tool_precision(const char *flag, kf_precision *p) {
+    if (flag) {
+        if (kf_precision_parse(flag, p)) return true;
+        fprintf(stderr, "kfuse: unknown precision '%s' (fp32, tf32, fp16, bf16)\n", flag);
+        return false;
+    }
+    if (kf_precision_from_env(p) == KF_OK) return true;
+    fprintf(stderr, "kfuse: %s\n", kf_last_error());
+    return false;
 }
 
 /* The concrete type of real input v: symbolic dims from --dim, else 1. */
@@ -108,18 +120,21 @@ kf_status kfuse_tool_inputs(const kf_type *types, uint32_t n, uint64_t seed, kf_
 
 static void compile_usage(FILE *f) {
     fprintf(f, "usage: kfuse compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N]... [--threads N]\n"
+               "                      [--precision fp32|tf32|fp16|bf16]\n"
                "  compiles every kernel of the fusion plan into the kernel cache ($KFUSE_CACHE_DIR);\n"
                "  cuda needs NVRTC only (no GPU); --arch defaults to the device's, else sm_90.\n"
-               "  Symbolic input dims: --dim NAME=N, else 1.\n");
+               "  Symbolic input dims: --dim NAME=N, else 1. --precision: default KFUSE_PRECISION, else fp32.\n");
 }
 
 int kfuse_cmd_compile(int argc, char **argv) {
     kfuse_tool_args a;
     kf_exec_backend b;
+    kf_precision prec;
     if (!kfuse_tool_parse(&a, argc, argv) || !kfuse_tool_backend(a.backend, &b) || b == KF_EXEC_REF) {
         compile_usage(stderr);
         return EXIT_USAGE;
     }
+    if (!kfuse_tool_precision(a.precision, &prec)) return EXIT_USAGE;
     kf_model *m = NULL;
     kf_exec *x = NULL;
     kf_type *types = NULL;
@@ -136,14 +151,15 @@ int kfuse_cmd_compile(int argc, char **argv) {
         o.threads = a.threads;
         const char *tr = getenv("KFUSE_TRACE");
         o.trace = tr && strstr(tr, "backend") ? stderr : NULL;
+        o.precision = prec;
         st = kf_exec_create(m, &o, &x);
     }
     if (!st) st = kf_exec_prepare(x, types, n, &s);
     if (!st)
         printf("kfuse: compile: %u groups as kernels, %u on ref; %u distinct kernels: %u compiled, %u cache hits, "
-               "%.2f ms (%s)\n",
+               "%.2f ms (%s, %s)\n",
                s.groups_dev, s.groups_ref, s.kernels_unique, s.kernels_compiled, s.cache_hits, s.compile_seconds * 1e3,
-               a.backend);
+               a.backend, kf_precision_name(prec));
     int rc = st ? kfuse_tool_fail(st) : EXIT_OK;
     kf_exec_free(x);
     free(types);

@@ -13,6 +13,7 @@
 
 #include "kf_codegen.h"
 #include "kf_cost.h"
+#include "kf_precision.h"
 #include "kf_fuse.h"
 #include "kf_memplan.h"
 #include "kf_onnx.h"
@@ -24,13 +25,14 @@ enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
 static void fuse_usage(FILE *f) {
     fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--emit DIR] [--no-opt] [--dim NAME=N]...\n"
-               "                 [--target NAME|FILE] [--precision fp32|tf32] [--legal-only]\n"
+               "                 [--target NAME|FILE] [--precision fp32|tf32|fp16|bf16] [--legal-only]\n"
                "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
                "  --target  the device the plan is for: h200 (default; KFUSE_TARGET), h100, a100, test, a .target\n"
                "            file, or none (merge whatever is legal, no estimates); merges happen only when the\n"
                "            cost model estimates them faster, and each group gets an estimated time (est_us)\n"
-               "  --precision  math the vendor libraries may use for float32 in the estimates (fp32: strict FMA,\n"
-               "            tf32: tensor cores)\n"
+               "  --precision  fp32 (strict FMA) or tf32 (the libraries' tensor cores) for float32 math in the\n"
+               "            estimates; fp16/bf16 first convert the model's float32 values (as a compiled plan\n"
+               "            at that precision does), so the plan and the file are the 16-bit ones\n"
                "  --legal-only  make every legal merge (the bytes-only planner) and estimate that plan\n"
                "  --report  table of groups and boundary reasons (stderr with --json)\n"
                "  --json    one JSON object on stdout\n"
@@ -153,6 +155,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *dot = NULL, *emit = NULL, *target = NULL;
     bool report = false, json = false, opt = true, legal_only = false;
     int math = KF_MATH_FP32;
+    kf_dtype low = KF_DT_UNDEFINED; /* fp16/bf16: the precision pass before planning */
     const char *dims[32];
     int ndims = 0;
     for (int i = 0; i < argc; i++) {
@@ -166,8 +169,12 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--target") && i + 1 < argc) target = argv[++i];
         else if (!strcmp(argv[i], "--legal-only")) legal_only = true;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc &&
-                 (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "tf32")))
-            math = !strcmp(argv[++i], "tf32") ? KF_MATH_TF32 : KF_MATH_FP32;
+                 (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "tf32") || !strcmp(argv[i + 1], "fp16") ||
+                  !strcmp(argv[i + 1], "bf16"))) {
+            i++;
+            math = !strcmp(argv[i], "tf32") ? KF_MATH_TF32 : KF_MATH_FP32;
+            low = !strcmp(argv[i], "fp16") ? KF_DT_FLOAT16 : !strcmp(argv[i], "bf16") ? KF_DT_BFLOAT16 : KF_DT_UNDEFINED;
+        }
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             fuse_usage(stderr);
@@ -202,6 +209,11 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     } else {
         st = kf_infer_shapes(m); /* the cost model reads shapes */
     }
+    if (st) {
+        kf_model_free(m);
+        return fail(st);
+    }
+    if (!st && low != KF_DT_UNDEFINED) st = kf_fuse_precision(m, low, NULL);
     if (st) {
         kf_model_free(m);
         return fail(st);

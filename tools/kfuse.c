@@ -17,6 +17,7 @@
 #include "kf_opt.h"
 #include "kf_ref.h"
 #include "kf_run.h"
+#include "kfuse_tool.h"
 
 enum { EXIT_OK = 0, EXIT_CHECK = 1, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
@@ -31,10 +32,11 @@ static void usage(FILE *f) {
             "  info M.onnx [--values]          opsets, op histogram, inputs/outputs, parameter bytes\n"
             "                                  (--values: every computed value's inferred type)\n"
             "  run M.onnx [--backend ref|opencl|cuda] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
+            "             [--precision fp32|tf32|fp16|bf16]\n"
             "                                  run the model; random inputs unless --inputs\n"
-            "  compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N]\n"
+            "  compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N] [--precision P]\n"
             "                                  compile every kernel into the cache without running\n"
-            "  bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N]\n"
+            "  bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N] [--precision P]\n"
             "                                  latency p50/p99, kernels launched, arena bytes\n"
             "  conform DIR... [--backend ref|opencl] [--verbose]\n"
             "                                  run ONNX backend-test folders, per-op table and summary\n"
@@ -316,42 +318,51 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
 /* --backend opencl|cuda [--check]: kernels/run.c runs the optimized plan;
  * with --check the unoptimized model runs on ref first and every output
  * must match. Exit 1 on mismatch, 3 without a device. */
-static int run_device_backend(kf_model *m, kf_exec_backend b, const kf_tensor *ins, int nins, kf_tensor *outs,
-                              bool check) {
+static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *ins, int nins,
+                              kf_tensor *outs, bool check) {
     uint32_t nout = m->graph->noutputs;
     kf_tensor *want = check ? calloc(nout + 1, sizeof(kf_tensor)) : NULL;
     char **names = calloc(nout + 1, sizeof(char *));
     kf_status st = (check && !want) || !names ? kf_fail(KF_ERR_NOMEM, "out of memory") : KF_OK;
     for (uint32_t o = 0; !st && o < nout; o++)
         if (!(names[o] = strdup(m->graph->values[m->graph->outputs[o]].name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    uint32_t *depth = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
+    if (!st && check && !depth) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && check) st = kf_run_output_depths(m, depth);
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
     const char *tr = getenv("KFUSE_TRACE");
     kf_run_summary sum;
-    if (!st) st = kf_run_backend(m, b, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, &sum);
+    if (!st) st = kf_run_backend(m, b, prec, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, &sum);
     int rc = st ? fail_status(st) : EXIT_OK;
     if (!st)
-        fprintf(stderr, "kfuse: %u groups on %s (generated), %u on the reference evaluator\n", sum.groups_cl,
-                b == KF_EXEC_CUDA ? "CUDA" : "OpenCL", sum.groups_ref);
+        fprintf(stderr, "kfuse: %u groups on %s (generated), %u on the reference evaluator (%s)\n", sum.groups_cl,
+                b == KF_EXEC_CUDA ? "CUDA" : b == KF_EXEC_OPENCL ? "OpenCL" : "ref", sum.groups_ref,
+                kf_precision_name(prec));
     for (uint32_t o = 0; !st && check && o < nout; o++) {
         char why[512];
-        if (!kf_run_close(&outs[o], &want[o], why, sizeof why)) {
+        if (!kf_run_close_model(&outs[o], &want[o], prec, depth[o], why, sizeof why)) {
             fprintf(stderr, "kfuse: check: output '%s' differs from ref: %s\n", names[o], why);
             rc = EXIT_CHECK;
             break;
         }
     }
-    if (!st && check && rc == EXIT_OK) fprintf(stderr, "kfuse: check: %u outputs match ref\n", nout);
+    if (!st && check && rc == EXIT_OK)
+        fprintf(stderr, "kfuse: check: %u outputs match ref%s\n", nout,
+                prec == KF_PRECISION_FP32   ? ""
+                : prec == KF_PRECISION_BF16 ? " (bfloat16 tolerance, scaled by depth and output magnitude)"
+                                            : " (float16 tolerance, scaled by depth and output magnitude)");
     for (uint32_t o = 0; o < nout; o++) {
         if (want) kf_tensor_release(&want[o]);
         if (names) free(names[o]);
     }
     free(want);
     free(names);
+    free(depth);
     return rc;
 }
 
 static int cmd_run(int argc, char **argv) {
-    const char *model = NULL, *inputs = NULL, *outputs = NULL, *backend = "ref";
+    const char *model = NULL, *inputs = NULL, *outputs = NULL, *backend = "ref", *precision = NULL;
     bool check = false;
     dimbind binds[32];
     int nbinds = 0;
@@ -360,6 +371,7 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) outputs = argv[++i];
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--check")) check = true;
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc) precision = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 0) | 1;
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc && nbinds < 32) {
             char *eq = strchr(argv[++i], '=');
@@ -385,6 +397,8 @@ static int cmd_run(int argc, char **argv) {
         fprintf(stderr, "kfuse: unknown backend '%s' (ref, opencl, cuda)\n", backend);
         return EXIT_USAGE;
     }
+    kf_precision prec;
+    if (!kfuse_tool_precision(precision, &prec)) return EXIT_USAGE;
     kf_model *m;
     kf_status st = kf_model_load(model, &m);
     if (st) return fail_status(st);
@@ -406,9 +420,9 @@ static int cmd_run(int argc, char **argv) {
         for (uint32_t i = 0; i < nreal; i++)
             if ((st = random_input(g, &g->values[real[i]], binds, nbinds, &ins[i]))) goto done;
     }
-    if (opencl || cuda) {
-        if ((rc = run_device_backend(m, cuda ? KF_EXEC_CUDA : KF_EXEC_OPENCL, ins, (int)nreal, outs, check)) != EXIT_OK)
-            goto done;
+    if (opencl || cuda || prec != KF_PRECISION_FP32) { /* ref at fp16/bf16: the converted model on ref */
+        kf_exec_backend b = cuda ? KF_EXEC_CUDA : opencl ? KF_EXEC_OPENCL : KF_EXEC_REF;
+        if ((rc = run_device_backend(m, b, prec, ins, (int)nreal, outs, check)) != EXIT_OK) goto done;
     } else if ((st = kf_eval_model(m, ins, (int)nreal, outs, NULL))) goto done;
     for (uint32_t o = 0; o < g->noutputs; o++) {
         print_summary(g->values[g->outputs[o]].name, &outs[o]);

@@ -12,6 +12,7 @@
 
 typedef struct kfuse_tool_args {
     const char *model, *backend, *arch;
+    const char *precision; /* --precision, NULL when absent */
     int warmup, iters, threads;
     uint64_t seed;
     const char *dim_names[KFUSE_TOOL_MAX_DIMS];
@@ -22,6 +23,9 @@ typedef struct kfuse_tool_args {
 /* false on a usage error */
 bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv);
 bool kfuse_tool_backend(const char *name, kf_exec_backend *b);
+/* The precision --precision names (flag), else KFUSE_PRECISION's, else
+ * fp32. false after printing why on stderr (a usage error: exit 2). */
+bool kfuse_tool_precision(const char *flag, kf_precision *p);
 /* prints the status and last error; returns exit code 3 */
 int kfuse_tool_fail(kf_status st);
 /* Concrete types of m's real inputs (symbolic dims bound by --dim, else 1);

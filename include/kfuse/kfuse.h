@@ -99,6 +99,26 @@ typedef enum kf_backend {
 /* "best", "ref", "opencl", "cuda"; "?" for other numbers. Static storage. */
 KF_API const char *kf_backend_name(kf_backend b);
 
+/* The arithmetic a compiled model may use. Numbers never shift.
+ *   FP32  strict float32 everywhere (vendor GEMMs and convolutions too:
+ *         never TF32 unasked). The default.
+ *   TF32  float32 tensors; cuBLASLt/cuDNN calls may round operands to
+ *         TF32 on tensor cores. Generated kernels are as FP32.
+ *   FP16, BF16  weights converted once at compile time, activations in
+ *         float16/bfloat16, accumulation in float32 (GEMMs, reductions,
+ *         Softmax, norms). Inputs and outputs keep the model's declared
+ *         types: kf_run takes and returns float32 where the model says so.
+ * Results differ from FP32 by about the type's rounding (DESIGN.md,
+ * Numerics). */
+typedef enum kf_precision {
+    KF_PRECISION_FP32 = 0,
+    KF_PRECISION_TF32 = 1,
+    KF_PRECISION_FP16 = 2,
+    KF_PRECISION_BF16 = 3
+} kf_precision;
+/* "fp32", "tf32", "fp16", "bf16"; "?" for other numbers. Static storage. */
+KF_API const char *kf_precision_name(kf_precision p);
+
 /* Rewrites m in place with the built-in rules (what `kfuse opt` does);
  * outputs keep their names and order. m stays the caller's. */
 KF_API kf_status kf_model_optimize(kf_model *m);
@@ -114,6 +134,24 @@ typedef struct kf_compiled kf_compiled;
  * device: ...") when b names a backend that cannot run here,
  * KF_ERR_COMPILE (a kernel's log in the message), model errors. */
 KF_API kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out);
+/* Options of kf_compile_ex. struct_size is the caller's
+ * sizeof(kf_compile_options): fields are only ever appended, so a program
+ * built against this header keeps working with later libraries. Start
+ * from KF_COMPILE_OPTIONS_INIT. */
+typedef struct kf_compile_options {
+    size_t struct_size;     /* sizeof(kf_compile_options) */
+    kf_backend backend;     /* as kf_compile's b */
+    kf_precision precision; /* taken as given (KFUSE_PRECISION is not read) */
+} kf_compile_options;
+#define KF_COMPILE_OPTIONS_INIT {sizeof(kf_compile_options), KF_BACKEND_BEST, KF_PRECISION_FP32}
+/* kf_compile with options. opts NULL: KF_COMPILE_OPTIONS_INIT. Errors as
+ * kf_compile's, and KF_ERR_INVALID_ARG for a struct_size below the first
+ * version's (a caller that did not set it) or an unknown precision or
+ * backend, KF_ERR_UNSUPPORTED for a struct_size above this library's
+ * (options of a later kfuse it cannot honour). kf_compile(m, b, out) is
+ * kf_compile_ex with backend b and precision KFUSE_PRECISION (fp32 when
+ * unset). */
+KF_API kf_status kf_compile_ex(const kf_model *m, const kf_compile_options *opts, kf_compiled **out);
 
 /* The backend c runs on (BEST resolved). */
 KF_API kf_backend kf_compiled_backend(const kf_compiled *c);

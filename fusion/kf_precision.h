@@ -1,0 +1,36 @@
+/*
+ * kf_precision.h: the reduced-precision pass (pass_precision.c). A
+ * compiled plan at fp16 or bf16 (DESIGN.md "Precision") runs it on its own
+ * model copy after optimization and before planning.
+ */
+#ifndef KF_PRECISION_H
+#define KF_PRECISION_H
+
+#include "kf_ir.h"
+
+/* What kf_fuse_precision did. */
+typedef struct kf_precision_stats {
+    uint32_t nodes_low;         /* nodes that now compute on the low type */
+    uint32_t nodes_kept;        /* nodes with a float32 result left in float32 */
+    uint32_t casts;             /* Cast nodes added at the boundaries */
+    uint32_t weights_converted; /* float32 constants converted (in place or copied) */
+} kf_precision_stats;
+
+/* Rewrites m so that its float32 values become `low` (KF_DT_FLOAT16 or
+ * KF_DT_BFLOAT16) wherever an op can compute on it, with Casts at every
+ * boundary, so that m computes the same function up to the low type's
+ * rounding and its graph inputs and outputs keep their declared types.
+ * Float32 constants are converted once (rounded to nearest even). Left in
+ * float32: nodes kfuse does not know, nodes whose shape function refuses
+ * the low type (the reference evaluator has no such kernel), nodes with
+ * no float32 result (comparisons, Cast to an integer, ArgMax) whose float
+ * operands are all float32 sources (inputs, constants: read exactly; with
+ * an operand computed low they compare low, constants rounded alike),
+ * and everything that computes a value read
+ * as a shape or size (the parameters of shape-from-data ops: Reshape's
+ * shape, Resize's scales, Range's bounds...). *st may be NULL.
+ * KF_ERR_INVALID_ARG for another `low`; KF_ERR_NOMEM; KF_ERR_INTERNAL
+ * when the rewritten graph does not infer (a bug of this pass). */
+kf_status kf_fuse_precision(kf_model *m, kf_dtype low, kf_precision_stats *st);
+
+#endif

@@ -1,0 +1,278 @@
+/*
+ * test_pass_precision.c: the fp16/bf16 pass (fusion/pass_precision.c).
+ * Graphs as text in, the pass, then the facts: which values became 16-bit,
+ * where Casts sit, that declared inputs and outputs keep float32, that
+ * shape parameters and nodes without a float result stay float32, and
+ * that the reference evaluator runs the rewritten graph to the original's
+ * outputs at the precision's tolerance (random inputs, printed seed).
+ */
+#include <criterion/criterion.h>
+#include <string.h>
+
+#include "graph_text.h"
+#include "kf_precision.h"
+#include "kf_run.h"
+
+static kf_dtype dtype_of(const kf_model *m, const char *name) {
+    kf_id v = kf_graph_find(m->graph, name);
+    cr_assert(v, "no value '%s'", name);
+    return m->graph->values[v].type.dtype;
+}
+
+/* The op type of the node writing value `name` ("" for none). */
+static const char *producer_of(const kf_model *m, const char *name) {
+    kf_id v = kf_graph_find(m->graph, name);
+    cr_assert(v, "no value '%s'", name);
+    kf_id p = m->graph->values[v].producer;
+    return p ? m->graph->nodes[p].op_type : "";
+}
+
+/* The dtype node `op` (its only live instance) reads at input i. */
+static kf_dtype operand_dtype(const kf_model *m, const char *op, int i) {
+    const kf_graph *g = m->graph;
+    for (kf_id n = 1; n < g->nnodes; n++)
+        if (!g->nodes[n].dead && !strcmp(g->nodes[n].op_type, op)) return g->values[g->nodes[n].in[i]].type.dtype;
+    cr_assert_fail("no %s node", op);
+    return KF_DT_UNDEFINED;
+}
+
+/* Runs the pass on a copy of text's model; the original and the copy must
+ * agree on ref at p's tolerance. The copy is the caller's. */
+static kf_model *converted(const char *text, kf_dtype low, kf_precision_stats *st) {
+    kf_model *orig = gt_parse(text), *m = gt_copy(orig);
+    cr_assert_eq(kf_fuse_precision(m, low, st), KF_OK, "%s", kf_last_error());
+    double atol, rtol;
+    kf_run_tolerance_prec(KF_DT_FLOAT, low == KF_DT_FLOAT16 ? KF_PRECISION_FP16 : KF_PRECISION_BF16, &atol, &rtol);
+    gt_expect_same_outputs(orig, m, atol, rtol);
+    kf_model_free(orig);
+    return m;
+}
+
+static const char *MLP = "opset 17\n"
+                         "input x float[4, 16]\n"
+                         "const w float[16, 8] = random\n"
+                         "const b float[8] = random\n"
+                         "h = MatMul(x, w)\n"
+                         "a = Add(h, b)\n"
+                         "r = Relu(a)\n"
+                         "s = Softmax(r) {axis=1}\n"
+                         "output s\n";
+
+static void mlp(kf_dtype low) {
+    kf_precision_stats st;
+    kf_model *m = converted(MLP, low, &st);
+    cr_expect_eq(st.nodes_low, 4);
+    cr_expect_eq(st.nodes_kept, 0);
+    cr_expect_eq(st.weights_converted, 2, "w and b, in place");
+    cr_expect_eq(st.casts, 2, "x in, s out");
+    cr_expect_eq(gt_count(m, "Cast"), 2);
+    /* the caller's view: float32 in and out */
+    cr_expect_eq(dtype_of(m, "x"), KF_DT_FLOAT);
+    cr_expect_eq(dtype_of(m, "s"), KF_DT_FLOAT);
+    cr_expect_str_eq(producer_of(m, "s"), "Cast");
+    /* inside: 16-bit values and weights */
+    cr_expect_eq(dtype_of(m, "w"), low);
+    cr_expect_eq(dtype_of(m, "b"), low);
+    cr_expect_eq(dtype_of(m, "h"), low);
+    cr_expect_eq(dtype_of(m, "r"), low);
+    cr_expect_eq(operand_dtype(m, "MatMul", 0), low);
+    kf_id w = kf_graph_find(m->graph, "w");
+    cr_expect_eq(m->graph->values[w].init->dtype, low, "the weight's data is converted, not only its type");
+    kf_model_free(m);
+}
+
+Test(pass_precision, mlp_float16) { mlp(KF_DT_FLOAT16); }
+Test(pass_precision, mlp_bfloat16) { mlp(KF_DT_BFLOAT16); }
+
+/* A constant a float32 node also reads keeps its float32 data; low
+ * readers get one converted copy. */
+Test(pass_precision, shared_constant_is_copied_once) {
+    kf_precision_stats st;
+    kf_model *m = converted("opset 17\n"
+                            "input x float[4, 8]\n"
+                            "const k float[8] = random\n"
+                            "a = Mul(x, k)\n"
+                            "b = Add(a, k)\n"
+                            "g = Greater(x, k)\n"
+                            "output b\n"
+                            "output g\n",
+                            KF_DT_FLOAT16, &st);
+    cr_expect_eq(st.weights_converted, 1);
+    cr_expect_eq(dtype_of(m, "k"), KF_DT_FLOAT, "Greater (no float result) reads the float32 original");
+    cr_expect_eq(operand_dtype(m, "Mul", 1), KF_DT_FLOAT16);
+    cr_expect_eq(m->graph->values[m->graph->nodes[1].in[1]].type.dtype, KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "Greater", 0), KF_DT_FLOAT);
+    cr_expect_eq(operand_dtype(m, "Greater", 1), KF_DT_FLOAT);
+    kf_model_free(m);
+}
+
+/* Nodes without a float result (comparisons, ArgMax, Cast to an integer)
+ * read a 16-bit operand as it is, and round their constants with it; on
+ * float32 sources alone they stay float32 and exact. */
+Test(pass_precision, no_float_result) {
+    kf_precision_stats st;
+    kf_model *m = converted("opset 17\n"
+                            "input x float[4, 8]\n"
+                            "const t float[] = 0.7534\n"
+                            "r = Relu(x)\n"
+                            "i = ArgMax(r) {axis=1}\n"
+                            "c = Cast(r) {to=7}\n"
+                            "g = Greater(r, t)\n"
+                            "e = Less(x, t)\n"
+                            "output i\n"
+                            "output c\n"
+                            "output g\n"
+                            "output e\n",
+                            KF_DT_FLOAT16, &st);
+    cr_expect_eq(dtype_of(m, "r"), KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "ArgMax", 0), KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "Greater", 0), KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "Greater", 1), KF_DT_FLOAT16, "the threshold rounds with the value");
+    cr_expect_eq(operand_dtype(m, "Less", 0), KF_DT_FLOAT, "on a graph input: exact");
+    cr_expect_eq(operand_dtype(m, "Less", 1), KF_DT_FLOAT);
+    cr_expect_eq(dtype_of(m, "i"), KF_DT_INT64);
+    cr_expect_eq(dtype_of(m, "g"), KF_DT_BOOL);
+    cr_expect_eq(st.nodes_low, 4, "Relu, ArgMax, Cast, Greater");
+    cr_expect_eq(st.casts, 1, "x in; nothing casts back");
+    cr_expect_eq(st.weights_converted, 1, "t: a float16 copy, the float32 original stays for Less");
+    kf_model_free(m);
+}
+
+/* A graph output that low nodes also read: written by a Cast, while its
+ * readers read the 16-bit result directly. */
+Test(pass_precision, output_read_inside) {
+    kf_model *m = converted("opset 17\n"
+                            "input x float[3, 5]\n"
+                            "y = Tanh(x)\n"
+                            "z = Exp(y)\n"
+                            "output y\n"
+                            "output z\n",
+                            KF_DT_BFLOAT16, NULL);
+    cr_expect_eq(dtype_of(m, "y"), KF_DT_FLOAT);
+    cr_expect_str_eq(producer_of(m, "y"), "Cast");
+    cr_expect_eq(operand_dtype(m, "Exp", 0), KF_DT_BFLOAT16);
+    cr_expect_eq(dtype_of(m, "z"), KF_DT_FLOAT);
+    cr_expect_eq(m->graph->values[m->graph->outputs[0]].type.dtype, KF_DT_FLOAT);
+    cr_expect_str_eq(m->graph->values[m->graph->outputs[0]].name, "y", "outputs keep their names and order");
+    kf_model_free(m);
+}
+
+/* Range's bounds give a shape: they, and the arithmetic computing them,
+ * stay float32; the data the range is added to goes low. */
+Test(pass_precision, shape_parameters_stay_float32) {
+    kf_precision_stats st;
+    kf_model *m = converted("opset 17\n"
+                            "input x float[7]\n"
+                            "input n float[]\n"
+                            "const start float[] = 0.5\n"
+                            "const step float[] = 1.3\n"
+                            "const two float[] = 2\n"
+                            "l = Mul(n, two)\n"
+                            "r = Range(start, l, step)\n"
+                            "y = Tanh(x)\n"
+                            "output r\n"
+                            "output y\n",
+                            KF_DT_FLOAT16, &st);
+    cr_expect_eq(dtype_of(m, "l"), KF_DT_FLOAT, "Mul computes Range's limit");
+    cr_expect_eq(operand_dtype(m, "Mul", 0), KF_DT_FLOAT);
+    cr_expect_eq(operand_dtype(m, "Range", 1), KF_DT_FLOAT);
+    cr_expect_eq(operand_dtype(m, "Tanh", 0), KF_DT_FLOAT16);
+    cr_expect_eq(st.nodes_kept, 2, "Mul and Range");
+    kf_model_free(m);
+}
+
+/* A shape-from-data op's data goes low; its shape operand is untouched. */
+Test(pass_precision, reshape_data_low_shape_exact) {
+    kf_model *m = converted("opset 17\n"
+                            "input x float[2, 6]\n"
+                            "const s int64[2] = 3 4\n"
+                            "e = Exp(x)\n"
+                            "r = Reshape(e, s)\n"
+                            "output r\n",
+                            KF_DT_FLOAT16, NULL);
+    cr_expect_eq(operand_dtype(m, "Reshape", 0), KF_DT_FLOAT16);
+    cr_expect_eq(operand_dtype(m, "Reshape", 1), KF_DT_INT64);
+    kf_model_free(m);
+}
+
+/* Nothing float32: nothing changes. */
+Test(pass_precision, integer_graph_unchanged) {
+    kf_precision_stats st;
+    kf_model *m = converted("opset 17\n"
+                            "input x int64[5]\n"
+                            "const k int64[] = 3\n"
+                            "y = Add(x, k)\n"
+                            "output y\n",
+                            KF_DT_FLOAT16, &st);
+    cr_expect_eq(st.nodes_low + st.casts + st.weights_converted, 0);
+    cr_expect_eq(gt_count(m, "Cast"), 0);
+    kf_model_free(m);
+}
+
+/* A float16 model is left as it is (only float32 values convert). */
+Test(pass_precision, float16_model_unchanged) {
+    kf_precision_stats st;
+    kf_model *m = converted("opset 17\n"
+                            "input x float16[5]\n"
+                            "y = Sigmoid(x)\n"
+                            "output y\n",
+                            KF_DT_BFLOAT16, &st);
+    cr_expect_eq(st.nodes_low + st.casts, 0);
+    cr_expect_eq(dtype_of(m, "y"), KF_DT_FLOAT16);
+    kf_model_free(m);
+}
+
+Test(pass_precision, does_not_take_other_types) {
+    kf_model *m = gt_parse(MLP);
+    cr_expect_eq(kf_fuse_precision(m, KF_DT_FLOAT, NULL), KF_ERR_INVALID_ARG);
+    cr_expect(strstr(kf_last_error(), "float16 or bfloat16"), "%s", kf_last_error());
+    cr_expect_eq(kf_fuse_precision(m, KF_DT_DOUBLE, NULL), KF_ERR_INVALID_ARG);
+    cr_expect_eq(gt_count(m, "Cast"), 0);
+    kf_model_free(m);
+}
+
+/* ---- the whole-model tolerance of `kfuse run --check` at a low precision ---- */
+
+static kf_tensor vec(const double *v, int n) {
+    kf_tensor t = {0};
+    int64_t d = n;
+    cr_assert_eq(kf_tensor_alloc(&t, KF_DT_FLOAT, 1, &d), KF_OK);
+    for (int i = 0; i < n; i++) kf_set_f64(&t, i, v[i]);
+    return t;
+}
+
+Test(pass_precision, model_tolerance) {
+    const double want_v[3] = {10.0, 0.01, -3.0};
+    const double near_v[3] = {10.02, 0.02, -3.0};  /* 0.01 off near 0: an fp16 rounding of a value ~10 */
+    const double far_v[3] = {10.0, 0.5, -3.0};     /* 5% of the output's scale: a wrong result */
+    kf_tensor want = vec(want_v, 3), near = vec(near_v, 3), far = vec(far_v, 3);
+    char why[256];
+    /* fp32 is never scaled */
+    cr_expect(!kf_run_close_model(&near, &want, KF_PRECISION_FP32, 100, why, sizeof why));
+    cr_expect(!kf_run_close_prec(&near, &want, KF_PRECISION_FP16, why, sizeof why), "element tolerance");
+    cr_expect(kf_run_close_model(&near, &want, KF_PRECISION_FP16, 4, why, sizeof why), "%s", why);
+    cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_FP16, 4, why, sizeof why));
+    cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_BF16, 4, why, sizeof why));
+    cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_FP16, 50, why, sizeof why), "50 roundings deep");
+    kf_tensor_release(&want);
+    kf_tensor_release(&near);
+    kf_tensor_release(&far);
+}
+
+Test(pass_precision, output_depths) {
+    kf_model *m = gt_parse("opset 17\n"
+                           "input x float[4]\n"
+                           "const k float[4] = random\n"
+                           "a = Add(x, k)\n"
+                           "b = Relu(a)\n"
+                           "c = Mul(b, a)\n"
+                           "output c\n"
+                           "output a\n"
+                           "output x\n");
+    uint32_t d[3];
+    cr_assert_eq(kf_run_output_depths(m, d), KF_OK);
+    cr_expect_eq(d[0], 3);
+    cr_expect_eq(d[1], 1);
+    cr_expect_eq(d[2], 1, "an input passed through counts as one");
+    kf_model_free(m);
+}

@@ -1,0 +1,76 @@
+/*
+ * test_precision_cli.c: `--precision` of kfuse run, compile and bench, and
+ * KFUSE_PRECISION as its default: each name is taken, anything else is a
+ * usage error (exit 2) naming the value, before any model is loaded.
+ */
+#include <criterion/criterion.h>
+#include <limits.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static char bin[PATH_MAX], out[8192];
+
+static void find_cli(void) {
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) cr_skip_test("no /proc/self/exe");
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(bin, sizeof bin, "%s/../tools/kfuse", self);
+    if (access(bin, X_OK)) cr_skip_test("no kfuse binary next to the test binary (%s)", bin);
+}
+
+/* `env kfuse args` (on the bundled tiny CNN): exit code, output in out */
+static int kfuse(const char *env, const char *args) {
+    char cmd[2 * PATH_MAX];
+    snprintf(cmd, sizeof cmd, "%s timeout 120 '%s' %s 2>&1", env, bin, args);
+    FILE *p = popen(cmd, "r");
+    cr_assert(p);
+    size_t n = fread(out, 1, sizeof out - 1, p);
+    out[n] = 0;
+    while (fgetc(p) != EOF) {
+    }
+    int status = pclose(p);
+    cr_assert(WIFEXITED(status), "kfuse %s did not exit normally", args);
+    return WEXITSTATUS(status);
+}
+
+#define MODEL KF_SOURCE_DIR "/bench/models/tiny_cnn.onnx"
+
+Test(precision_cli, bad_value_is_a_usage_error) {
+    find_cli();
+    static const char *const verbs[] = {"run " MODEL " --backend ref", "compile " MODEL " --backend opencl",
+                                        "bench " MODEL " --backend ref --iters 1"};
+    for (int v = 0; v < 3; v++) {
+        char args[1024];
+        snprintf(args, sizeof args, "%s --precision fp8", verbs[v]);
+        cr_assert_eq(kfuse("", args), 2, "kfuse %s: %s", args, out);
+        cr_assert(strstr(out, "unknown precision 'fp8'") && strstr(out, "fp32, tf32, fp16, bf16"), "%s", out);
+        cr_assert_eq(kfuse("KFUSE_PRECISION=half", verbs[v]), 2, "kfuse %s: %s", verbs[v], out);
+        cr_assert(strstr(out, "KFUSE_PRECISION='half'"), "%s", out);
+        /* the flag wins over the environment */
+        snprintf(args, sizeof args, "%s --precision fp32", verbs[v]);
+        cr_assert_eq(kfuse("KFUSE_PRECISION=half", args), 0, "kfuse %s: %s", args, out);
+    }
+    snprintf(out, sizeof out, "-");
+    cr_assert_eq(kfuse("", "run " MODEL " --precision"), 2, "a flag without its value: %s", out);
+}
+
+Test(precision_cli, names_are_taken) {
+    find_cli();
+    static const char *const names[] = {"fp32", "tf32", "fp16", "bf16"};
+    for (int i = 0; i < 4; i++) {
+        char args[1024];
+        snprintf(args, sizeof args, "run %s --backend ref --check --precision %s", MODEL, names[i]);
+        cr_assert_eq(kfuse("", args), 0, "kfuse %s: %s", args, out);
+        cr_assert(strstr(out, names[i]) || i == 0, "the run names its precision: %s", out);
+        snprintf(args, sizeof args, "bench %s --backend ref --iters 1 --warmup 0", MODEL);
+        char env[64];
+        snprintf(env, sizeof env, "KFUSE_PRECISION=%s", names[i]);
+        cr_assert_eq(kfuse(env, args), 0, "%s kfuse %s: %s", env, args, out);
+        cr_assert(strstr(out, names[i]), "bench names the precision KFUSE_PRECISION gave: %s", out);
+    }
+}
