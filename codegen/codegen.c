@@ -346,7 +346,10 @@ static const char *node_expr(const kf_node *n, char *why, size_t whylen) {
         return NULL;
     }
     if (n->op == KF_OP_GELU && strcmp(kf_attr_s(n, "approximate", "none"), "none")) {
-        snprintf(why, whylen, "node '%s': Gelu approximate=\"%s\" is not generated yet", kf_node_label(n),
+        /* 0.79788456...: sqrt(2 / pi), the reference's tanh form */
+        if (!strcmp(kf_attr_s(n, "approximate", "none"), "tanh"))
+            return "(0.5 * x0 * (1 + tanh(0.79788456080286535588 * (x0 + 0.044715 * x0 * x0 * x0))))";
+        snprintf(why, whylen, "node '%s': Gelu approximate=\"%s\" is not generated", kf_node_label(n),
                  kf_attr_s(n, "approximate", "none"));
         return NULL;
     }
