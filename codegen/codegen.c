@@ -1287,6 +1287,22 @@ static bool red_setup(gen *st, const kf_node *n) {
         st->rk = ln ? RK_LAYERNORM : n->op == KF_OP_SOFTMAX ? RK_SOFTMAX : RK_LOGSOFTMAX;
         return true;
     }
+    case KF_OP_GLOBAL_AVERAGEPOOL:
+    case KF_OP_GLOBAL_MAXPOOL:
+    case KF_OP_GLOBAL_LPPOOL: {
+        /* a reduction over every spatial dim, kept as 1s */
+        if (n->op == KF_OP_GLOBAL_LPPOOL) {
+            const kf_attr *pa = kf_attr_find(n, "p");
+            double pv = !pa ? 2.0 : pa->type == KF_ATTR_INT ? (double)pa->i : pa->type == KF_ATTR_FLOAT ? pa->f : 0.0;
+            if (pv != 1.0 && pv != 2.0)
+                return fail(st, "node '%s': GlobalLpPool with p other than 1 or 2 is not generated", kf_node_label(n));
+            st->rk = pv == 1.0 ? RK_L1 : RK_L2;
+        } else {
+            st->rk = n->op == KF_OP_GLOBAL_MAXPOOL ? RK_MAX : RK_MEAN;
+        }
+        for (int d = 2; d < r; d++) st->mask[d] = true;
+        return true;
+    }
     default: break;
     }
     static const struct {

@@ -498,6 +498,40 @@ Test(cg, gelu_tanh_hard_sigmoid_cuda_text_compiles_with_nvrtc) {
     cr_assert_eq(cgu_nvrtc_check_text(HARD_GELU, 1u << KF_GROUP_ELEMWISE), 1);
 }
 
+/* the Global pools as row reductions over every spatial dim: 2-D with an
+ * epilogue, 1-D, 3-D, LpPool with p = 2 and p = 1 */
+#define GLOBAL_POOLS                                                                                  \
+    "opset 13\ninput x float[2, 5, 7, 9]\ninput y float[3, 4, 6]\ninput z float[2, 3, 2, 3, 4]\n"        \
+    "a = GlobalAveragePool(x)\nr = Relu(a)\nm = GlobalMaxPool(y)\nl = GlobalLpPool(z) {p=2}\n"            \
+    "l1 = GlobalLpPool(x) {p=1}\noutput r\noutput m\noutput l\noutput l1\n"
+
+Test(cg, global_pools_as_row_reductions_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    check_graph(GLOBAL_POOLS, &n);
+    cr_assert_geq(n, 4, "each Global pool generates, got %u kernels", n);
+}
+
+Test(cg, global_pools_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_geq(cgu_nvrtc_check_text(GLOBAL_POOLS, 1u << KF_GROUP_REDUCTION), 4);
+}
+
+Test(cg, does_not_generate_global_lppool_of_other_orders) {
+    kf_model *m = gt_parse("opset 13\ninput x float[2, 3, 4, 4]\ny = GlobalLpPool(x) {p=3}\noutput y\n");
+    kf_plan *p = cgu_plan(m);
+    char why[512];
+    uint32_t gy = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
+    cr_assert_not_null(kf_cg_unsupported(m, p, gy, why, sizeof why));
+    cr_assert_not_null(strstr(why, "p other than 1 or 2"), "%s", why);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(cg, does_not_generate_ops_without_expression) {
     kf_model *m = gt_parse("opset 20\n"
                            "input x float[4, 8]\n"
