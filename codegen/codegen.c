@@ -317,8 +317,8 @@ static const char *kind_reason(kf_group_kind k) {
     switch (k) {
     case KF_GROUP_ELEMWISE:
     case KF_GROUP_REDUCTION:
-    case KF_GROUP_ANCHOR: return NULL;
-    case KF_GROUP_OPAQUE: return "opaque ops are not generated (they run on the reference evaluator)";
+    case KF_GROUP_ANCHOR:
+    case KF_GROUP_OPAQUE: return NULL; /* a pooling node has a template; other opaque ops decline in gen_pool */
     case KF_GROUP_CONST: return "plan-time constant groups launch no kernel";
     }
     return "unknown group kind";
@@ -1572,9 +1572,13 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     bool out_space = reduce_kind || ln_stats;
     /* outputs on the reduction's output space: one lane per row */
     bool any_in = false, any_out = false;
+    /* an output with the output's element count but other dims (a Flatten
+     * or Reshape after GlobalAveragePool) is written at the row's linear
+     * index: the Reshape map meets the result's memo entry there */
+#define ON_OUT_SPACE(t) (out_space && (same_dims(t, ot) || (!same_dims(t, xt) && numel_of(t) == numel_of(ot))))
     for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
         const kf_type *t = &st->g->values[st->k->outs[o].value].type;
-        if (out_space && same_dims(t, ot)) any_out = true;
+        if (ON_OUT_SPACE(t)) any_out = true;
         else if (same_dims(t, xt)) any_in = true;
         else ok = fail(st, "value '%s' spans neither the input nor the output of '%s' (not generated)",
                        st->g->values[st->k->outs[o].value].name, kf_node_label(n));
@@ -1585,8 +1589,18 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             kf_cg_puts(&body, "        if (kf_on && kf_lane == 0) {\n");
             st->ind = "            ";
         }
-        for (uint32_t o = 0; ok && o < st->k->nouts; o++)
-            if (same_dims(&st->g->values[st->k->outs[o].value].type, ot)) ok = store(st, o, &outix);
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+            const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+            if (same_dims(t, ot)) ok = store(st, o, &outix);
+            else if (ON_OUT_SPACE(t)) {
+                bool all[KF_MAX_RANK];
+                for (int d = 0; d < t->rank; d++) all[d] = true;
+                ix tix = {.rank = t->rank};
+                snprintf(tix.lin, NAMELEN, "%s", outix.lin);
+                split_index(st, outix.lin, t, all, true, "q", &tix);
+                ok = store(st, o, &tix);
+            }
+        }
         if (block) {
             kf_cg_puts(&body, "        }\n");
             /* names defined inside the lane-0 block end with it: a row-wide
@@ -1608,7 +1622,8 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             bind(st, full.lin, e);
         }
         for (uint32_t o = 0; ok && o < st->k->nouts; o++)
-            if (!(out_space && same_dims(&st->g->values[st->k->outs[o].value].type, ot))) ok = store(st, o, &full);
+            if (!ON_OUT_SPACE(&st->g->values[st->k->outs[o].value].type)) ok = store(st, o, &full);
+#undef ON_OUT_SPACE
         kf_cg_puts(&body, "        }\n");
     }
     if (ok) {
@@ -1642,10 +1657,12 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     return ok;
 }
 
-/* anchor groups: tiled GEMM and direct convolution (cg_anchor.c, which uses
- * this file's static emitter) */
+/* anchor groups: tiled GEMM and direct convolution (cg_anchor.c), and the
+ * window kernel of a pooling node (cg_pool.c); both use this file's static
+ * emitter */
 #define KF_CG_ANCHOR_IMPL
 #include "cg_anchor.c"
+#include "cg_pool.c"
 
 /* ---- entry points ---------------------------------------------------------- */
 
@@ -1737,6 +1754,14 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         snprintf(why, whylen, "group writes nothing");
         return KF_ERR_UNSUPPORTED;
     }
+    if (g->kind == KF_GROUP_OPAQUE) {
+        const kf_node *n = &gr->nodes[g->nodes[0]];
+        if (g->nnodes != 1 || (n->op != KF_OP_MAXPOOL && n->op != KF_OP_AVERAGEPOOL && n->op != KF_OP_LPPOOL)) {
+            snprintf(why, whylen, "node '%s': opaque op %s is not generated (it runs on the reference evaluator)",
+                     kf_node_label(n), n->op_type);
+            return KF_ERR_UNSUPPORTED;
+        }
+    }
     for (uint32_t o = 0; o < g->noutputs; o++) {
         const kf_value *v = &gr->values[g->outputs[o]];
         if (!kf_type_is_static(&v->type)) {
@@ -1819,6 +1844,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         if (k->outs[o].numel > INT32_MAX / 2) st.ity = "kf_i64";
     kf_cg_str s = {0};
     bool ok = g->kind == KF_GROUP_ANCHOR ? gen_anchor(&st, &s)
+              : g->kind == KF_GROUP_OPAQUE ? gen_pool(&st, &s)
               : red                      ? gen_reduction(&st, &s, red)
                                          : gen_elementwise(&st, &s);
     if (red && k->numel > INT32_MAX / 2 && !strcmp(st.ity, "int")) {

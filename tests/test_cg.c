@@ -499,11 +499,12 @@ Test(cg, gelu_tanh_hard_sigmoid_cuda_text_compiles_with_nvrtc) {
 }
 
 /* the Global pools as row reductions over every spatial dim: 2-D with an
- * epilogue, 1-D, 3-D, LpPool with p = 2 and p = 1 */
+ * epilogue, 1-D with a Flatten and an epilogue after it (written at the
+ * row's linear index), 3-D, LpPool with p = 2 and p = 1 */
 #define GLOBAL_POOLS                                                                                  \
     "opset 13\ninput x float[2, 5, 7, 9]\ninput y float[3, 4, 6]\ninput z float[2, 3, 2, 3, 4]\n"        \
     "a = GlobalAveragePool(x)\nr = Relu(a)\nm = GlobalMaxPool(y)\nl = GlobalLpPool(z) {p=2}\n"            \
-    "l1 = GlobalLpPool(x) {p=1}\noutput r\noutput m\noutput l\noutput l1\n"
+    "l1 = GlobalLpPool(x) {p=1}\nf = Flatten(m)\nt = Tanh(f)\noutput r\noutput t\noutput l\noutput l1\n"
 
 Test(cg, global_pools_as_row_reductions_on_opencl) {
     cgu_need_opencl();
