@@ -567,6 +567,12 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             }
             s->has_ref = true;
             s->stats.groups_ref++;
+            if (e->o.host_steps && e->dev && gr->nnodes) {
+                const kf_node *n = &g->nodes[gr->nodes[0]];
+                fprintf(e->o.host_steps, "kfuse: host step: node '%s' (%s", kf_node_label(n), n->op_type);
+                if (gr->nnodes > 1) fprintf(e->o.host_steps, " and %u more", gr->nnodes - 1);
+                fprintf(e->o.host_steps, "): %s\n", reason);
+            }
             continue;
         }
         if (lib_only) continue;

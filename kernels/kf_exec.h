@@ -38,6 +38,8 @@ typedef struct kf_exec_options {
     int threads;           /* compile threads; 0: the online cores, capped at KF_EXEC_MAX_THREADS */
     const char *cache_dir; /* NULL: kf_cache_default_dir() */
     FILE *trace;           /* one line per group when the plan is made (NULL: none) */
+    FILE *host_steps;      /* one line per group that runs on the reference evaluator every run,
+                            * with its reason, when the plan is made (NULL: none; not for backend ref) */
     bool no_vendor_lib;    /* cuda: anchors stay generated kernels instead of cuBLASLt/cuDNN
                             * calls (kf_libanchor.h); also KFUSE_NO_VENDOR_LIB=1 */
 } kf_exec_options;

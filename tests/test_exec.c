@@ -296,3 +296,38 @@ Test(exec, views_alias_their_input_without_a_launch) {
     kf_exec_free(x);
     kf_model_free(m);
 }
+
+/* every group left on the reference evaluator is named with its reason, once,
+ * when the plan is made; plan-time constants and generated groups are not */
+Test(exec, host_steps_are_reported_with_their_reason) {
+    need_cl();
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[8, 16]\n"
+                           "const ax int64[] = 1\n"
+                           "t = Tanh(x)\n"
+                           "c = CumSum(t, ax)\n"
+                           "z = Sigmoid(c)\n"
+                           "output z\n");
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.cache_dir = temp_cache();
+    o.host_steps = f;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, m, 1);
+    char text[1024] = "";
+    rewind(f);
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    text[len] = 0;
+    fclose(f);
+    cr_assert_not_null(strstr(text, "kfuse: host step: node 'CumSum_"), "%s", text);
+    cr_assert_not_null(strstr(text, "(CumSum): node '"), "%s", text);
+    cr_assert_not_null(strstr(text, "opaque op CumSum is not generated"), "%s", text);
+    cr_assert_null(strstr(text, "Tanh"), "%s", text);
+    cr_assert_null(strchr(strchr(text, '\n') + 1, '\n'), "one line: %s", text);
+    kf_exec_free(x);
+    kf_model_free(m);
+}

@@ -65,6 +65,7 @@ int kfuse_cmd_bench(int argc, char **argv) {
         o.backend = b;
         o.arch = a.arch;
         o.threads = a.threads;
+        o.host_steps = stderr;
         st = kf_exec_create(m, &o, &x);
     }
     if (!st) {
