@@ -331,3 +331,27 @@ Test(exec, host_steps_are_reported_with_their_reason) {
     kf_exec_free(x);
     kf_model_free(m);
 }
+
+/* a BatchNormalization no conv absorbs (after a pool) and a HardSwish: Mul
+ * and Add with per-channel constants, fused as elementwise kernels; nothing
+ * runs on the host */
+Test(exec, batchnorm_alone_runs_as_elementwise_kernels) {
+    need_cl();
+    kf_model *m = gt_parse("opset 15\n"
+                           "input x float[2, 3, 8, 8]\n"
+                           "const scale float[3] = random\n"
+                           "const bias float[3] = random\n"
+                           "const mean float[3] = random\n"
+                           "const var float[3] = 0.5 1.5 0.25\n"
+                           "p = MaxPool(x) {kernel_shape=[2,2], strides=[2,2]}\n"
+                           "y = BatchNormalization(p, scale, bias, mean, var) {epsilon=0.001}\n"
+                           "h = HardSwish(y)\n"
+                           "output h\n");
+    kf_exec *x = make(m, KF_EXEC_OPENCL, temp_cache());
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups on the host", s.groups_ref);
+    cgu_exec_matches_ref(x, m, 3);
+    kf_exec_free(x);
+    kf_model_free(m);
+}
