@@ -806,6 +806,32 @@ static bool emit_slice(gen *st, const kf_node *n, const ix *at, char *name) {
     return emit(st, n->in[0], &a, name);
 }
 
+/* Split output v: the input at the index shifted along axis by the sizes
+ * of the outputs before v (every output is an index map of the input). */
+static bool emit_split(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    const kf_type *it = &st->g->values[n->in[0]].type;
+    int64_t axis = kf_attr_i(n, "axis", 0);
+    if (axis < 0) axis += it->rank;
+    if (axis < 0 || axis >= it->rank || at->rank != it->rank)
+        return fail(st, "node '%s': Split axis out of range", kf_node_label(n));
+    int64_t lo = 0;
+    int j = 0;
+    for (; j < n->nout && n->out[j] != v; j++) {
+        if (!n->out[j]) return fail(st, "node '%s': Split output %d has no value, so its size is unknown", kf_node_label(n), j);
+        lo += st->g->values[n->out[j]].type.dims[axis];
+    }
+    if (j == n->nout) return fail(st, "node '%s': Split output (internal)", kf_node_label(n));
+    ix a = *at;
+    a.lin[0] = 0;
+    if (lo) {
+        char e[64]; /* "name + number" */
+        if (!strcmp(at->c[axis], "0")) snprintf(e, sizeof e, "%lld", (long long)lo);
+        else snprintf(e, sizeof e, "%s + %lld", at->c[axis], (long long)lo);
+        bind(st, a.c[axis], e);
+    }
+    return emit(st, n->in[0], &a, name);
+}
+
 /* Clamps index expression e into [0, dim) and binds it. */
 static void clamp_bind(gen *st, char *out, const char *e, int64_t dim) {
     char t[NAMELEN];
@@ -986,7 +1012,7 @@ static bool emit_red_value(gen *st, const kf_node *n, kf_id v, const ix *at, cha
 
 static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     bool ln_stats = st->red && n == st->red && st->rk == RK_LAYERNORM; /* Mean, InvStdDev come from the row */
-    if (n->nout > 1 && !ln_stats)
+    if (n->nout > 1 && !ln_stats && n->op != KF_OP_SPLIT)
         for (int j = 1; j < n->nout; j++)
             if (n->out[j] && st->g->values[n->out[j]].nusers + st->g->values[n->out[j]].is_output)
                 return fail(st, "node '%s': %s output %d is used (only the first output is generated)",
@@ -1023,6 +1049,7 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     }
     case KF_OP_TRANSPOSE: return emit_transpose(st, n, at, name);
     case KF_OP_SLICE: return emit_slice(st, n, at, name);
+    case KF_OP_SPLIT: return emit_split(st, n, v, at, name);
     case KF_OP_CONCAT: return emit_concat(st, n, v, at, name);
     case KF_OP_GATHER: return emit_gather(st, n, at, name);
     case KF_OP_PAD: return emit_pad(st, n, v, at, name);
@@ -1202,10 +1229,13 @@ static bool gen_vector_quads(gen *st, kf_cg_str *s, const kf_type *space) {
 /* Elementwise/broadcast/injective: one grid-stride loop over out0's
  * elements; every output with the same element count is written at the
  * same linear index (through Reshape's map when its dims differ). */
-static bool gen_elementwise(gen *st, kf_cg_str *s) {
-    const kf_type *space = &st->g->values[st->k->outs[0].value].type;
+/* The grid-stride loop over space writing every output of space's element
+ * count (the others belong to another loop); with `alone` (every output
+ * has that count) the 128-bit path may be taken and the header is
+ * written. */
+static bool ew_loop(gen *st, kf_cg_str *s, const kf_type *space, bool alone) {
     int R = space->rank;
-    bool vec = vector_ok(st, space);
+    bool vec = alone && vector_ok(st, space);
     int64_t first_i = vec ? numel_of(space) / 4 * 4 : 0; /* the scalar loop's first element */
     kf_cg_str vbody = {0};
     if (vec && !gen_vector_quads(st, &vbody, space)) {
@@ -1221,6 +1251,7 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
     bool ok = true;
     for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
         const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+        if (!alone && numel_of(t) != numel_of(space)) continue;
         if (same_dims(t, space)) ok = store(st, o, &sp);
         else if (numel_of(t) == numel_of(space)) {
             ix a;
@@ -1231,7 +1262,7 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
                       st->g->values[st->k->outs[o].value].name);
     }
     if (ok) {
-        header(st, s, vec ? "elementwise (128-bit)" : "elementwise");
+        if (alone) header(st, s, vec ? "elementwise (128-bit)" : "elementwise");
         kf_cg_puts(s, vbody.p ? vbody.p : "");
         if (first_i)
             kf_cg_printf(s, "    for (%s i = %lld + (%s)KF_GLOBAL_ID; i < %lld; i += (%s)KF_GLOBAL_SIZE) {\n", st->ity,
@@ -1259,12 +1290,40 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
             stride *= space->dims[d];
         }
         kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
+        kf_cg_puts(s, alone ? "    }\n}\n" : "    }\n");
     }
     if (body.oom || vbody.oom) s->oom = true;
     kf_cg_str_release(&body);
     kf_cg_str_release(&vbody);
     if (vec) st->k->numel = numel_of(space) / 4; /* work-items: one per quad; they also cover the tail */
+    return ok;
+}
+
+/* The elementwise/injective kernel: one loop over out0's elements when
+ * every output has its element count; else (a Split's outputs of
+ * different sizes) one grid-stride loop per distinct count, in order of
+ * first appearance, each over the first output of that count, launched
+ * over the largest. */
+static bool gen_elementwise(gen *st, kf_cg_str *s) {
+    uint32_t first[KF_PLAN_MAX_OUTPUTS], nc = 0;
+    int64_t most = 0;
+    for (uint32_t o = 0; o < st->k->nouts; o++) {
+        int64_t c = numel_of(&st->g->values[st->k->outs[o].value].type);
+        uint32_t j = 0;
+        while (j < nc && numel_of(&st->g->values[st->k->outs[first[j]].value].type) != c) j++;
+        if (j == nc && nc < KF_PLAN_MAX_OUTPUTS) first[nc++] = o;
+        if (c > most) most = c;
+    }
+    if (nc <= 1) return ew_loop(st, s, &st->g->values[st->k->outs[0].value].type, true);
+    header(st, s, "elementwise (one loop per output size)");
+    bool ok = true;
+    for (uint32_t j = 0; ok && j < nc; j++) {
+        uint32_t mark = st->nmemo; /* names end with their loop */
+        ok = ew_loop(st, s, &st->g->values[st->k->outs[first[j]].value].type, false);
+        st->nmemo = mark;
+    }
+    if (ok) kf_cg_puts(s, "}\n");
+    st->k->numel = most;
     return ok;
 }
 

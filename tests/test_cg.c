@@ -533,6 +533,33 @@ Test(cg, does_not_generate_global_lppool_of_other_orders) {
     kf_model_free(m);
 }
 
+/* Split with several used outputs as one injective kernel: equal parts
+ * after an elementwise op (one loop), unequal parts along a middle axis
+ * with epilogues (one loop per output size), an unused output, a Split of
+ * a graph input along axis 0 */
+#define SPLITS                                                                                        \
+    "opset 13\ninput x float[4, 9, 5]\nconst sp int64[3] = 2 3 4\nconst sq int64[2] = 1 3\n"           \
+    "input y float[6, 8]\ne = Exp(y)\na, b = Split(e) {axis=1}\n"                                           \
+    "p, q, r = Split(x, sp) {axis=1}\nt = Tanh(q)\nu = Neg(r)\n"                                        \
+    "input w float[4, 3]\nc, d = Split(w, sq) {axis=0}\nf = Sigmoid(d)\n"                                \
+    "output a\noutput b\noutput p\noutput t\noutput u\noutput c\noutput f\n"
+
+Test(cg, split_with_several_outputs_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    uint32_t most = check_graph(SPLITS, &n);
+    cr_assert_geq(most, 2, "a Split kernel writes several outputs");
+}
+
+Test(cg, split_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_geq(cgu_nvrtc_check_text(SPLITS, 1u << KF_GROUP_ELEMWISE), 3);
+}
+
 Test(cg, does_not_generate_ops_without_expression) {
     kf_model *m = gt_parse("opset 20\n"
                            "input x float[4, 8]\n"
