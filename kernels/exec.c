@@ -646,6 +646,7 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
         if (e->o.optimize) {
             kf_opt_options oo;
             kf_opt_options_default(&oo);
+            oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
             kf_opt_result res;
             memset(&res, 0, sizeof res);
             st = kf_optimize(s->m, &oo, &res);

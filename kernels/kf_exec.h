@@ -25,6 +25,12 @@ typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA
 /* More kernels than this and the compile prints a progress line on stderr
  * (a handful compiles in well under a second; dozens may take seconds). */
 #define KF_EXEC_PROGRESS_KERNELS 32
+/* The copy a plan optimizes is never saved, so constant folding may make it
+ * larger than the file: a ConstantOfShape of a constant shape (a mask, a
+ * zero state) or a weight transform is computed once at compile time instead
+ * of on the host every run. A node's folded outputs may take up to this
+ * many bytes (a run would hold them in its arena anyway). */
+#define KF_EXEC_FOLD_CAP_BYTES ((int64_t)256 << 20)
 /* Distinct input-shape sets specialised per kf_exec: each holds a model
  * copy and its kernels; a caller cycling through more shapes than this is
  * told so instead of growing memory without bound. */

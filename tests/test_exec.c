@@ -355,3 +355,26 @@ Test(exec, batchnorm_alone_runs_as_elementwise_kernels) {
     kf_exec_free(x);
     kf_model_free(m);
 }
+
+/* a ConstantOfShape of a constant shape over the saved-model fold cap
+ * (2 MiB) and the Add of a constant to it fold when the plan is compiled:
+ * one kernel per run, nothing on the host */
+Test(exec, large_constant_of_shape_is_computed_once) {
+    need_cl();
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[1024, 512]\n"
+                           "const shp int64[2] = 1024 512\n"
+                           "const k float[512] = random\n"
+                           "c = ConstantOfShape(shp)\n"
+                           "d = Add(c, k)\n"
+                           "y = Add(x, d)\n"
+                           "output y\n");
+    kf_exec *x = make(m, KF_EXEC_OPENCL, temp_cache());
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups on the host", s.groups_ref);
+    cr_assert_eq(s.launches, 1);
+    cgu_exec_matches_ref(x, m, 1);
+    kf_exec_free(x);
+    kf_model_free(m);
+}
