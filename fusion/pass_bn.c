@@ -487,6 +487,100 @@ static kf_status binary_node(kf_model *m, const char *op, kf_op code, kf_id e, k
     return kf_infer_node(m, node);
 }
 
+/* Adds `op`(a) named after node e; infers it. */
+static kf_status unary_node(kf_model *m, const char *op, kf_op code, kf_id e, kf_id a, const char *base, kf_id *out) {
+    kf_graph *g = m->graph;
+    kf_id node;
+    KF_TRY(kf_graph_fresh_value(g, base, out));
+    KF_TRY(kf_graph_add_node(g, op, "", g->nodes[e].name, &a, 1, out, 1, &node));
+    g->nodes[node].op = code;
+    g->nodes[node].opset = kf_model_opset(m, "");
+    return kf_infer_node(m, node);
+}
+
+/* Parameter p of one value per channel as [C, 1 x (rank - 2)] (itself for
+ * rank 2), so it broadcasts along axis 1. */
+static kf_status channel_view(kf_model *m, kf_id e, kf_id p, int rank, kf_id *out) {
+    if (rank <= 2) {
+        *out = p;
+        return KF_OK;
+    }
+    kf_graph *g = m->graph;
+    int64_t dims[1] = {rank - 1};
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, KF_DT_INT64, 1, dims);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    kf_set_i64(t, 0, -1);
+    for (int d = 1; d < rank - 1; d++) kf_set_i64(t, d, 1);
+    kf_id shp, in[2], node;
+    KF_TRY(kf_graph_add_constant(g, "bn_channel_shape", t, &shp));
+    in[0] = p;
+    in[1] = shp;
+    char base[272];
+    snprintf(base, sizeof base, "%s_channels", g->values[p].name);
+    KF_TRY(kf_graph_fresh_value(g, base, out));
+    KF_TRY(kf_graph_add_node(g, "Reshape", "", g->nodes[e].name, in, 2, out, 1, &node));
+    g->nodes[node].op = KF_OP_RESHAPE;
+    g->nodes[node].opset = kf_model_opset(m, "");
+    return kf_infer_node(m, node);
+}
+
+/* The run-time form: (x - mean) * (scale / sqrt(var + eps)) + B, each
+ * parameter seen as [C, 1, ...]; elementwise ops with broadcasting. */
+static kf_status bn_elementwise(kf_model *m, kf_id e, const char **why, bool *applied) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[e];
+    kf_id x = n->in[0], y = n->out[0], prm[4];
+    const kf_type *xt = &g->values[x].type;
+    int rank = xt->rank;
+    kf_dtype dt = xt->dtype;
+    for (int i = 0; i < 4; i++) {
+        prm[i] = n->in[i + 1];
+        const kf_type *pt = &g->values[prm[i]].type;
+        if (pt->dtype != dt || pt->rank != 1) {
+            *why = "BatchNormalization parameters computed at run time are not 1-D of the input's dtype";
+            return KF_OK;
+        }
+    }
+    double eps = kf_attr_f(n, "epsilon", 1e-5f);
+    if (!(eps >= 0)) {
+        *why = "BatchNormalization epsilon is negative";
+        return KF_OK;
+    }
+    kf_tensor *et = kf_tensor_new();
+    if (!et) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(et, dt, 0, NULL);
+    if (st) {
+        kf_tensor_free(et);
+        return st;
+    }
+    kf_set_f64(et, 0, eps);
+    char base[256], part[288];
+    snprintf(base, sizeof base, "%s", g->values[y].name);
+    kf_id eid, v[4], ve, sd, sc, xc, xs, out;
+    KF_TRY(kf_graph_add_constant(g, "bn_epsilon", et, &eid));
+    for (int i = 0; i < 4; i++) KF_TRY(channel_view(m, e, prm[i], rank, &v[i]));
+    snprintf(part, sizeof part, "%s_var_eps", base);
+    KF_TRY(binary_node(m, "Add", KF_OP_ADD, e, v[3], eid, part, &ve));
+    snprintf(part, sizeof part, "%s_std", base);
+    KF_TRY(unary_node(m, "Sqrt", KF_OP_SQRT, e, ve, part, &sd));
+    snprintf(part, sizeof part, "%s_scale", base);
+    KF_TRY(binary_node(m, "Div", KF_OP_DIV, e, v[0], sd, part, &sc));
+    snprintf(part, sizeof part, "%s_centred", base);
+    KF_TRY(binary_node(m, "Sub", KF_OP_SUB, e, x, v[2], part, &xc));
+    snprintf(part, sizeof part, "%s_scaled", base);
+    KF_TRY(binary_node(m, "Mul", KF_OP_MUL, e, xc, sc, part, &xs));
+    KF_TRY(binary_node(m, "Add", KF_OP_ADD, e, xs, v[1], base, &out));
+    KF_TRY(kf_graph_replace_uses(g, y, out));
+    kf_graph_remove_node(g, e);
+    *applied = true;
+    return KF_OK;
+}
+
 /* batchnorm(x, scale, B, mean, var) -> add(mul(x, s), t), s = scale / sqrt(var + eps), t = B - mean * s */
 static kf_status bn_to_mul_add(kf_model *m, kf_id e, void *user, bool *applied, const char **why) {
     (void)user;
@@ -526,12 +620,13 @@ static kf_status bn_to_mul_add(kf_model *m, kf_id e, void *user, bool *applied, 
     static const char *const names[4] = {"BatchNormalization scale", "BatchNormalization B",
                                          "BatchNormalization mean", "BatchNormalization var"};
     int64_t C = xt->dims[1];
-    for (int i = 0; i < 4; i++) {
-        const char *c = n->in[i + 1] ? const_view(m, n->in[i + 1], &p[i]) : NOT_CONST;
-        if (c) {
-            *why = because(names[i], c);
+    for (int i = 0; i < 4; i++)
+        if (!n->in[i + 1]) {
+            *why = because(names[i], NOT_CONST);
             return KF_OK;
         }
+    for (int i = 0; i < 4; i++) {
+        if (const_view(m, n->in[i + 1], &p[i])) return bn_elementwise(m, e, why, applied);
         if (!kf_dtype_is_float(p[i].dtype)) {
             *why = "BatchNormalization parameters are not floating point";
             return KF_OK;
