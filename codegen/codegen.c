@@ -1327,6 +1327,61 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
     return ok;
 }
 
+/* Longest chain of views (Reshape family, Transpose) between a group output
+ * and the reduction's input space that is followed; exporters write one or
+ * two. */
+#define VIEW_CHAIN_MAX 8
+
+/* The nodes, output first, through which group value v is a view of a
+ * value of the reduction's input dims (xt), inside the group; 0 when there
+ * is none (v itself of those dims included). */
+static int view_chain(const gen *st, kf_id v, const kf_type *xt, const kf_node **chain) {
+    for (int depth = 0; v && depth <= VIEW_CHAIN_MAX; depth++) {
+        const kf_type *t = &st->g->values[v].type;
+        if (same_dims(t, xt)) return depth;
+        if (depth == VIEW_CHAIN_MAX || numel_of(t) != numel_of(xt)) return 0;
+        kf_id pn = st->g->values[v].producer;
+        if (!pn || st->p->group_of[pn] != st->gi) return 0;
+        const kf_node *n = &st->g->nodes[pn];
+        if (n->op != KF_OP_RESHAPE && n->op != KF_OP_FLATTEN && n->op != KF_OP_SQUEEZE && n->op != KF_OP_UNSQUEEZE &&
+            n->op != KF_OP_IDENTITY && n->op != KF_OP_TRANSPOSE)
+            return 0;
+        chain[depth] = n;
+        v = n->in[0];
+    }
+    return 0;
+}
+
+/* The index of the chain's output (chain[0]) that holds the element at
+ * `at` of the chain's source: Transpose permutes the components, the
+ * Reshape family goes through the linear index. Each view's element there
+ * is the source's, named src (remembered, so the store finds it). */
+static bool view_forward(gen *st, const kf_node *const *chain, int len, const ix *at, const char *src, ix *res) {
+    ix cur = *at;
+    for (int k = len - 1; k >= 0; k--) {
+        const kf_node *n = chain[k];
+        const kf_type *it = &st->g->values[n->in[0]].type, *ot = &st->g->values[n->out[0]].type;
+        ix nx = {.rank = ot->rank};
+        if (n->op == KF_OP_TRANSPOSE) {
+            int cnt = 0;
+            const int64_t *perm = kf_attr_ints(n, "perm", &cnt);
+            for (int d = 0; d < ot->rank; d++) {
+                int64_t pd = perm && cnt == ot->rank ? perm[d] : ot->rank - 1 - d;
+                if (pd < 0 || pd >= it->rank) return fail(st, "node '%s': Transpose perm is not a permutation", kf_node_label(n));
+                snprintf(nx.c[d], NAMELEN, "%s", cur.c[pd]);
+            }
+        } else if (same_dims(it, ot)) {
+            nx = cur;
+        } else {
+            reshape_ix(st, &cur, it, ot, &nx);
+        }
+        cur = nx;
+        if (!memo_add(st, n->out[0], &cur, src)) return false;
+    }
+    *res = cur;
+    return true;
+}
+
 /* Which dims node n reduces (st->mask) and its kind; false with a reason. */
 static bool red_setup(gen *st, const kf_node *n) {
     const kf_type *xt = &st->g->values[n->in[0]].type;
@@ -1631,6 +1686,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     bool out_space = reduce_kind || ln_stats;
     /* outputs on the reduction's output space: one lane per row */
     bool any_in = false, any_out = false;
+    const kf_node *chain[VIEW_CHAIN_MAX];
     /* an output with the output's element count but other dims (a Flatten
      * or Reshape after GlobalAveragePool) is written at the row's linear
      * index: the Reshape map meets the result's memo entry there */
@@ -1638,7 +1694,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
         const kf_type *t = &st->g->values[st->k->outs[o].value].type;
         if (ON_OUT_SPACE(t)) any_out = true;
-        else if (same_dims(t, xt)) any_in = true;
+        else if (same_dims(t, xt) || view_chain(st, st->k->outs[o].value, xt, chain)) any_in = true;
         else ok = fail(st, "value '%s' spans neither the input nor the output of '%s' (not generated)",
                        st->g->values[st->k->outs[o].value].name, kf_node_label(n));
     }
@@ -1652,11 +1708,8 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             const kf_type *t = &st->g->values[st->k->outs[o].value].type;
             if (same_dims(t, ot)) ok = store(st, o, &outix);
             else if (ON_OUT_SPACE(t)) {
-                bool all[KF_MAX_RANK];
-                for (int d = 0; d < t->rank; d++) all[d] = true;
-                ix tix = {.rank = t->rank};
-                snprintf(tix.lin, NAMELEN, "%s", outix.lin);
-                split_index(st, outix.lin, t, all, true, "q", &tix);
+                ix tix;
+                reshape_ix(st, &outix, ot, t, &tix);
                 ok = store(st, o, &tix);
             }
         }
@@ -1680,8 +1733,27 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             snprintf(e, sizeof e, "row * %lld + j", (long long)K);
             bind(st, full.lin, e);
         }
-        for (uint32_t o = 0; ok && o < st->k->nouts; o++)
-            if (!ON_OUT_SPACE(&st->g->values[st->k->outs[o].value].type)) ok = store(st, o, &full);
+        /* the linear index first when some output is a view: every value
+         * remembered at this element then carries it */
+        for (uint32_t o = 0; o < st->k->nouts && !full.lin[0]; o++)
+            if (view_chain(st, st->k->outs[o].value, xt, chain)) offset_of(st, xt, &full, full.lin);
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+            const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+            if (ON_OUT_SPACE(t)) continue;
+            if (same_dims(t, xt)) {
+                ok = store(st, o, &full);
+                continue;
+            }
+            /* the input space seen through views (a LayerNorm's output
+             * split per head, or transposed to sequence-first): the value
+             * before them at this element first, remembered at `full` and
+             * its linear index, which the inverse maps meet again */
+            char src[NAMELEN];
+            int len = view_chain(st, st->k->outs[o].value, xt, chain);
+            ix tix;
+            ok = emit(st, chain[len - 1]->in[0], &full, src) && view_forward(st, chain, len, &full, src, &tix) &&
+                 store(st, o, &tix);
+        }
 #undef ON_OUT_SPACE
         kf_cg_puts(&body, "        }\n");
     }

@@ -560,6 +560,22 @@ Test(cg, split_cuda_text_compiles_with_nvrtc) {
     cr_assert_geq(cgu_nvrtc_check_text(SPLITS, 1u << KF_GROUP_ELEMWISE), 3);
 }
 
+/* outputs that are views of a LayerNorm's input space: split per head
+ * (Reshape), sequence-first (Transpose, as torch's attention wants), and
+ * a Reshape after a Transpose; and the normalised value itself */
+#define LN_VIEWS                                                                                      \
+    "opset 17\ninput x float[2, 6, 16]\nconst g float[16] = random\nconst b float[16] = random\n"          \
+    "const shp int64[4] = 2 6 4 4\nconst s2 int64[2] = 6 32\n"                                          \
+    "n = LayerNormalization(x, g, b) {axis=-1}\nr = Reshape(n, shp)\nt = Transpose(n) {perm=[1,0,2]}\n" \
+    "f = Reshape(t, s2)\ne = Relu(n)\noutput r\noutput t\noutput f\noutput e\n"
+
+Test(cg, row_reduction_outputs_through_views_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    cr_assert_eq(check_graph(LN_VIEWS, &n), 4, "one LayerNorm kernel writes the four outputs");
+    cr_assert_eq(n, 1);
+}
+
 Test(cg, does_not_generate_ops_without_expression) {
     kf_model *m = gt_parse("opset 20\n"
                            "input x float[4, 8]\n"
