@@ -569,9 +569,12 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             s->stats.groups_ref++;
             if (e->o.host_steps && e->dev && gr->nnodes) {
                 const kf_node *n = &g->nodes[gr->nodes[0]];
+                char named[288]; /* "node '<label>': ", which the line already says */
+                snprintf(named, sizeof named, "node '%s': ", kf_node_label(n));
+                const char *r = strncmp(reason, named, strlen(named)) ? reason : reason + strlen(named);
                 fprintf(e->o.host_steps, "kfuse: host step: node '%s' (%s", kf_node_label(n), n->op_type);
                 if (gr->nnodes > 1) fprintf(e->o.host_steps, " and %u more", gr->nnodes - 1);
-                fprintf(e->o.host_steps, "): %s\n", reason);
+                fprintf(e->o.host_steps, "): %s\n", r);
             }
             continue;
         }

@@ -324,8 +324,7 @@ Test(exec, host_steps_are_reported_with_their_reason) {
     text[len] = 0;
     fclose(f);
     cr_assert_not_null(strstr(text, "kfuse: host step: node 'CumSum_"), "%s", text);
-    cr_assert_not_null(strstr(text, "(CumSum): node '"), "%s", text);
-    cr_assert_not_null(strstr(text, "opaque op CumSum is not generated"), "%s", text);
+    cr_assert_not_null(strstr(text, "(CumSum): opaque op CumSum is not generated"), "%s", text);
     cr_assert_null(strstr(text, "Tanh"), "%s", text);
     cr_assert_null(strchr(strchr(text, '\n') + 1, '\n'), "one line: %s", text);
     kf_exec_free(x);
