@@ -489,6 +489,16 @@ Test(cg, gelu_tanh_hard_sigmoid_hard_swish_on_opencl) {
     cr_assert_eq(n, 1, "one elementwise kernel, got %u", n);
 }
 
+/* NaN and infinities go through the clamps as in the reference */
+Test(cg, hard_sigmoid_hard_swish_carry_nan_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    check_graph("opset 14\ninput x float[3, 6]\nconst c float[6] = nan inf -inf 0 1 -1\ns = Add(x, c)\n"
+                "h = HardSigmoid(s)\nw = HardSwish(s)\noutput h\noutput w\n",
+                &n);
+    cr_assert_geq(n, 1);
+}
+
 Test(cg, gelu_tanh_hard_sigmoid_cuda_text_compiles_with_nvrtc) {
     const char *why = kf_nvrtc_unavailable();
     if (why) {

@@ -121,6 +121,19 @@ Test(cg_pool, float16_pools_on_opencl) {
     cr_assert_eq(check_pools(POOL_HALF), 2);
 }
 
+/* NaN as the reference treats it: skipped by MaxPool unless a window holds
+ * nothing else (columns 0 and 1 are NaN: the first 2 x 2 windows give NaN,
+ * the 3 x 3 windows with padding take the numbers), carried by AveragePool */
+Test(cg_pool, nan_windows_on_opencl) {
+    cgu_need_opencl();
+    cr_assert_eq(check_pools("opset 13\ninput x float[2, 2, 4, 6]\nconst c float[6] = nan nan 0 0 0 0\n"
+                             "s = Add(x, c)\na = MaxPool(s) {kernel_shape=[2,2], strides=[2,2]}\n"
+                             "b = MaxPool(s) {kernel_shape=[3,3], pads=[1,1,1,1]}\n"
+                             "d = AveragePool(s) {kernel_shape=[2,2], strides=[2,2]}\n"
+                             "output a\noutput b\noutput d\n"),
+                 3);
+}
+
 /* a whole plan: conv, relu, max pool, global average pool, dense layer;
  * nothing runs on the host */
 Test(cg_pool, small_cnn_runs_nothing_on_the_host) {
