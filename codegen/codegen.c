@@ -317,8 +317,8 @@ static const char *kind_reason(kf_group_kind k) {
     switch (k) {
     case KF_GROUP_ELEMWISE:
     case KF_GROUP_REDUCTION:
-    case KF_GROUP_ANCHOR: return NULL;
-    case KF_GROUP_OPAQUE: return "opaque ops are not generated (they run on the reference evaluator)";
+    case KF_GROUP_ANCHOR:
+    case KF_GROUP_OPAQUE: return NULL; /* a pooling node has a template; other opaque ops decline in gen_pool */
     case KF_GROUP_CONST: return "plan-time constant groups launch no kernel";
     }
     return "unknown group kind";
@@ -346,7 +346,10 @@ static const char *node_expr(const kf_node *n, char *why, size_t whylen) {
         return NULL;
     }
     if (n->op == KF_OP_GELU && strcmp(kf_attr_s(n, "approximate", "none"), "none")) {
-        snprintf(why, whylen, "node '%s': Gelu approximate=\"%s\" is not generated yet", kf_node_label(n),
+        /* 0.79788456...: sqrt(2 / pi), the reference's tanh form */
+        if (!strcmp(kf_attr_s(n, "approximate", "none"), "tanh"))
+            return "(0.5 * x0 * (1 + tanh(0.79788456080286535588 * (x0 + 0.044715 * x0 * x0 * x0))))";
+        snprintf(why, whylen, "node '%s': Gelu approximate=\"%s\" is not generated", kf_node_label(n),
                  kf_attr_s(n, "approximate", "none"));
         return NULL;
     }
@@ -803,6 +806,32 @@ static bool emit_slice(gen *st, const kf_node *n, const ix *at, char *name) {
     return emit(st, n->in[0], &a, name);
 }
 
+/* Split output v: the input at the index shifted along axis by the sizes
+ * of the outputs before v (every output is an index map of the input). */
+static bool emit_split(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    const kf_type *it = &st->g->values[n->in[0]].type;
+    int64_t axis = kf_attr_i(n, "axis", 0);
+    if (axis < 0) axis += it->rank;
+    if (axis < 0 || axis >= it->rank || at->rank != it->rank)
+        return fail(st, "node '%s': Split axis out of range", kf_node_label(n));
+    int64_t lo = 0;
+    int j = 0;
+    for (; j < n->nout && n->out[j] != v; j++) {
+        if (!n->out[j]) return fail(st, "node '%s': Split output %d has no value, so its size is unknown", kf_node_label(n), j);
+        lo += st->g->values[n->out[j]].type.dims[axis];
+    }
+    if (j == n->nout) return fail(st, "node '%s': Split output (internal)", kf_node_label(n));
+    ix a = *at;
+    a.lin[0] = 0;
+    if (lo) {
+        char e[64]; /* "name + number" */
+        if (!strcmp(at->c[axis], "0")) snprintf(e, sizeof e, "%lld", (long long)lo);
+        else snprintf(e, sizeof e, "%s + %lld", at->c[axis], (long long)lo);
+        bind(st, a.c[axis], e);
+    }
+    return emit(st, n->in[0], &a, name);
+}
+
 /* Clamps index expression e into [0, dim) and binds it. */
 static void clamp_bind(gen *st, char *out, const char *e, int64_t dim) {
     char t[NAMELEN];
@@ -983,7 +1012,7 @@ static bool emit_red_value(gen *st, const kf_node *n, kf_id v, const ix *at, cha
 
 static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     bool ln_stats = st->red && n == st->red && st->rk == RK_LAYERNORM; /* Mean, InvStdDev come from the row */
-    if (n->nout > 1 && !ln_stats)
+    if (n->nout > 1 && !ln_stats && n->op != KF_OP_SPLIT)
         for (int j = 1; j < n->nout; j++)
             if (n->out[j] && st->g->values[n->out[j]].nusers + st->g->values[n->out[j]].is_output)
                 return fail(st, "node '%s': %s output %d is used (only the first output is generated)",
@@ -1020,6 +1049,7 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     }
     case KF_OP_TRANSPOSE: return emit_transpose(st, n, at, name);
     case KF_OP_SLICE: return emit_slice(st, n, at, name);
+    case KF_OP_SPLIT: return emit_split(st, n, v, at, name);
     case KF_OP_CONCAT: return emit_concat(st, n, v, at, name);
     case KF_OP_GATHER: return emit_gather(st, n, at, name);
     case KF_OP_PAD: return emit_pad(st, n, v, at, name);
@@ -1199,10 +1229,13 @@ static bool gen_vector_quads(gen *st, kf_cg_str *s, const kf_type *space) {
 /* Elementwise/broadcast/injective: one grid-stride loop over out0's
  * elements; every output with the same element count is written at the
  * same linear index (through Reshape's map when its dims differ). */
-static bool gen_elementwise(gen *st, kf_cg_str *s) {
-    const kf_type *space = &st->g->values[st->k->outs[0].value].type;
+/* The grid-stride loop over space writing every output of space's element
+ * count (the others belong to another loop); with `alone` (every output
+ * has that count) the 128-bit path may be taken and the header is
+ * written. */
+static bool ew_loop(gen *st, kf_cg_str *s, const kf_type *space, bool alone) {
     int R = space->rank;
-    bool vec = vector_ok(st, space);
+    bool vec = alone && vector_ok(st, space);
     int64_t first_i = vec ? numel_of(space) / 4 * 4 : 0; /* the scalar loop's first element */
     kf_cg_str vbody = {0};
     if (vec && !gen_vector_quads(st, &vbody, space)) {
@@ -1218,6 +1251,7 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
     bool ok = true;
     for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
         const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+        if (!alone && numel_of(t) != numel_of(space)) continue;
         if (same_dims(t, space)) ok = store(st, o, &sp);
         else if (numel_of(t) == numel_of(space)) {
             ix a;
@@ -1228,7 +1262,7 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
                       st->g->values[st->k->outs[o].value].name);
     }
     if (ok) {
-        header(st, s, vec ? "elementwise (128-bit)" : "elementwise");
+        if (alone) header(st, s, vec ? "elementwise (128-bit)" : "elementwise");
         kf_cg_puts(s, vbody.p ? vbody.p : "");
         if (first_i)
             kf_cg_printf(s, "    for (%s i = %lld + (%s)KF_GLOBAL_ID; i < %lld; i += (%s)KF_GLOBAL_SIZE) {\n", st->ity,
@@ -1256,13 +1290,96 @@ static bool gen_elementwise(gen *st, kf_cg_str *s) {
             stride *= space->dims[d];
         }
         kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
+        kf_cg_puts(s, alone ? "    }\n}\n" : "    }\n");
     }
     if (body.oom || vbody.oom) s->oom = true;
     kf_cg_str_release(&body);
     kf_cg_str_release(&vbody);
     if (vec) st->k->numel = numel_of(space) / 4; /* work-items: one per quad; they also cover the tail */
     return ok;
+}
+
+/* The elementwise/injective kernel: one loop over out0's elements when
+ * every output has its element count; else (a Split's outputs of
+ * different sizes) one grid-stride loop per distinct count, in order of
+ * first appearance, each over the first output of that count, launched
+ * over the largest. */
+static bool gen_elementwise(gen *st, kf_cg_str *s) {
+    uint32_t first[KF_PLAN_MAX_OUTPUTS], nc = 0;
+    int64_t most = 0;
+    for (uint32_t o = 0; o < st->k->nouts; o++) {
+        int64_t c = numel_of(&st->g->values[st->k->outs[o].value].type);
+        uint32_t j = 0;
+        while (j < nc && numel_of(&st->g->values[st->k->outs[first[j]].value].type) != c) j++;
+        if (j == nc && nc < KF_PLAN_MAX_OUTPUTS) first[nc++] = o;
+        if (c > most) most = c;
+    }
+    if (nc <= 1) return ew_loop(st, s, &st->g->values[st->k->outs[0].value].type, true);
+    header(st, s, "elementwise (one loop per output size)");
+    bool ok = true;
+    for (uint32_t j = 0; ok && j < nc; j++) {
+        uint32_t mark = st->nmemo; /* names end with their loop */
+        ok = ew_loop(st, s, &st->g->values[st->k->outs[first[j]].value].type, false);
+        st->nmemo = mark;
+    }
+    if (ok) kf_cg_puts(s, "}\n");
+    st->k->numel = most;
+    return ok;
+}
+
+/* Longest chain of views (Reshape family, Transpose) between a group output
+ * and the reduction's input space that is followed; exporters write one or
+ * two. */
+#define VIEW_CHAIN_MAX 8
+
+/* The nodes, output first, through which group value v is a view of a
+ * value of the reduction's input dims (xt), inside the group; 0 when there
+ * is none (v itself of those dims included). */
+static int view_chain(const gen *st, kf_id v, const kf_type *xt, const kf_node **chain) {
+    for (int depth = 0; v && depth <= VIEW_CHAIN_MAX; depth++) {
+        const kf_type *t = &st->g->values[v].type;
+        if (same_dims(t, xt)) return depth;
+        if (depth == VIEW_CHAIN_MAX || numel_of(t) != numel_of(xt)) return 0;
+        kf_id pn = st->g->values[v].producer;
+        if (!pn || st->p->group_of[pn] != st->gi) return 0;
+        const kf_node *n = &st->g->nodes[pn];
+        if (n->op != KF_OP_RESHAPE && n->op != KF_OP_FLATTEN && n->op != KF_OP_SQUEEZE && n->op != KF_OP_UNSQUEEZE &&
+            n->op != KF_OP_IDENTITY && n->op != KF_OP_TRANSPOSE)
+            return 0;
+        chain[depth] = n;
+        v = n->in[0];
+    }
+    return 0;
+}
+
+/* The index of the chain's output (chain[0]) that holds the element at
+ * `at` of the chain's source: Transpose permutes the components, the
+ * Reshape family goes through the linear index. Each view's element there
+ * is the source's, named src (remembered, so the store finds it). */
+static bool view_forward(gen *st, const kf_node *const *chain, int len, const ix *at, const char *src, ix *res) {
+    ix cur = *at;
+    for (int k = len - 1; k >= 0; k--) {
+        const kf_node *n = chain[k];
+        const kf_type *it = &st->g->values[n->in[0]].type, *ot = &st->g->values[n->out[0]].type;
+        ix nx = {.rank = ot->rank};
+        if (n->op == KF_OP_TRANSPOSE) {
+            int cnt = 0;
+            const int64_t *perm = kf_attr_ints(n, "perm", &cnt);
+            for (int d = 0; d < ot->rank; d++) {
+                int64_t pd = perm && cnt == ot->rank ? perm[d] : ot->rank - 1 - d;
+                if (pd < 0 || pd >= it->rank) return fail(st, "node '%s': Transpose perm is not a permutation", kf_node_label(n));
+                snprintf(nx.c[d], NAMELEN, "%s", cur.c[pd]);
+            }
+        } else if (same_dims(it, ot)) {
+            nx = cur;
+        } else {
+            reshape_ix(st, &cur, it, ot, &nx);
+        }
+        cur = nx;
+        if (!memo_add(st, n->out[0], &cur, src)) return false;
+    }
+    *res = cur;
+    return true;
 }
 
 /* Which dims node n reduces (st->mask) and its kind; false with a reason. */
@@ -1282,6 +1399,22 @@ static bool red_setup(gen *st, const kf_node *n) {
         if (axis < 0 || axis >= r) return fail(st, "node '%s': axis out of range", kf_node_label(n));
         for (int d = (int)axis; d < r; d++) st->mask[d] = ln || opset < 13 || d == axis;
         st->rk = ln ? RK_LAYERNORM : n->op == KF_OP_SOFTMAX ? RK_SOFTMAX : RK_LOGSOFTMAX;
+        return true;
+    }
+    case KF_OP_GLOBAL_AVERAGEPOOL:
+    case KF_OP_GLOBAL_MAXPOOL:
+    case KF_OP_GLOBAL_LPPOOL: {
+        /* a reduction over every spatial dim, kept as 1s */
+        if (n->op == KF_OP_GLOBAL_LPPOOL) {
+            const kf_attr *pa = kf_attr_find(n, "p");
+            double pv = !pa ? 2.0 : pa->type == KF_ATTR_INT ? (double)pa->i : pa->type == KF_ATTR_FLOAT ? pa->f : 0.0;
+            if (pv != 1.0 && pv != 2.0)
+                return fail(st, "node '%s': GlobalLpPool with p other than 1 or 2 is not generated", kf_node_label(n));
+            st->rk = pv == 1.0 ? RK_L1 : RK_L2;
+        } else {
+            st->rk = n->op == KF_OP_GLOBAL_MAXPOOL ? RK_MAX : RK_MEAN;
+        }
+        for (int d = 2; d < r; d++) st->mask[d] = true;
         return true;
     }
     default: break;
@@ -1553,10 +1686,15 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     bool out_space = reduce_kind || ln_stats;
     /* outputs on the reduction's output space: one lane per row */
     bool any_in = false, any_out = false;
+    const kf_node *chain[VIEW_CHAIN_MAX];
+    /* an output with the output's element count but other dims (a Flatten
+     * or Reshape after GlobalAveragePool) is written at the row's linear
+     * index: the Reshape map meets the result's memo entry there */
+#define ON_OUT_SPACE(t) (out_space && (same_dims(t, ot) || (!same_dims(t, xt) && numel_of(t) == numel_of(ot))))
     for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
         const kf_type *t = &st->g->values[st->k->outs[o].value].type;
-        if (out_space && same_dims(t, ot)) any_out = true;
-        else if (same_dims(t, xt)) any_in = true;
+        if (ON_OUT_SPACE(t)) any_out = true;
+        else if (same_dims(t, xt) || view_chain(st, st->k->outs[o].value, xt, chain)) any_in = true;
         else ok = fail(st, "value '%s' spans neither the input nor the output of '%s' (not generated)",
                        st->g->values[st->k->outs[o].value].name, kf_node_label(n));
     }
@@ -1566,8 +1704,15 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             kf_cg_puts(&body, "        if (kf_on && kf_lane == 0) {\n");
             st->ind = "            ";
         }
-        for (uint32_t o = 0; ok && o < st->k->nouts; o++)
-            if (same_dims(&st->g->values[st->k->outs[o].value].type, ot)) ok = store(st, o, &outix);
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+            const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+            if (same_dims(t, ot)) ok = store(st, o, &outix);
+            else if (ON_OUT_SPACE(t)) {
+                ix tix;
+                reshape_ix(st, &outix, ot, t, &tix);
+                ok = store(st, o, &tix);
+            }
+        }
         if (block) {
             kf_cg_puts(&body, "        }\n");
             /* names defined inside the lane-0 block end with it: a row-wide
@@ -1588,8 +1733,28 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             snprintf(e, sizeof e, "row * %lld + j", (long long)K);
             bind(st, full.lin, e);
         }
-        for (uint32_t o = 0; ok && o < st->k->nouts; o++)
-            if (!(out_space && same_dims(&st->g->values[st->k->outs[o].value].type, ot))) ok = store(st, o, &full);
+        /* the linear index first when some output is a view: every value
+         * remembered at this element then carries it */
+        for (uint32_t o = 0; o < st->k->nouts && !full.lin[0]; o++)
+            if (view_chain(st, st->k->outs[o].value, xt, chain)) offset_of(st, xt, &full, full.lin);
+        for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+            const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+            if (ON_OUT_SPACE(t)) continue;
+            if (same_dims(t, xt)) {
+                ok = store(st, o, &full);
+                continue;
+            }
+            /* the input space seen through views (a LayerNorm's output
+             * split per head, or transposed to sequence-first): the value
+             * before them at this element first, remembered at `full` and
+             * its linear index, which the inverse maps meet again */
+            char src[NAMELEN];
+            int len = view_chain(st, st->k->outs[o].value, xt, chain);
+            ix tix;
+            ok = emit(st, chain[len - 1]->in[0], &full, src) && view_forward(st, chain, len, &full, src, &tix) &&
+                 store(st, o, &tix);
+        }
+#undef ON_OUT_SPACE
         kf_cg_puts(&body, "        }\n");
     }
     if (ok) {
@@ -1623,10 +1788,12 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     return ok;
 }
 
-/* anchor groups: tiled GEMM and direct convolution (cg_anchor.c, which uses
- * this file's static emitter) */
+/* anchor groups: tiled GEMM and direct convolution (cg_anchor.c), and the
+ * window kernel of a pooling node (cg_pool.c); both use this file's static
+ * emitter */
 #define KF_CG_ANCHOR_IMPL
 #include "cg_anchor.c"
+#include "cg_pool.c"
 
 /* ---- entry points ---------------------------------------------------------- */
 
@@ -1718,6 +1885,14 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         snprintf(why, whylen, "group writes nothing");
         return KF_ERR_UNSUPPORTED;
     }
+    if (g->kind == KF_GROUP_OPAQUE) {
+        const kf_node *n = &gr->nodes[g->nodes[0]];
+        if (g->nnodes != 1 || (n->op != KF_OP_MAXPOOL && n->op != KF_OP_AVERAGEPOOL && n->op != KF_OP_LPPOOL)) {
+            snprintf(why, whylen, "node '%s': opaque op %s is not generated (it runs on the reference evaluator)",
+                     kf_node_label(n), n->op_type);
+            return KF_ERR_UNSUPPORTED;
+        }
+    }
     for (uint32_t o = 0; o < g->noutputs; o++) {
         const kf_value *v = &gr->values[g->outputs[o]];
         if (!kf_type_is_static(&v->type)) {
@@ -1800,6 +1975,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         if (k->outs[o].numel > INT32_MAX / 2) st.ity = "kf_i64";
     kf_cg_str s = {0};
     bool ok = g->kind == KF_GROUP_ANCHOR ? gen_anchor(&st, &s)
+              : g->kind == KF_GROUP_OPAQUE ? gen_pool(&st, &s)
               : red                      ? gen_reduction(&st, &s, red)
                                          : gen_elementwise(&st, &s);
     if (red && k->numel > INT32_MAX / 2 && !strcmp(st.ity, "int")) {

@@ -16,6 +16,8 @@ typedef struct kf_pass_ctx {
     int64_t fuel;
     bool trace;
     uint64_t changes;
+    int64_t fold_cap_bytes; /* constant folding: outputs of one node may hold this many bytes
+                             * (0: the cap that keeps a saved model from growing) */
 } kf_pass_ctx;
 
 typedef kf_status (*kf_graph_pass_fn)(kf_model *m, kf_pass_ctx *ctx);
@@ -36,6 +38,9 @@ typedef struct kf_opt_options {
     bool no_raise;                    /* never raise the model's opset */
     const char *const *keep;          /* value names never rewritten away (like graph outputs) */
     int nkeep;
+    int64_t fold_cap_bytes;           /* larger folds allowed (a model that is compiled, not saved:
+                                       * a ConstantOfShape of a constant shape is then computed once);
+                                       * 0: folding never inflates the model by more than 1 MiB a node */
 } kf_opt_options;
 
 /* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE). */

@@ -7,7 +7,10 @@
  * ConvTranspose, Gemm and MatMul with constant weights. New weights and
  * biases are computed in double, stored in the weight's dtype as new
  * initializers; old ones fall to dead-code elimination once nothing reads
- * them. Node-local C-callback rules, registered through passes.def.
+ * them. A BatchNormalization in inference form that no anchor absorbs
+ * becomes a Mul and an Add by per-channel constants computed here, so it
+ * fuses as elementwise ops. Node-local C-callback rules, registered through
+ * passes.def.
  */
 #include <math.h>
 #include <stdio.h>
@@ -437,6 +440,238 @@ static kf_status fold_epilogue(kf_model *m, kf_id e, void *user, bool *applied, 
     return st;
 }
 
+/* ---- BatchNormalization on its own ------------------------------------------------
+ *
+ * An inference BatchNormalization that no anchor absorbs becomes
+ * x * s[c] + t[c] with s and t computed once here, in double, as constants of
+ * x's dtype shaped [C, 1, ..., 1] so they broadcast along axis 1: two
+ * elementwise ops that fuse with their neighbours. */
+
+/* Why BatchNormalization e is not in inference form over channels, or NULL. */
+static const char *bn_inference_form(const kf_node *e) {
+    if (e->nin < 5) return "BatchNormalization has fewer than five inputs";
+    for (int j = 1; j < e->nout; j++)
+        if (e->out[j]) return "BatchNormalization computes running statistics (training form)";
+    if (e->opset >= 14 && kf_attr_i(e, "training_mode", 0) != 0) return "BatchNormalization is in training mode";
+    if (e->opset < 7 && kf_attr_i(e, "is_test", 0) == 0) return "BatchNormalization is in training mode (is_test = 0)";
+    if (e->opset < 9 && kf_attr_i(e, "spatial", 1) == 0) return "BatchNormalization is not spatial";
+    return NULL;
+}
+
+/* Adds constant `base` of dtype dt and shape [C, 1 x (rank - 2)] holding v. */
+static kf_status channel_constant(kf_graph *g, const char *base, kf_dtype dt, int rank, int64_t C, const double *v,
+                                  kf_id *id) {
+    int64_t dims[KF_MAX_RANK];
+    dims[0] = C;
+    for (int d = 1; d < rank - 1; d++) dims[d] = 1;
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, dt, rank > 1 ? rank - 1 : 1, dims);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    for (int64_t c = 0; c < C; c++) kf_set_f64(t, c, v[c]);
+    return kf_graph_add_constant(g, base, t, id);
+}
+
+/* Adds `op`(a, b) named after node e, output named after base; infers it. */
+static kf_status binary_node(kf_model *m, const char *op, kf_op code, kf_id e, kf_id a, kf_id b, const char *base,
+                             kf_id *out) {
+    kf_graph *g = m->graph;
+    kf_id in[2] = {a, b}, node;
+    KF_TRY(kf_graph_fresh_value(g, base, out));
+    KF_TRY(kf_graph_add_node(g, op, "", g->nodes[e].name, in, 2, out, 1, &node));
+    g->nodes[node].op = code;
+    g->nodes[node].opset = kf_model_opset(m, "");
+    return kf_infer_node(m, node);
+}
+
+/* Adds `op`(a) named after node e; infers it. */
+static kf_status unary_node(kf_model *m, const char *op, kf_op code, kf_id e, kf_id a, const char *base, kf_id *out) {
+    kf_graph *g = m->graph;
+    kf_id node;
+    KF_TRY(kf_graph_fresh_value(g, base, out));
+    KF_TRY(kf_graph_add_node(g, op, "", g->nodes[e].name, &a, 1, out, 1, &node));
+    g->nodes[node].op = code;
+    g->nodes[node].opset = kf_model_opset(m, "");
+    return kf_infer_node(m, node);
+}
+
+/* Parameter p of one value per channel as [C, 1 x (rank - 2)] (itself for
+ * rank 2), so it broadcasts along axis 1. */
+static kf_status channel_view(kf_model *m, kf_id e, kf_id p, int rank, kf_id *out) {
+    if (rank <= 2) {
+        *out = p;
+        return KF_OK;
+    }
+    kf_graph *g = m->graph;
+    int64_t dims[1] = {rank - 1};
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, KF_DT_INT64, 1, dims);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    kf_set_i64(t, 0, -1);
+    for (int d = 1; d < rank - 1; d++) kf_set_i64(t, d, 1);
+    kf_id shp, in[2], node;
+    KF_TRY(kf_graph_add_constant(g, "bn_channel_shape", t, &shp));
+    in[0] = p;
+    in[1] = shp;
+    char base[272];
+    snprintf(base, sizeof base, "%s_channels", g->values[p].name);
+    KF_TRY(kf_graph_fresh_value(g, base, out));
+    KF_TRY(kf_graph_add_node(g, "Reshape", "", g->nodes[e].name, in, 2, out, 1, &node));
+    g->nodes[node].op = KF_OP_RESHAPE;
+    g->nodes[node].opset = kf_model_opset(m, "");
+    return kf_infer_node(m, node);
+}
+
+/* The run-time form: (x - mean) * (scale / sqrt(var + eps)) + B, each
+ * parameter seen as [C, 1, ...]; elementwise ops with broadcasting. */
+static kf_status bn_elementwise(kf_model *m, kf_id e, const char **why, bool *applied) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[e];
+    kf_id x = n->in[0], y = n->out[0], prm[4];
+    const kf_type *xt = &g->values[x].type;
+    int rank = xt->rank;
+    kf_dtype dt = xt->dtype;
+    for (int i = 0; i < 4; i++) {
+        prm[i] = n->in[i + 1];
+        const kf_type *pt = &g->values[prm[i]].type;
+        if (pt->dtype != dt || pt->rank != 1) {
+            *why = "BatchNormalization parameters computed at run time are not 1-D of the input's dtype";
+            return KF_OK;
+        }
+    }
+    double eps = kf_attr_f(n, "epsilon", 1e-5f);
+    if (!(eps >= 0)) {
+        *why = "BatchNormalization epsilon is negative";
+        return KF_OK;
+    }
+    kf_tensor *et = kf_tensor_new();
+    if (!et) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(et, dt, 0, NULL);
+    if (st) {
+        kf_tensor_free(et);
+        return st;
+    }
+    kf_set_f64(et, 0, eps);
+    char base[256], part[288];
+    snprintf(base, sizeof base, "%s", g->values[y].name);
+    kf_id eid, v[4], ve, sd, sc, xc, xs, out;
+    KF_TRY(kf_graph_add_constant(g, "bn_epsilon", et, &eid));
+    for (int i = 0; i < 4; i++) KF_TRY(channel_view(m, e, prm[i], rank, &v[i]));
+    snprintf(part, sizeof part, "%s_var_eps", base);
+    KF_TRY(binary_node(m, "Add", KF_OP_ADD, e, v[3], eid, part, &ve));
+    snprintf(part, sizeof part, "%s_std", base);
+    KF_TRY(unary_node(m, "Sqrt", KF_OP_SQRT, e, ve, part, &sd));
+    snprintf(part, sizeof part, "%s_scale", base);
+    KF_TRY(binary_node(m, "Div", KF_OP_DIV, e, v[0], sd, part, &sc));
+    snprintf(part, sizeof part, "%s_centred", base);
+    KF_TRY(binary_node(m, "Sub", KF_OP_SUB, e, x, v[2], part, &xc));
+    snprintf(part, sizeof part, "%s_scaled", base);
+    KF_TRY(binary_node(m, "Mul", KF_OP_MUL, e, xc, sc, part, &xs));
+    KF_TRY(binary_node(m, "Add", KF_OP_ADD, e, xs, v[1], base, &out));
+    KF_TRY(kf_graph_replace_uses(g, y, out));
+    kf_graph_remove_node(g, e);
+    *applied = true;
+    return KF_OK;
+}
+
+/* batchnorm(x, scale, B, mean, var) -> add(mul(x, s), t), s = scale / sqrt(var + eps), t = B - mean * s */
+static kf_status bn_to_mul_add(kf_model *m, kf_id e, void *user, bool *applied, const char **why) {
+    (void)user;
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[e];
+    *applied = false;
+    if (n->nin < 1 || !n->in[0] || !n->out[0]) return KF_OK;
+    if ((*why = bn_inference_form(n))) return KF_OK;
+    /* an anchor that takes it folds it into its weights instead */
+    kf_id an = anchor_node(g, n->in[0], A_CONV | A_CONVT | A_GEMM | A_MATMUL);
+    if (an) {
+        anchor a;
+        affine f = {0};
+        kf_status st = KF_OK;
+        bool folds = !read_anchor(m, an, &a) && !read_batchnorm(m, n, &a, &f, &st);
+        affine_free(&f);
+        if (st) return st;
+        if (folds) {
+            *why = "the BatchNormalization folds into its anchor";
+            return KF_OK;
+        }
+    }
+    if (kf_model_opset(m, "") < 7) {
+        *why = "Mul and Add broadcast numpy-style only from opset 7";
+        return KF_OK;
+    }
+    const kf_type *xt = &g->values[n->in[0]].type;
+    if (xt->rank < 2) {
+        *why = "BatchNormalization input rank is unknown or below 2";
+        return KF_OK;
+    }
+    if (!kf_dtype_is_float(xt->dtype)) {
+        *why = "BatchNormalization input is not floating point";
+        return KF_OK;
+    }
+    kf_tensor p[4];
+    static const char *const names[4] = {"BatchNormalization scale", "BatchNormalization B",
+                                         "BatchNormalization mean", "BatchNormalization var"};
+    int64_t C = xt->dims[1];
+    for (int i = 0; i < 4; i++)
+        if (!n->in[i + 1]) {
+            *why = because(names[i], NOT_CONST);
+            return KF_OK;
+        }
+    for (int i = 0; i < 4; i++) {
+        if (const_view(m, n->in[i + 1], &p[i])) return bn_elementwise(m, e, why, applied);
+        if (!kf_dtype_is_float(p[i].dtype)) {
+            *why = "BatchNormalization parameters are not floating point";
+            return KF_OK;
+        }
+        if (C < 0) C = p[i].numel;
+        if (p[i].numel != C || C <= 0) {
+            *why = "BatchNormalization parameters do not hold one value per channel";
+            return KF_OK;
+        }
+    }
+    double eps = kf_attr_f(n, "epsilon", 1e-5f);
+    if (!(eps >= 0)) {
+        *why = "BatchNormalization epsilon is negative";
+        return KF_OK;
+    }
+    for (int64_t c = 0; c < C; c++)
+        if (!(kf_get_f64(&p[3], c) + eps > 0)) {
+            *why = "BatchNormalization variance plus epsilon is not positive";
+            return KF_OK;
+        }
+    affine f = {0};
+    KF_TRY(affine_alloc(&f, C));
+    for (int64_t c = 0; c < C; c++) {
+        f.s[c] = kf_get_f64(&p[0], c) / sqrt(kf_get_f64(&p[3], c) + eps);
+        f.t[c] = kf_get_f64(&p[1], c) - kf_get_f64(&p[2], c) * f.s[c];
+    }
+    kf_id x = n->in[0], y = n->out[0], sid, tid, mul_out, add_out;
+    kf_dtype dt = xt->dtype;
+    int rank = xt->rank;
+    char base[256];
+    snprintf(base, sizeof base, "%s", g->values[y].name);
+    kf_status st = channel_constant(g, "bn_scale", dt, rank, C, f.s, &sid);
+    if (!st) st = channel_constant(g, "bn_shift", dt, rank, C, f.t, &tid);
+    affine_free(&f);
+    KF_TRY(st);
+    char mbase[272];
+    snprintf(mbase, sizeof mbase, "%s_scaled", base);
+    KF_TRY(binary_node(m, "Mul", KF_OP_MUL, e, x, sid, mbase, &mul_out));
+    KF_TRY(binary_node(m, "Add", KF_OP_ADD, e, mul_out, tid, base, &add_out));
+    KF_TRY(kf_graph_replace_uses(g, y, add_out));
+    kf_graph_remove_node(g, e);
+    *applied = true;
+    return KF_OK;
+}
+
 static const rule_spec bn_conv = {KF_OP_BATCH_NORMALIZATION, A_CONV};
 static const rule_spec bn_convt = {KF_OP_BATCH_NORMALIZATION, A_CONVT};
 static const rule_spec bn_gemm = {KF_OP_BATCH_NORMALIZATION, A_GEMM};
@@ -459,5 +694,7 @@ kf_status kf_pass_bn_rules(kf_ruleset *rs) {
     KF_TRY(kf_rules_add_callback(rs, "fold_channel_mul_into_weights", "Mul", fold_epilogue, (void *)&mul_any));
     /* add(conv(x, W, b), k[c]) -> conv(x, W, b + k[c]), k per output channel */
     KF_TRY(kf_rules_add_callback(rs, "fold_bias_add_into_conv", "Add", fold_epilogue, (void *)&add_conv));
+    /* batchnorm(x, scale, B, mean, var) -> add(mul(x, s[c]), t[c]) when no anchor absorbs it */
+    KF_TRY(kf_rules_add_callback(rs, "batchnorm_to_mul_add", "BatchNormalization", bn_to_mul_add, NULL));
     return KF_OK;
 }

@@ -4,7 +4,8 @@
  * runs once on the reference evaluator and its outputs become initializers;
  * so do Shape and Size of a value whose type is static, and Gather of the
  * static dims out of a Shape. Constant nodes become initializers on the way.
- * A size cap keeps folding from ever inflating the model.
+ * A size cap keeps folding from ever inflating the model; a caller that
+ * compiles the model instead of saving it may raise it (kf_pass_ctx).
  */
 #include <stdio.h>
 #include <string.h>
@@ -236,6 +237,7 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         bool done = false;
         int64_t cap;
         if (!foldable(m, n, in, &cap)) {
+            if (ctx->fold_cap_bytes > cap) cap = ctx->fold_cap_bytes;
             if (fits_before(n, in, cap)) st = eval_and_commit(g, id, in, cap, &done);
         } else if (n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE) {
             st = fold_shape_of(g, id, &done);

@@ -595,6 +595,15 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             }
             s->has_ref = true;
             s->stats.groups_ref++;
+            if (e->o.host_steps && e->dev && gr->nnodes) {
+                const kf_node *n = &g->nodes[gr->nodes[0]];
+                char named[288]; /* "node '<label>': ", which the line already says */
+                snprintf(named, sizeof named, "node '%s': ", kf_node_label(n));
+                const char *r = strncmp(reason, named, strlen(named)) ? reason : reason + strlen(named);
+                fprintf(e->o.host_steps, "kfuse: host step: node '%s' (%s", kf_node_label(n), n->op_type);
+                if (gr->nnodes > 1) fprintf(e->o.host_steps, " and %u more", gr->nnodes - 1);
+                fprintf(e->o.host_steps, "): %s\n", r);
+            }
             continue;
         }
         if (lib_only) continue;
@@ -668,6 +677,7 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
         if (e->o.optimize) {
             kf_opt_options oo;
             kf_opt_options_default(&oo);
+            oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
             kf_opt_result res;
             memset(&res, 0, sizeof res);
             st = kf_optimize(s->m, &oo, &res);

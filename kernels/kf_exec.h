@@ -42,6 +42,12 @@ kf_status kf_precision_from_env(kf_precision *p);
 /* More kernels than this and the compile prints a progress line on stderr
  * (a handful compiles in well under a second; dozens may take seconds). */
 #define KF_EXEC_PROGRESS_KERNELS 32
+/* The copy a plan optimizes is never saved, so constant folding may make it
+ * larger than the file: a ConstantOfShape of a constant shape (a mask, a
+ * zero state) or a weight transform is computed once at compile time instead
+ * of on the host every run. A node's folded outputs may take up to this
+ * many bytes (a run would hold them in its arena anyway). */
+#define KF_EXEC_FOLD_CAP_BYTES ((int64_t)256 << 20)
 /* Distinct input-shape sets specialised per kf_exec: each holds a model
  * copy and its kernels; a caller cycling through more shapes than this is
  * told so instead of growing memory without bound. */
@@ -55,6 +61,8 @@ typedef struct kf_exec_options {
     int threads;           /* compile threads; 0: the online cores, capped at KF_EXEC_MAX_THREADS */
     const char *cache_dir; /* NULL: kf_cache_default_dir() */
     FILE *trace;           /* one line per group when the plan is made (NULL: none) */
+    FILE *host_steps;      /* one line per group that runs on the reference evaluator every run,
+                            * with its reason, when the plan is made (NULL: none; not for backend ref) */
     bool no_vendor_lib;    /* cuda: anchors stay generated kernels instead of cuBLASLt/cuDNN
                             * calls (kf_libanchor.h); also KFUSE_NO_VENDOR_LIB=1 */
     const char *target;    /* the device profile fusion is planned for (fusion/kf_cost.h):

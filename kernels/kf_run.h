@@ -39,6 +39,10 @@ kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_te
  * group on ref); groups_cl counts the groups run as generated kernels on b. */
 kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
                          kf_tensor *outputs, FILE *trace, kf_run_summary *sum);
+/* kf_run_backend, and one line per group left on the reference evaluator
+ * (kf_exec_options.host_steps) to host_steps when not NULL. */
+kf_status kf_run_backend_steps(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs,
+                               int ninputs, kf_tensor *outputs, FILE *trace, FILE *host_steps, kf_run_summary *sum);
 
 /* --check tolerance per dtype: float32/float64 atol 1e-5 rtol 1e-4,
  * float16 atol 2.5e-3 rtol 1e-3, bfloat16 atol 2e-2 rtol 1e-2, integers and

@@ -9,8 +9,8 @@
 
 #include "kf_run.h"
 
-kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
-                         kf_tensor *outputs, FILE *trace, kf_run_summary *sum) {
+kf_status kf_run_backend_steps(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs,
+                               int ninputs, kf_tensor *outputs, FILE *trace, FILE *host_steps, kf_run_summary *sum) {
     if (sum) memset(sum, 0, sizeof *sum);
     if (ninputs < 0) return kf_fail(KF_ERR_INVALID_ARG, "%d inputs", ninputs);
     kf_exec_options o;
@@ -18,6 +18,7 @@ kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, cons
     o.backend = b;
     o.precision = prec;
     o.trace = trace;
+    o.host_steps = host_steps;
     kf_exec *x;
     KF_TRY(kf_exec_create(m, &o, &x));
     kf_status st = kf_exec_run(x, inputs, (uint32_t)ninputs, outputs);
@@ -29,6 +30,11 @@ kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, cons
     }
     kf_exec_free(x);
     return st;
+}
+
+kf_status kf_run_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *inputs, int ninputs,
+                         kf_tensor *outputs, FILE *trace, kf_run_summary *sum) {
+    return kf_run_backend_steps(m, b, prec, inputs, ninputs, outputs, trace, NULL, sum);
 }
 
 kf_status kf_run_opencl(kf_model *m, const kf_tensor *inputs, int ninputs, kf_tensor *outputs, FILE *trace,

@@ -1202,6 +1202,90 @@ static bool emit_prelu(gen *G) {
     return true;
 }
 
+/* ---- pooling and a BatchNormalization on its own --------------------------------- */
+
+static bool rank3p_ok(const gen *G, const val *x) {
+    (void)G;
+    if (x->rank < 3) return false;
+    for (int d = 2; d < x->rank; d++)
+        if (x->dims[d] < 2) return false;
+    return true;
+}
+
+/* MaxPool, AveragePool, LpPool (kernel, strides, pads, ceil_mode, dilations,
+ * count_include_pad as the opset has them) or a Global pool over dims 2.. */
+static bool emit_pool(gen *G) {
+    val *x = pick(G, rank3p_ok);
+    if (!x) return false;
+    val xx = *x;
+    int nsp = xx.rank - 2, kind = irand(&G->r, 4);
+    static const char *ops[] = {"MaxPool", "AveragePool", "LpPool"};
+    if (kind == 3 || chance(&G->r, 0.2)) { /* global */
+        static const char *gops[] = {"GlobalAveragePool", "GlobalMaxPool"};
+        int k = irand(&G->r, 2);
+        int64_t od[MAX_R + 2];
+        memcpy(od, xx.dims, sizeof od);
+        for (int d = 2; d < xx.rank; d++) od[d] = 1;
+        kf_id y;
+        mk(G, gops[k], &xx.id, 1, &y);
+        push(G, y, xx.rank, od, xx.lo, xx.hi, false);
+        return true;
+    }
+    bool mx = kind == 0, avg = kind == 1;
+    bool dil_ok = (mx && G->opset >= 10) || (avg && G->opset >= 19) || (!mx && !avg && G->opset >= 18);
+    bool ceil_ok = (mx || avg) ? G->opset >= 10 : G->opset >= 18;
+    int64_t k[MAX_R], st[MAX_R], dl[MAX_R], pads[2 * MAX_R], od[MAX_R + 2];
+    bool ceil = ceil_ok && chance(&G->r, 0.3), any_pad = false, any_dil = false, any_st = false;
+    memcpy(od, xx.dims, sizeof od);
+    for (int d = 0; d < nsp; d++) {
+        int64_t in = xx.dims[2 + d];
+        k[d] = 1 + irand(&G->r, in < 3 ? (int)in : 3);
+        st[d] = 1 + irand(&G->r, 2);
+        dl[d] = dil_ok && chance(&G->r, 0.2) ? 2 : 1;
+        pads[d] = k[d] > 1 ? irand(&G->r, (int)k[d]) : 0; /* pads stay under the kernel */
+        pads[nsp + d] = k[d] > 1 ? irand(&G->r, (int)k[d]) : 0;
+        int64_t ext = (k[d] - 1) * dl[d] + 1, span = in + pads[d] + pads[nsp + d] - ext;
+        if (span < 0) return false;
+        int64_t o = (ceil ? (span + st[d] - 1) / st[d] : span / st[d]) + 1;
+        if (ceil && (o - 1) * st[d] >= in + pads[d]) o--; /* a last window starting in the end padding is dropped */
+        od[2 + d] = o;
+        any_pad |= pads[d] || pads[nsp + d];
+        any_dil |= dl[d] > 1;
+        any_st |= st[d] > 1;
+    }
+    if (numel(xx.rank, od) > MAX_NUMEL) return false;
+    int64_t kk = 1;
+    for (int d = 0; d < nsp; d++) kk *= k[d];
+    double lo = xx.lo, hi = xx.hi;
+    bool cip = avg && any_pad && G->opset >= 7 && chance(&G->r, 0.5);
+    if (cip) lo = fmin(lo, 0), hi = fmax(hi, 0);
+    if (!mx && !avg) lo = 0, hi = sqrt((double)kk) * vmax(&xx); /* LpPool p = 2 */
+    if (!bounded(G, lo, hi)) return false;
+    kf_id y;
+    kf_node *n = mk(G, ops[kind], &xx.id, 1, &y);
+    attr_ints(n, "kernel_shape", nsp, k);
+    if (any_st || chance(&G->r, 0.3)) attr_ints(n, "strides", nsp, st);
+    if (any_pad) attr_ints(n, "pads", 2 * nsp, pads);
+    if (any_dil) attr_ints(n, "dilations", nsp, dl);
+    if (ceil) attr_i(n, "ceil_mode", 1);
+    if (cip) attr_i(n, "count_include_pad", 1);
+    if (!mx && !avg) attr_i(n, "p", 2);
+    push(G, y, xx.rank, od, lo, hi, false);
+    return true;
+}
+
+/* BatchNormalization of a value of rank >= 2 that no conv absorbs */
+static bool emit_batchnorm(gen *G) {
+    val *x = pick(G, rank1_ok);
+    if (!x || x->rank < 2 || G->opset < 7) return false;
+    val xx = *x;
+    double nb;
+    kf_id y;
+    if (!add_bn(G, xx.id, xx.rank, xx.dims, vmax(&xx), &nb, &y)) return false;
+    push(G, y, xx.rank, xx.dims, -nb, nb, false);
+    return true;
+}
+
 /* ---- motifs: decompositions as exporters write them ------------------------ */
 
 static kf_id bin(gen *G, const char *op, kf_id a, kf_id b, bool swap) {
@@ -1473,6 +1557,7 @@ static const emitter emitters[] = {
     {emit_transpose, 4}, {emit_reshape, 4},   {emit_squeeze, 4},   {emit_concat, 3},  {emit_slice, 4},
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
+    {emit_pool, 3},      {emit_batchnorm, 1},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17

@@ -475,20 +475,127 @@ Test(cg, generates_anchors_declines_integer_math_and_other_dtypes) {
     kf_model_free(m);
 }
 
-Test(cg, does_not_generate_ops_without_expression) {
-    kf_model *m = gt_parse("opset 20\n"
-                           "input x float[4, 8]\n"
-                           "y = Gelu(x) {approximate=\"tanh\"}\n"
-                           "z = HardSigmoid(x)\n"
-                           "output y\n"
-                           "output z\n");
+/* Gelu's tanh form, HardSigmoid with its attributes and HardSwish, on
+ * values spread over [-8, 8) so every branch of the clamps is taken */
+#define HARD_GELU                                                                                     \
+    "opset 20\ninput x float[6, 40]\nconst k float[] = 8\ns = Mul(x, k)\n"                              \
+    "y = Gelu(s) {approximate=\"tanh\"}\nz = HardSigmoid(s) {alpha=0.3, beta=0.4}\n"                     \
+    "h = HardSwish(s)\nw = HardSigmoid(s)\noutput y\noutput z\noutput h\noutput w\n"
+
+Test(cg, gelu_tanh_hard_sigmoid_hard_swish_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    check_graph(HARD_GELU, &n);
+    cr_assert_eq(n, 1, "one elementwise kernel, got %u", n);
+}
+
+/* NaN and infinities go through the clamps as in the reference */
+Test(cg, hard_sigmoid_hard_swish_carry_nan_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    check_graph("opset 14\ninput x float[3, 6]\nconst c float[6] = nan inf -inf 0 1 -1\ns = Add(x, c)\n"
+                "h = HardSigmoid(s)\nw = HardSwish(s)\noutput h\noutput w\n",
+                &n);
+    cr_assert_geq(n, 1);
+}
+
+Test(cg, gelu_tanh_hard_sigmoid_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_eq(cgu_nvrtc_check_text(HARD_GELU, 1u << KF_GROUP_ELEMWISE), 1);
+}
+
+/* the Global pools as row reductions over every spatial dim: 2-D with an
+ * epilogue, 1-D with a Flatten and an epilogue after it (written at the
+ * row's linear index), 3-D, LpPool with p = 2 and p = 1 */
+#define GLOBAL_POOLS                                                                                  \
+    "opset 13\ninput x float[2, 5, 7, 9]\ninput y float[3, 4, 6]\ninput z float[2, 3, 2, 3, 4]\n"        \
+    "a = GlobalAveragePool(x)\nr = Relu(a)\nm = GlobalMaxPool(y)\nl = GlobalLpPool(z) {p=2}\n"            \
+    "l1 = GlobalLpPool(x) {p=1}\nf = Flatten(m)\nt = Tanh(f)\noutput r\noutput t\noutput l\noutput l1\n"
+
+Test(cg, global_pools_as_row_reductions_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    check_graph(GLOBAL_POOLS, &n);
+    cr_assert_geq(n, 4, "each Global pool generates, got %u kernels", n);
+}
+
+Test(cg, global_pools_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_geq(cgu_nvrtc_check_text(GLOBAL_POOLS, 1u << KF_GROUP_REDUCTION), 4);
+}
+
+Test(cg, does_not_generate_global_lppool_of_other_orders) {
+    kf_model *m = gt_parse("opset 13\ninput x float[2, 3, 4, 4]\ny = GlobalLpPool(x) {p=3}\noutput y\n");
     kf_plan *p = cgu_plan(m);
     char why[512];
     uint32_t gy = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
-    uint32_t gz = p->group_of[m->graph->values[kf_graph_find(m->graph, "z")].producer];
     cr_assert_not_null(kf_cg_unsupported(m, p, gy, why, sizeof why));
-    cr_assert(strstr(why, "approximate") || strstr(why, "HardSigmoid"), "%s", why);
-    cr_assert_not_null(kf_cg_unsupported(m, p, gz, why, sizeof why));
+    cr_assert_not_null(strstr(why, "p other than 1 or 2"), "%s", why);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* Split with several used outputs as one injective kernel: equal parts
+ * after an elementwise op (one loop), unequal parts along a middle axis
+ * with epilogues (one loop per output size), an unused output, a Split of
+ * a graph input along axis 0 */
+#define SPLITS                                                                                        \
+    "opset 13\ninput x float[4, 9, 5]\nconst sp int64[3] = 2 3 4\nconst sq int64[2] = 1 3\n"           \
+    "input y float[6, 8]\ne = Exp(y)\na, b = Split(e) {axis=1}\n"                                           \
+    "p, q, r = Split(x, sp) {axis=1}\nt = Tanh(q)\nu = Neg(r)\n"                                        \
+    "input w float[4, 3]\nc, d = Split(w, sq) {axis=0}\nf = Sigmoid(d)\n"                                \
+    "output a\noutput b\noutput p\noutput t\noutput u\noutput c\noutput f\n"
+
+Test(cg, split_with_several_outputs_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    uint32_t most = check_graph(SPLITS, &n);
+    cr_assert_geq(most, 2, "a Split kernel writes several outputs");
+}
+
+Test(cg, split_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_geq(cgu_nvrtc_check_text(SPLITS, 1u << KF_GROUP_ELEMWISE), 3);
+}
+
+/* outputs that are views of a LayerNorm's input space: split per head
+ * (Reshape), sequence-first (Transpose, as torch's attention wants), and
+ * a Reshape after a Transpose; and the normalised value itself */
+#define LN_VIEWS                                                                                      \
+    "opset 17\ninput x float[2, 6, 16]\nconst g float[16] = random\nconst b float[16] = random\n"          \
+    "const shp int64[4] = 2 6 4 4\nconst s2 int64[2] = 6 32\n"                                          \
+    "n = LayerNormalization(x, g, b) {axis=-1}\nr = Reshape(n, shp)\nt = Transpose(n) {perm=[1,0,2]}\n" \
+    "f = Reshape(t, s2)\ne = Relu(n)\noutput r\noutput t\noutput f\noutput e\n"
+
+Test(cg, row_reduction_outputs_through_views_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    cr_assert_eq(check_graph(LN_VIEWS, &n), 4, "one LayerNorm kernel writes the four outputs");
+    cr_assert_eq(n, 1);
+}
+
+Test(cg, does_not_generate_ops_without_expression) {
+    kf_model *m = gt_parse("opset 20\n"
+                           "input x float[4, 8]\n"
+                           "y = ThresholdedRelu(x)\n"
+                           "output y\n");
+    kf_plan *p = cgu_plan(m);
+    char why[512];
+    uint32_t gy = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
+    cr_assert_not_null(kf_cg_unsupported(m, p, gy, why, sizeof why));
+    cr_assert_not_null(strstr(why, "ThresholdedRelu"), "%s", why);
     kf_plan_free(p);
     kf_model_free(m);
 }

@@ -296,3 +296,84 @@ Test(exec, views_alias_their_input_without_a_launch) {
     kf_exec_free(x);
     kf_model_free(m);
 }
+
+/* every group left on the reference evaluator is named with its reason, once,
+ * when the plan is made; plan-time constants and generated groups are not */
+Test(exec, host_steps_are_reported_with_their_reason) {
+    need_cl();
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[8, 16]\n"
+                           "const ax int64[] = 1\n"
+                           "t = Tanh(x)\n"
+                           "c = CumSum(t, ax)\n"
+                           "z = Sigmoid(c)\n"
+                           "output z\n");
+    FILE *f = tmpfile();
+    cr_assert_not_null(f);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.cache_dir = temp_cache();
+    o.host_steps = f;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, m, 1);
+    char text[1024] = "";
+    rewind(f);
+    size_t len = fread(text, 1, sizeof text - 1, f);
+    text[len] = 0;
+    fclose(f);
+    cr_assert_not_null(strstr(text, "kfuse: host step: node 'CumSum_"), "%s", text);
+    cr_assert_not_null(strstr(text, "(CumSum): opaque op CumSum is not generated"), "%s", text);
+    cr_assert_null(strstr(text, "Tanh"), "%s", text);
+    cr_assert_null(strchr(strchr(text, '\n') + 1, '\n'), "one line: %s", text);
+    kf_exec_free(x);
+    kf_model_free(m);
+}
+
+/* a BatchNormalization no conv absorbs (after a pool) and a HardSwish: Mul
+ * and Add with per-channel constants, fused as elementwise kernels; nothing
+ * runs on the host */
+Test(exec, batchnorm_alone_runs_as_elementwise_kernels) {
+    need_cl();
+    kf_model *m = gt_parse("opset 15\n"
+                           "input x float[2, 3, 8, 8]\n"
+                           "const scale float[3] = random\n"
+                           "const bias float[3] = random\n"
+                           "const mean float[3] = random\n"
+                           "const var float[3] = 0.5 1.5 0.25\n"
+                           "p = MaxPool(x) {kernel_shape=[2,2], strides=[2,2]}\n"
+                           "y = BatchNormalization(p, scale, bias, mean, var) {epsilon=0.001}\n"
+                           "h = HardSwish(y)\n"
+                           "output h\n");
+    kf_exec *x = make(m, KF_EXEC_OPENCL, temp_cache());
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups on the host", s.groups_ref);
+    cgu_exec_matches_ref(x, m, 3);
+    kf_exec_free(x);
+    kf_model_free(m);
+}
+
+/* a ConstantOfShape of a constant shape over the saved-model fold cap
+ * (2 MiB) and the Add of a constant to it fold when the plan is compiled:
+ * one kernel per run, nothing on the host */
+Test(exec, large_constant_of_shape_is_computed_once) {
+    need_cl();
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[1024, 512]\n"
+                           "const shp int64[2] = 1024 512\n"
+                           "const k float[512] = random\n"
+                           "c = ConstantOfShape(shp)\n"
+                           "d = Add(c, k)\n"
+                           "y = Add(x, d)\n"
+                           "output y\n");
+    kf_exec *x = make(m, KF_EXEC_OPENCL, temp_cache());
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups on the host", s.groups_ref);
+    cr_assert_eq(s.launches, 1);
+    cgu_exec_matches_ref(x, m, 1);
+    kf_exec_free(x);
+    kf_model_free(m);
+}

@@ -18,7 +18,7 @@
  * returns the pass's change count. */
 static uint64_t run_fold(kf_model *m, int64_t fuel) {
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_pass_ctx ctx = {fuel, false, 0};
+    kf_pass_ctx ctx = {fuel, false, 0, 0};
     cr_assert_eq(kf_pass_fold(m, &ctx), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_graph_dce(m->graph, NULL), KF_OK);
     return ctx.changes;
@@ -167,6 +167,30 @@ Test(pass_fold, does_not_fold_past_the_size_cap) {
                            "output y\n");
     cr_expect_eq(run_fold(m, -1), 0);
     cr_expect_eq(gt_count(m, "Tile"), 1);
+    kf_model_free(m);
+}
+
+/* a compiled (never saved) model raises the cap: a ConstantOfShape of a
+ * constant shape over 1 MiB folds then, and only then */
+Test(pass_fold, raised_cap_folds_a_large_constant_of_shape) {
+    const char *text = "opset 13\ninput x float[1024, 512]\nconst shp int64[2] = 1024 512\n"
+                       "const k float[512] = random\nc = ConstantOfShape(shp)\nd = Add(c, k)\ny = Add(x, d)\noutput y\n";
+    kf_model *m = gt_parse(text);
+    cr_expect_eq(run_fold(m, -1), 0);
+    cr_expect_eq(gt_count(m, "ConstantOfShape"), 1);
+    kf_model_free(m);
+    m = gt_parse(text);
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    kf_pass_ctx ctx = {-1, false, 0, (int64_t)4 << 20};
+    cr_assert_eq(kf_pass_fold(m, &ctx), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_graph_dce(m->graph, NULL), KF_OK);
+    cr_expect_eq(ctx.changes, 2);
+    cr_expect_eq(gt_count(m, "ConstantOfShape"), 0);
+    cr_expect_eq(gt_count(m, "Add"), 1);
+    const kf_tensor *t = m->graph->values[kf_graph_find(m->graph, "d")].init, *k = m->graph->values[kf_graph_find(m->graph, "k")].init;
+    cr_assert_not_null(t);
+    cr_expect_eq(t->numel, 1024 * 512);
+    cr_expect_eq(kf_get_f64(t, t->numel - 1), kf_get_f64(k, 511));
     kf_model_free(m);
 }
 

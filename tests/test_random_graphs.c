@@ -179,7 +179,8 @@ Test(random_graphs, covers_the_listed_ops) {
                                 "Exp", "Log", "Sqrt", "Erf", "LeakyRelu", "Clip", "Where", "Greater", "Cast",
                                 "ReduceSum", "ReduceMean", "ReduceMax", "Softmax", "LogSoftmax", "LayerNormalization",
                                 "MatMul", "Gemm", "Conv", "BatchNormalization", "Transpose", "Reshape", "Squeeze",
-                                "Unsqueeze", "Concat", "Slice", "Expand", "Gather"};
+                                "Unsqueeze", "Concat", "Slice", "Expand", "Gather", "MaxPool", "AveragePool", "LpPool",
+                                "GlobalAveragePool", "GlobalMaxPool", "Split", "HardSigmoid"};
     enum { NOPS = sizeof ops / sizeof *ops };
     int seen[NOPS] = {0}, fp16 = 0, sym = 0;
     uint64_t base = tu_seed();

@@ -68,6 +68,7 @@ int kfuse_cmd_bench(int argc, char **argv) {
         o.arch = a.arch;
         o.threads = a.threads;
         o.precision = prec;
+        o.host_steps = stderr;
         st = kf_exec_create(m, &o, &x);
     }
     if (!st) {

@@ -332,7 +332,8 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
     const char *tr = getenv("KFUSE_TRACE");
     kf_run_summary sum;
-    if (!st) st = kf_run_backend(m, b, prec, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, &sum);
+    if (!st)
+        st = kf_run_backend_steps(m, b, prec, ins, nins, outs, tr && strstr(tr, "backend") ? stderr : NULL, stderr, &sum);
     int rc = st ? fail_status(st) : EXIT_OK;
     if (!st)
         fprintf(stderr, "kfuse: %u groups on %s (generated), %u on the reference evaluator (%s)\n", sum.groups_cl,
