@@ -1709,8 +1709,18 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             if (same_dims(t, ot)) ok = store(st, o, &outix);
             else if (ON_OUT_SPACE(t)) {
                 ix tix;
-                reshape_ix(st, &outix, ot, t, &tix);
-                ok = store(st, o, &tix);
+                int len = view_chain(st, st->k->outs[o].value, ot, chain);
+                if (len) {
+                    /* the result seen through views (GlobalAveragePool's
+                     * [N, C, 1, 1] transposed to [N, 1, 1, C]): the value
+                     * before them at this row, carried forward */
+                    char src[NAMELEN];
+                    ok = emit(st, chain[len - 1]->in[0], &outix, src) && view_forward(st, chain, len, &outix, src, &tix) &&
+                         store(st, o, &tix);
+                } else {
+                    reshape_ix(st, &outix, ot, t, &tix);
+                    ok = store(st, o, &tix);
+                }
             }
         }
         if (block) {

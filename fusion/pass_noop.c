@@ -4,7 +4,8 @@
  * input's own dtype, Slice that selects everything, Transpose by the
  * identity permutation, Pad by zero, Concat of one input, and the shape ops
  * (Reshape, Squeeze, Unsqueeze, Flatten, Expand, Tile, Split into one) whose
- * output has the input's shape. C-callback rules (passes.def:
+ * output has the input's shape; and a Gather of every index in order, which
+ * is a Reshape. C-callback rules (passes.def:
  * KF_RULE_PASS(noop)), run by the rewrite driver with the text rules.
  */
 #include <string.h>
@@ -209,6 +210,69 @@ static kf_status remove_identity_transpose(kf_model *m, kf_id node, void *user, 
     return forward(m, node, n->in[0], applied, why);
 }
 
+/* Gather(x, idx) {axis=a} -> Reshape(x, shape of the result) when idx is a
+ * constant holding 0, 1, ..., x.dims[a]-1 in order (any shape): every
+ * element is read once, in order, so only the dims change. Today's
+ * PyTorch exporter writes such Gathers for as_strided views (ConvNeXt's
+ * head). */
+static kf_status gather_arange_to_reshape(kf_model *m, kf_id node, void *user, bool *applied, const char **why) {
+    (void)user;
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[node];
+    if (n->nin != 2 || !n->in[0] || !n->in[1] || n->nout != 1 || !n->out[0]) {
+        *why = "not a two-input Gather";
+        return KF_OK;
+    }
+    const kf_tensor *idx = fixed(m, n->in[1]);
+    if (!idx || (idx->dtype != KF_DT_INT64 && idx->dtype != KF_DT_INT32)) {
+        *why = "the indices are not a constant of int32/int64";
+        return KF_OK;
+    }
+    const kf_type *xt = &g->values[n->in[0]].type, *yt = &g->values[n->out[0]].type;
+    int64_t axis = kf_attr_i(n, "axis", 0);
+    if (xt->rank < 1 || axis < -xt->rank || axis >= xt->rank) {
+        *why = "the data's rank is unknown or the axis is out of range";
+        return KF_OK;
+    }
+    if (axis < 0) axis += xt->rank;
+    if (!kf_type_is_static(yt) || xt->dims[axis] < 0 || idx->numel != xt->dims[axis]) {
+        *why = "the result's shape is not static or the indices do not cover the axis once";
+        return KF_OK;
+    }
+    for (int64_t i = 0; i < idx->numel; i++)
+        if (kf_get_i64(idx, i) != i) {
+            *why = "the indices are not 0, 1, 2, ... in order";
+            return KF_OK;
+        }
+    for (int d = 0; d < yt->rank; d++)
+        if (yt->dims[d] == 0) {
+            *why = "an empty result (Reshape would read 0 as 'copy the dim')";
+            return KF_OK;
+        }
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    int64_t r = yt->rank;
+    kf_status st = kf_tensor_alloc(t, KF_DT_INT64, 1, &r);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    for (int d = 0; d < yt->rank; d++) ((int64_t *)t->data)[d] = yt->dims[d];
+    kf_id shape, in[2], out = n->out[0], rn;
+    KF_TRY(kf_graph_add_constant(g, "gather_shape", t, &shape));
+    in[0] = n->in[0];
+    in[1] = shape;
+    char name[256];
+    snprintf(name, sizeof name, "%s", n->name ? n->name : "gather");
+    kf_graph_remove_node(g, node);
+    KF_TRY(kf_graph_add_node(g, "Reshape", "", name, in, 2, &out, 1, &rn));
+    g->nodes[rn].op = KF_OP_RESHAPE;
+    g->nodes[rn].opset = kf_model_opset(m, "");
+    KF_TRY(kf_infer_node(m, rn));
+    *applied = true;
+    return KF_OK;
+}
+
 /* Pad(x, pads=0...) -> x */
 static kf_status remove_zero_pad(kf_model *m, kf_id node, void *user, bool *applied, const char **why) {
     (void)user;
@@ -306,6 +370,7 @@ kf_status kf_pass_noop_rules(kf_ruleset *rs) {
         {"remove_identity_transpose", "Transpose", remove_identity_transpose},
         {"remove_zero_pad", "Pad", remove_zero_pad},
         {"remove_full_slice", "Slice", remove_full_slice},
+        {"gather_arange_to_reshape", "Gather", gather_arange_to_reshape},
     };
     for (size_t i = 0; i < sizeof rules / sizeof *rules; i++)
         KF_TRY(kf_rules_add_callback(rs, rules[i].name, rules[i].op, rules[i].fn, NULL));

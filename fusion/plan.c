@@ -458,6 +458,24 @@ static const char *node_space(pl_state *s, kf_id x, const kf_id *X, int nx, kf_i
     return unknown ? KF_REASON_SHAPES : KF_REASON_SPACE;
 }
 
+/* Does Transpose node n reorder dims of more than one element? (Moving
+ * dims of 1 keeps every element's linear index, so rows stay rows.) */
+static bool moves_rows(const pl_state *s, const kf_node *n) {
+    if (n->op != KF_OP_TRANSPOSE || n->nin < 1 || !n->in[0]) return false;
+    const kf_type *t = &s->g->values[n->in[0]].type;
+    int np = 0;
+    const int64_t *perm = kf_attr_ints(n, "perm", &np);
+    int last = -1;
+    for (int i = 0; i < t->rank; i++) {
+        int64_t d = perm && np == t->rank ? perm[i] : t->rank - 1 - i; /* no perm: reversed */
+        if (d < 0 || d >= t->rank) return true;
+        if (t->dims[d] == 1) continue;
+        if (d < last) return true;
+        last = (int)d;
+    }
+    return false;
+}
+
 /* Legality of a union holding at least one anchor: the anchor group shapes
  * of kf_plan.h, checked node by node over the members in topological
  * order (groups stay small: the register cap bounds them). */
@@ -529,6 +547,10 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
         if (layout) {
             /* rows between chained anchors stay rows */
             if (nx == 2 && (up & PL_M_X0) && (dn & PL_M_X1)) return KF_REASON_B2B_OPERAND;
+            /* and between an anchor and its row reduction: a Transpose of
+             * non-unit dims there (even one a later Transpose undoes)
+             * changes which elements a row tile holds */
+            if ((up & PL_M_X) && (dn & PL_M_R) && moves_rows(s, nd)) return KF_REASON_RED_AXIS;
             continue;
         }
         const char *why = node_space(s, id, X, nx, R, prologue);

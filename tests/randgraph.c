@@ -1072,6 +1072,13 @@ static bool emit_gather(gen *G) {
     idims[1] = 1 + irand(&G->r, 3);
     int64_t cnt = numel(ir, idims);
     for (int64_t i = 0; i < cnt; i++) iv[i] = irand(&G->r, (int)(2 * n)) - n;
+    if (n <= 12 && chance(&G->r, 0.25)) {
+        /* every index in order (the exporter's as_strided form): a Reshape */
+        ir = 1 + irand(&G->r, 2);
+        idims[0] = ir == 1 || chance(&G->r, 0.5) ? n : 1;
+        idims[1] = idims[0] == n ? 1 : n;
+        for (int64_t i = 0; i < n; i++) iv[i] = i;
+    }
     int64_t d[MAX_R + 2];
     int ro = 0;
     for (int i = 0; i < axis; i++) d[ro++] = xx.dims[i];

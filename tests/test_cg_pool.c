@@ -191,3 +191,30 @@ Test(cg_pool, does_not_generate_maxpool_indices_or_other_opaque_ops) {
     kf_plan_free(p);
     kf_model_free(m);
 }
+
+/* ConvNeXt's head: the pooled [N, C, 1, 1] seen channels-last through a
+ * Transpose, then a LayerNorm over the channels. The pooled result written
+ * through the view from the row pass, nothing on the host. */
+Test(cg_pool, pooled_result_through_a_transpose_runs_nothing_on_the_host) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse("opset 17\n"
+                           "input x float[2, 8, 5, 5]\n"
+                           "const gam float[8] = random\n"
+                           "const bet float[8] = random\n"
+                           "g = GlobalAveragePool(x)\n"
+                           "t = Transpose(g) {perm=[0,2,3,1]}\n"
+                           "n = LayerNormalization(t, gam, bet) {axis=-1}\n"
+                           "y = Transpose(n) {perm=[0,3,1,2]}\n"
+                           "output y\n");
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, m, 2);
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
+    kf_exec_free(x);
+    kf_model_free(m);
+}

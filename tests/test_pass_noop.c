@@ -370,3 +370,39 @@ Test(pass_noop, ort_slice_v11_elim_removes_the_slices_that_select_everything) {
     kf_model_free(m);
     kf_model_free(orig);
 }
+
+Test(pass_noop, gather_of_every_index_in_order_becomes_a_reshape) {
+    /* the as_strided form of today's PyTorch exporter: [768] gathered by
+     * 0..767 laid out as [1, 768, 1, 1] */
+    expect_removed("input x float[6, 1, 1]\n"
+                   "const i int64[1, 6, 1] = 0 1 2 3 4 5\n"
+                   "a = Relu(x)\n"
+                   "g = Gather(a, i) {axis=0}\n"
+                   "y = Neg(g)\n"
+                   "output y\n",
+                   "Gather", "gather_arange_to_reshape");
+    expect_removed("input x float[2, 4, 3]\n"
+                   "const i int32[4] = 0 1 2 3\n"
+                   "g = Gather(x, i) {axis=-2}\n"
+                   "y = Neg(g)\n"
+                   "output y\n",
+                   "Gather", "gather_arange_to_reshape");
+}
+
+Test(pass_noop, does_not_turn_other_gathers_into_reshapes) {
+    expect_kept("input x float[4, 3]\n"
+                "const i int64[4] = 0 2 1 3\n"
+                "y = Gather(x, i) {axis=0}\n"
+                "output y\n",
+                "Gather", "gather_arange_to_reshape", "not 0, 1, 2, ... in order");
+    expect_kept("input x float[4, 3]\n"
+                "const i int64[3] = 0 1 2\n"
+                "y = Gather(x, i) {axis=0}\n"
+                "output y\n",
+                "Gather", "gather_arange_to_reshape", "do not cover the axis once");
+    expect_kept("input x float[4, 3]\n"
+                "input i int64[4]\n"
+                "y = Gather(x, i) {axis=0}\n"
+                "output y\n",
+                "Gather", "gather_arange_to_reshape", "not a constant");
+}

@@ -345,6 +345,30 @@ Test(plan_anchor_reason, does_not_fuse_a_reduction_across_gemm_rows) {
     kf_model_free(m);
 }
 
+/* ConvNeXt between stages: the block's last GEMM (channels last), back to
+ * NCHW for the residual, then channels last again for the downsampling
+ * LayerNorm. The two Transposes undo each other, but a row tile between
+ * them would hold a column of the GEMM's output: codegen cannot generate
+ * the group, so the planner must not form it. */
+Test(plan_anchor_reason, does_not_fuse_a_reduction_behind_transposes_of_the_rows) {
+    kf_model *m = gt_parse("opset 17\n"
+                           "input x float[1, 4, 4, 8]\n"
+                           "input r float[1, 8, 4, 4]\n"
+                           "const w float[8, 8] = random\n"
+                           "const gam float[8] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "t = Transpose(y) {perm=[0,3,1,2]}\n"
+                           "a = Add(t, r)\n"
+                           "u = Transpose(a) {perm=[0,2,3,1]}\n"
+                           "z = LayerNormalization(u, gam) {axis=-1}\n"
+                           "output z\n");
+    kf_plan *p = plan(m);
+    cr_expect_neq(grp(m, p, "y"), grp(m, p, "z"), "GEMM and LayerNorm stay apart");
+    cr_expect_str_eq(kf_plan_merge_reason(p, grp(m, p, "y"), grp(m, p, "z"), false), KF_REASON_RED_AXIS);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(plan_anchor_reason, does_not_fuse_a_reduction_over_a_row_too_long) {
     /* 2048 fp32 x 16 rows = 128 KiB > KF_PLAN_ONCHIP_BYTES */
     kf_model *m = gt_parse("opset 17\n"
