@@ -235,10 +235,14 @@ static bool share_input(pl_state *s, uint32_t ra, uint32_t rb) {
  *
  * The search walks the group graph (a group runs as one kernel, so reaching
  * any node of X reaches all of X's outputs) from A's outputs, skipping the
- * direct edges A->B, and prunes any group whose first node comes after B's
- * last node in topological order (it cannot reach B). It gives up after
- * KF_PLAN_CYCLE_BUDGET edges, refusing the merge: planning stays near
- * linear, at the price of rare missed merges in huge fan-outs.
+ * direct edges A->B. It gives up after KF_PLAN_CYCLE_BUDGET edges, refusing
+ * the merge: planning stays near linear, at the price of rare missed merges
+ * in huge fan-outs.
+ *
+ * No group is pruned by its position: a group whose nodes all come after
+ * B's can still reach B through a merged group that spans both earlier and
+ * later nodes (X -> Y -> B with Y = {y1 before B, y2 after X}); pruning
+ * such X by its first position let a cycle through (random graph 24291).
  */
 static const char *reaches(pl_state *s, uint32_t src, uint32_t dst) {
     if (++s->stampv == 0) {
@@ -246,7 +250,6 @@ static const char *reaches(pl_state *s, uint32_t src, uint32_t dst) {
         s->stampv = 1;
     }
     uint32_t st = s->stampv, sp = 0, budget = 0;
-    uint32_t limit = s->gs[dst].maxpos;
     uint32_t cur = src;
     for (;;) {
         const pl_group *G = &s->gs[cur];
@@ -260,7 +263,6 @@ static const char *reaches(pl_state *s, uint32_t src, uint32_t dst) {
                     continue; /* the direct edge itself */
                 }
                 if (r == src || s->stamp[r] == st) continue;
-                if (s->gs[r].minpos > limit) continue;
                 s->stamp[r] = st;
                 s->stack[sp++] = r; /* each root pushed once: sp < nnodes */
             }
