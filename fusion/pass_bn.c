@@ -210,16 +210,23 @@ static bool per_channel(const anchor *a, const kf_tensor *k) {
 /* The value channel c reads from a per-channel constant. */
 static double channel_value(const kf_tensor *k, int64_t c) { return kf_get_f64(k, k->numel == 1 ? 0 : c); }
 
-/* BatchNormalization at node e reading the anchor's output: s = scale /
- * sqrt(var + epsilon), t = B - mean * s (inference form only). */
-static const char *read_batchnorm(const kf_model *m, const kf_node *e, const anchor *a, affine *f,
-                                  kf_status *st) {
+/* Why BatchNormalization e is not in inference form over channels, or NULL. */
+static const char *bn_inference_form(const kf_node *e) {
     if (e->nin < 5) return "BatchNormalization has fewer than five inputs";
     for (int j = 1; j < e->nout; j++)
         if (e->out[j]) return "BatchNormalization computes running statistics (training form)";
     if (e->opset >= 14 && kf_attr_i(e, "training_mode", 0) != 0) return "BatchNormalization is in training mode";
     if (e->opset < 7 && kf_attr_i(e, "is_test", 0) == 0) return "BatchNormalization is in training mode (is_test = 0)";
     if (e->opset < 9 && kf_attr_i(e, "spatial", 1) == 0) return "BatchNormalization is not spatial";
+    return NULL;
+}
+
+/* BatchNormalization at node e reading the anchor's output: s = scale /
+ * sqrt(var + epsilon), t = B - mean * s (inference form only). */
+static const char *read_batchnorm(const kf_model *m, const kf_node *e, const anchor *a, affine *f,
+                                  kf_status *st) {
+    const char *why = bn_inference_form(e);
+    if (why) return why;
     if (a->chan_axis != 1) return "BatchNormalization normalises axis 1, which is not the MatMul's output columns";
     kf_tensor p[4];
     static const char *const names[4] = {"BatchNormalization scale", "BatchNormalization B",
@@ -447,16 +454,6 @@ static kf_status fold_epilogue(kf_model *m, kf_id e, void *user, bool *applied, 
  * x's dtype shaped [C, 1, ..., 1] so they broadcast along axis 1: two
  * elementwise ops that fuse with their neighbours. */
 
-/* Why BatchNormalization e is not in inference form over channels, or NULL. */
-static const char *bn_inference_form(const kf_node *e) {
-    if (e->nin < 5) return "BatchNormalization has fewer than five inputs";
-    for (int j = 1; j < e->nout; j++)
-        if (e->out[j]) return "BatchNormalization computes running statistics (training form)";
-    if (e->opset >= 14 && kf_attr_i(e, "training_mode", 0) != 0) return "BatchNormalization is in training mode";
-    if (e->opset < 7 && kf_attr_i(e, "is_test", 0) == 0) return "BatchNormalization is in training mode (is_test = 0)";
-    if (e->opset < 9 && kf_attr_i(e, "spatial", 1) == 0) return "BatchNormalization is not spatial";
-    return NULL;
-}
 
 /* Adds constant `base` of dtype dt and shape [C, 1 x (rank - 2)] holding v. */
 static kf_status channel_constant(kf_graph *g, const char *base, kf_dtype dt, int rank, int64_t C, const double *v,

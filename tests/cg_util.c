@@ -113,3 +113,16 @@ uint32_t cgu_nvrtc_check_text(const char *text, unsigned kinds) {
     kf_model_free(m);
     return n;
 }
+
+kf_exec_stats cgu_opencl_matches_ref(const kf_model *m, int runs) {
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, m, runs);
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    kf_exec_free(x);
+    return s;
+}

@@ -48,4 +48,8 @@ double cgu_dot_atol(int64_t K);
  * policy (kf_run_close). */
 void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs);
 
+/* Compiles m for OpenCL with the default options, checks it against the
+ * reference `runs` times (cgu_exec_matches_ref) and returns its stats. */
+kf_exec_stats cgu_opencl_matches_ref(const kf_model *m, int runs);
+
 #endif

@@ -151,16 +151,8 @@ Test(cg_pool, small_cnn_runs_nothing_on_the_host) {
                            "f = Reshape(g, shp)\n"
                            "y = MatMul(f, fw)\n"
                            "output y\n");
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref(x, m, 2);
-    kf_exec_stats s;
-    kf_exec_get_stats(x, &s);
+    kf_exec_stats s = cgu_opencl_matches_ref(m, 2);
     cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
-    kf_exec_free(x);
     kf_model_free(m);
 }
 
@@ -206,15 +198,7 @@ Test(cg_pool, pooled_result_through_a_transpose_runs_nothing_on_the_host) {
                            "n = LayerNormalization(t, gam, bet) {axis=-1}\n"
                            "y = Transpose(n) {perm=[0,3,1,2]}\n"
                            "output y\n");
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref(x, m, 2);
-    kf_exec_stats s;
-    kf_exec_get_stats(x, &s);
+    kf_exec_stats s = cgu_opencl_matches_ref(m, 2);
     cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
-    kf_exec_free(x);
     kf_model_free(m);
 }
