@@ -563,6 +563,17 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
 
 /* ---- legality ------------------------------------------------------------------ */
 
+/* Does a node of group a produce a value a node of group b reads? */
+static bool feeds(pl_state *s, uint32_t ra, uint32_t rb) {
+    const pl_group *A = &s->gs[ra];
+    for (uint32_t i = 0; i < A->nout; i++) {
+        const kf_value *val = &s->g->values[A->out[i]];
+        for (uint32_t u = 0; u < val->nusers; u++)
+            if (pl_find(s, val->users[u]) == rb) return true;
+    }
+    return false;
+}
+
 /* See kf_plan_merge_reason. ra/rb are roots; vertical: ra is the producer. */
 const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
     const pl_group *A = &s->gs[ra], *B = &s->gs[rb];
@@ -601,9 +612,11 @@ const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
     uint32_t nout = pl_union_outputs(s, ra, rb, NULL);
     if (nout > KF_PLAN_MAX_OUTPUTS) return KF_REASON_OUTPUTS;
     if (pl_regs(nin, nout, A->cost + B->cost) > KF_PLAN_MAX_REGS) return KF_REASON_REGS;
-    /* no path between them through an outside group, either way */
+    /* no path between them through an outside group, either way; when A
+     * feeds B directly, a path from B back to A would already close a cycle
+     * in the group graph, which is acyclic: only A -> ... -> B is searched */
     const char *why = reaches(s, ra, rb);
-    if (!why) why = reaches(s, rb, ra);
+    if (!why && (horizontal || !feeds(s, ra, rb))) why = reaches(s, rb, ra);
     return why;
 }
 
