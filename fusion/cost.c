@@ -524,14 +524,8 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
         }
         if (after && !absorbed(m, a, nd)) cg->epilogue = true;
         /* what the epilogue kernel after a library call declines
-         * (kernels/libanchor.c through codegen): a Split whose outputs
-         * beyond the first are used, a Gather select of the reduced rows */
-        if (nd->op == KF_OP_SPLIT) {
-            int used = 0;
-            for (int o = 0; o < nd->nout; o++)
-                used += nd->out[o] && (g->values[nd->out[o]].nusers || g->values[nd->out[o]].is_output);
-            if (used > 1) cg->epilogue_declined = true;
-        }
+         * (kernels/libanchor.c through codegen): a Gather select of the
+         * reduced rows */
         if (nd->op == KF_OP_GATHER && cg->reduction) cg->epilogue_declined = true;
     }
 }

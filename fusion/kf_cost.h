@@ -106,9 +106,8 @@ typedef struct kf_cost_group {
     kf_id reduction;           /* the row reduction of an anchor group, or a reduction group's master */
     bool prologue;             /* an anchor operand is computed inside the group */
     bool epilogue;             /* nodes after the anchor other than bias/activation the library absorbs */
-    bool epilogue_declined;    /* an epilogue the kernel after a library call cannot take (a Split with
-                                * several used outputs, a select after the row reduction): the group
-                                * runs as its generated kernel */
+    bool epilogue_declined;    /* an epilogue the kernel after a library call cannot take (a select
+                                * after the row reduction): the group runs as its generated kernel */
     int64_t bytes_read, bytes_written, flops; /* as kf_group; -1 unknown */
     int64_t operand_bytes;     /* anchor groups: bytes of the anchor's operands read from outside */
     kf_id space;               /* elementwise: the value whose elements the kernel walks */

@@ -304,3 +304,42 @@ Test(cost, a_bad_target_is_an_error_of_the_planner) {
     cr_expect(strstr(kf_last_error(), "no-such-gpu"), "%s", kf_last_error());
     kf_model_free(m);
 }
+
+/* What the library path's epilogue kernel takes and what it does not
+ * (kernels/libanchor.c): a merged QKV projection split three ways stays a
+ * library call; a select of the first token after the LayerNorm (BERT's
+ * pooler input) would force the generated row-tile kernel, so the planner
+ * leaves it out of the group. */
+Test(cost, library_epilogues_the_runtime_takes_and_the_one_it_does_not) {
+    kf_model *m = gt_parse("input x float[128, 768]\n"
+                           "const w float[768, 2304] = random\n"
+                           "const b float[2304] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "z = Add(y, b)\n"
+                           "q, k, v = Split(z) {axis=1}\n"
+                           "output q, k, v\n");
+    kf_plan *p = plan_on(m, "h200", false);
+    cr_expect_eq(p->ngroups, 1);
+    cr_expect_str_eq(p->groups[0].est_form, "lib_gemm");
+    kf_plan_free(p);
+    kf_model_free(m);
+
+    m = gt_parse("opset 17\n"
+                 "input x float[128, 768]\n"
+                 "const w float[768, 768] = random\n"
+                 "const gam float[768] = random\n"
+                 "const i int64[] = 0\n"
+                 "y = MatMul(x, w)\n"
+                 "n = LayerNormalization(y, gam) {axis=-1}\n"
+                 "f = Gather(n, i) {axis=0}\n"
+                 "output n, f\n");
+    p = plan_on(m, "h200", true); /* every legal merge: the select joins, the group is generated */
+    cr_expect_eq(group_of(m, p, "f"), group_of(m, p, "y"));
+    cr_expect_str_eq(p->groups[group_of(m, p, "y")].est_form, "gemm_rows");
+    kf_plan_free(p);
+    p = plan_on(m, "h200", false);
+    cr_expect_neq(group_of(m, p, "f"), group_of(m, p, "y"), "the select stays out");
+    cr_expect_str_eq(p->groups[group_of(m, p, "y")].est_form, "lib_gemm");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
