@@ -1950,6 +1950,11 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
             }
         }
     }
+    if (g->ninputs + g->noutputs > KF_CG_MAX_PARAMS) {
+        snprintf(why, whylen, "a kernel of %u buffers: more than %d parameters (not generated)",
+                 g->ninputs + g->noutputs, KF_CG_MAX_PARAMS);
+        return KF_ERR_UNSUPPORTED;
+    }
     uint32_t nv = g->ninputs;
     for (uint32_t j = 0; j < g->nnodes; j++) nv += (uint32_t)gr->nodes[g->nodes[j]].nout;
     kf_id *vals = kf_calloc((size_t)nv + 1, sizeof *vals);

@@ -151,6 +151,13 @@ kf_status kf_cg_source(const kf_cg_kernel *k, kf_cg_target t, char **text);
 /* Parameters of a batched kernel: the launchers pass at most this many
  * buffers (the same budget as one group's inputs plus outputs). */
 #define KF_CG_BATCH_MAX_PARAMS (KF_PLAN_MAX_INPUTS + KF_PLAN_MAX_OUTPUTS)
+/* Buffers one kernel may take. The planner caps what merging adds
+ * (KF_PLAN_MAX_INPUTS/OUTPUTS), but a single node can read more (DenseNet's
+ * Concat of 25 feature maps): a kernel parameter is one 8-byte pointer (the
+ * shapes are compiled in), so 64 of them are 512 bytes, within CUDA's 4 KiB
+ * and OpenCL's minimum CL_DEVICE_MAX_PARAMETER_SIZE of 1 KiB. A group with
+ * more is declined with its reason. */
+#define KF_CG_MAX_PARAMS 64
 
 /* Parameters a batch of these member kernels would take (distinct input
  * values plus every output). Callers use it to cut batches to

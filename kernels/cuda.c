@@ -252,7 +252,7 @@ static kf_status dev_launch(kf_dev *d, void *s, void *kern, void *const *bufs, u
     if (blocks > CU_MAX_BLOCKS) blocks = CU_MAX_BLOCKS;
     /* kernelParams[i] points at the i-th argument: each buffer is a device
      * pointer, held in bufs[] as a void * of the same 8 bytes */
-    void *params[KF_PLAN_MAX_INPUTS + KF_PLAN_MAX_OUTPUTS];
+    void *params[KF_CG_MAX_PARAMS];
     if (nbufs > sizeof params / sizeof params[0]) return kf_fail(KF_ERR_INTERNAL, "kernel with %u buffers", nbufs);
     for (uint32_t i = 0; i < nbufs; i++) params[i] = (void *)&bufs[i];
     CU_TRY("cuLaunchKernel", cu.LaunchKernel(((cu_kern *)kern)->fn, (unsigned)blocks, 1, 1, threads, 1, 1, 0, s, params, NULL));

@@ -1023,7 +1023,7 @@ static kf_status launch(run *r, const step *st) {
         KF_TRY(d->lib(d, r->sl->stream, st->lib, lb));
         if (st->kern < 0) return KF_OK;
     }
-    void *bufs[KF_PLAN_MAX_INPUTS + KF_PLAN_MAX_OUTPUTS];
+    void *bufs[KF_CG_MAX_PARAMS];
     const kf_cg_kernel *k = &st->k;
     if (k->nins + k->nouts > sizeof bufs / sizeof bufs[0])
         return kf_fail(KF_ERR_INTERNAL, "kernel %s has %u parameters", k->name, k->nins + k->nouts);

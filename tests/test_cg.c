@@ -38,7 +38,7 @@ static uint32_t check_graph(const char *text, uint32_t *ngen) {
         cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
         cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
         kf_cg_kernel_release(&k2);
-        const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+        const kf_tensor *in[KF_CG_MAX_PARAMS];
         for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
         kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
         kf_status st = kf_cl_run_kernel(&k, in, out);
@@ -755,4 +755,39 @@ Test(cg, bodies_declare_no_unread_index) {
     cr_assert_gt(decls, 50);
     kf_plan_free(p);
     kf_model_free(m);
+}
+
+/* A single node may read more buffers than merging may add: DenseNet's
+ * Concat of 25 feature maps runs as one generated kernel; past
+ * KF_CG_MAX_PARAMS buffers the group is declined with the reason. */
+static char *wide_concat(int n) {
+    size_t cap = 64 + (size_t)n * 64;
+    char *t = malloc(cap);
+    cr_assert(t);
+    int len = snprintf(t, cap, "opset 13\n");
+    for (int i = 0; i < n; i++) len += snprintf(t + len, cap - (size_t)len, "input x%d float[1, 2, 3]\n", i);
+    len += snprintf(t + len, cap - (size_t)len, "y = Concat(");
+    for (int i = 0; i < n; i++) len += snprintf(t + len, cap - (size_t)len, "%sx%d", i ? ", " : "", i);
+    snprintf(t + len, cap - (size_t)len, ") {axis=1}\noutput y\n");
+    return t;
+}
+
+Test(cg, a_concat_of_many_inputs_is_one_kernel_up_to_the_parameter_cap) {
+    cgu_need_opencl();
+    char *t = wide_concat(30);
+    kf_model *m = gt_parse(t);
+    kf_exec_stats s = cgu_opencl_matches_ref(m, 1);
+    cr_expect_eq(s.groups_ref, 0, "the 31-buffer Concat ran on the host");
+    kf_model_free(m);
+    free(t);
+    t = wide_concat(KF_CG_MAX_PARAMS);
+    m = gt_parse(t);
+    kf_plan *p = cgu_plan(m);
+    char why[256];
+    cr_assert_not_null(kf_cg_unsupported(m, p, p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer], why,
+                                         sizeof why));
+    cr_expect(strstr(why, "more than 64 parameters"), "%s", why);
+    kf_plan_free(p);
+    kf_model_free(m);
+    free(t);
 }

@@ -41,7 +41,7 @@ static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint
         cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
         cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
         kf_cg_kernel_release(&k2);
-        const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+        const kf_tensor *in[KF_CG_MAX_PARAMS];
         for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
         kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
         cr_assert_eq(kf_cl_run_kernel(&k, in, out), KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);

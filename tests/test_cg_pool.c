@@ -37,7 +37,7 @@ static uint32_t check_pools(const char *text) {
         cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
         cr_assert_str_eq(k.name, "kf_pool");
         kf_cg_kernel_release(&k2);
-        const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+        const kf_tensor *in[KF_CG_MAX_PARAMS];
         for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
         kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
         cr_assert_eq(kf_cl_run_kernel(&k, in, out), KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);

@@ -31,7 +31,7 @@ static void tol_of(kf_dtype dt, double *atol, double *rtol) {
 /* Runs kernel k on OpenCL with the reference inputs and compares every
  * output with the reference (exact when exact, else the dtype's policy). */
 static void run_and_compare(const kf_cg_kernel *k, const cgu_refvals *r, bool exact, const char *what) {
-    const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+    const kf_tensor *in[KF_CG_MAX_PARAMS];
     for (uint32_t i = 0; i < k->nins; i++) in[i] = &r->t[k->ins[i].value];
     kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
     cr_assert_eq(kf_cl_run_kernel(k, in, out), KF_OK, "%s: %s\n%s", what, kf_last_error(), k->body);

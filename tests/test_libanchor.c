@@ -87,7 +87,7 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
         if (la.has_epilogue) {
             t->with_epilogue++;
             const kf_cg_kernel *k = &la.epilogue;
-            const kf_tensor *in[KF_PLAN_MAX_INPUTS];
+            const kf_tensor *in[KF_CG_MAX_PARAMS];
             bool reads_d = false;
             for (uint32_t i = 0; i < k->nins; i++) {
                 in[i] = k->ins[i].value == lv[4] ? &d : &r->t[k->ins[i].value];
