@@ -62,8 +62,22 @@ void kf_run_tolerance_prec(kf_dtype dt, kf_precision p, double *atol, double *rt
 /* kf_run_close at kf_run_tolerance_prec(., p). */
 bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision p, char *why, size_t whylen);
 
+/* The longest dot product whose float32 rounding the whole-model check
+ * allows for: 4096 (K of a 3x3 conv over 512 channels is 4608, of a
+ * transformer FFN 3072; sqrt(4096) = 64 units of rounding). */
+#define KF_RUN_FP32_LONG_DOT 4096
+
 /* Whole-model check of a plan at precision p (`kfuse run --check`). An
- * fp32 plan is held to kf_run_close. A tf32/fp16/bf16 plan rounds every
+ * fp32 plan is held to kf_run_close plus, on an output L nodes deep,
+ *
+ *   sqrt(KF_RUN_FP32_LONG_DOT) * 2^-24 * sqrt(L) * max|want|
+ *
+ * the float32 rounding of long dot products stacked L deep (the reference
+ * accumulates in double), relative to the output's scale: full-size
+ * ResNet-50 on generated kernels differs from the reference by 4.3e-5 on an
+ * output element of 0.047 (max |output| about 5), past 1e-5 + 1e-4 * 0.047
+ * yet far under the 1.7e-4 this allows at L = 70; a wrong index or TF32
+ * (0.5% of the scale) is still far outside it. A tf32/fp16/bf16 plan rounds every
  * stored value (every library operand, for tf32) to the low type, so its
  * error grows with the number of roundings stacked on an output and with
  * the magnitude of the values rounded, not with each element's own

@@ -97,6 +97,16 @@ bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precisio
         }
         atol = s * (atol + rtol * big);
         rtol *= s;
+    } else if (kf_dtype_is_float(got->dtype) && got->dtype == want->dtype && depth > 1) {
+        /* float32 against the reference's double accumulation: one unit of
+         * rounding per dot product grown by sqrt(K) (K up to
+         * KF_RUN_FP32_LONG_DOT), per layer by sqrt(L), on the output's scale */
+        double big = 0;
+        for (int64_t i = 0; i < want->numel; i++) {
+            double w = fabs(kf_get_f64(want, i));
+            if (isfinite(w) && w > big) big = w;
+        }
+        atol += sqrt((double)KF_RUN_FP32_LONG_DOT) * 0x1p-24 * sqrt((double)depth) * big;
     }
     return close_at(got, want, atol, rtol, why, whylen);
 }

@@ -247,8 +247,20 @@ Test(pass_precision, model_tolerance) {
     const double far_v[3] = {10.0, 0.5, -3.0};     /* 5% of the output's scale: a wrong result */
     kf_tensor want = vec(want_v, 3), near = vec(near_v, 3), far = vec(far_v, 3);
     char why[256];
-    /* fp32 is never scaled */
+    /* fp32 allows only float32 rounding on the output's scale: 0.01 is far outside */
     cr_expect(!kf_run_close_model(&near, &want, KF_PRECISION_FP32, 100, why, sizeof why));
+    {
+        /* full-size ResNet-50 on generated kernels: 4.3e-5 off an element of 0.047 */
+        const double rw[3] = {5.0, 0.0467689298, -1.0}, rg[3] = {5.0, 0.046811644, -1.0}, rb[3] = {5.0, 0.0517, -1.0};
+        kf_tensor w = vec(rw, 3), g = vec(rg, 3), b = vec(rb, 3);
+        cr_expect(!kf_run_close_prec(&g, &w, KF_PRECISION_FP32, why, sizeof why), "the element tolerance alone");
+        cr_expect(kf_run_close_model(&g, &w, KF_PRECISION_FP32, 70, why, sizeof why), "%s", why);
+        cr_expect(!kf_run_close_model(&b, &w, KF_PRECISION_FP32, 70, why, sizeof why), "0.1%% of the scale is a bug");
+        cr_expect(!kf_run_close_model(&g, &w, KF_PRECISION_FP32, 1, why, sizeof why), "one node: the element tolerance");
+        kf_tensor_release(&w);
+        kf_tensor_release(&g);
+        kf_tensor_release(&b);
+    }
     cr_expect(!kf_run_close_prec(&near, &want, KF_PRECISION_FP16, why, sizeof why), "element tolerance");
     cr_expect(kf_run_close_model(&near, &want, KF_PRECISION_FP16, 4, why, sizeof why), "%s", why);
     cr_expect(!kf_run_close_model(&far, &want, KF_PRECISION_FP16, 4, why, sizeof why));
