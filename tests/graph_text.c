@@ -14,6 +14,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Inputs one node may list (a Concat of 70 feature maps in the codegen
+ * tests: past KF_CG_MAX_PARAMS). */
+#define GT_MAX_INPUTS 96
+
 typedef struct cur {
     const char *p;
     int line;
@@ -209,6 +213,7 @@ kf_model *gt_parse(const char *text) {
             int nout = 0;
             do {
                 char name[128];
+                cr_assert(nout < 8, "graph text line %d: more than 8 outputs", c.line);
                 ident(&lc, name, sizeof name);
                 outs[nout++] = value(g, name);
             } while (eat(&lc, ","));
@@ -216,10 +221,11 @@ kf_model *gt_parse(const char *text) {
             char op[64];
             ident(&lc, op, sizeof op);
             cr_assert(eat(&lc, "("), "graph text line %d: expected '(' after %s", c.line, op);
-            kf_id ins[16];
+            kf_id ins[GT_MAX_INPUTS];
             int nin = 0;
             while (!eat(&lc, ")")) {
                 skip_ws(&lc);
+                cr_assert(nin < GT_MAX_INPUTS, "graph text line %d: more than %d inputs", c.line, GT_MAX_INPUTS);
                 if (*lc.p == ',' ) {
                     ins[nin++] = 0; /* absent optional input: "f(x, , z)" */
                     lc.p++;
