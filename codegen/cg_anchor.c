@@ -909,15 +909,7 @@ static bool gen_conv(gen *st, kf_cg_str *s, const kf_node *n) {
         st->nmemo = mark;
         kf_cg_puts(&body, "        }\n");
     }
-    if (ok) {
-        header(st, s, "direct convolution");
-        kf_cg_printf(s, "    for (%s w = (%s)KF_GLOBAL_ID; w < %lld; w += (%s)KF_GLOBAL_SIZE) {\n", I, I, (long long)items, I);
-        kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
-    }
-    if (body.oom) s->oom = true;
-    kf_cg_str_release(&body);
-    return ok;
+    return per_item_kernel(st, s, ok, "direct convolution", items, &body);
 }
 
 /* ---- conv -> 1x1 conv (back-to-back) ------------------------------------------

@@ -163,15 +163,7 @@ static bool gen_pool(gen *st, kf_cg_str *s) {
         st->nmemo = mark;
     }
     kf_cg_str_release(&rhs);
-    if (ok) {
-        header(st, s, "pooling");
-        kf_cg_printf(s, "    for (%s w = (%s)KF_GLOBAL_ID; w < %lld; w += (%s)KF_GLOBAL_SIZE) {\n", I, I, (long long)total, I);
-        kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
-    }
-    if (body.oom) s->oom = true;
-    kf_cg_str_release(&body);
-    return ok;
+    return per_item_kernel(st, s, ok, "pooling", total, &body);
 }
 
 #else

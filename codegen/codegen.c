@@ -1798,6 +1798,22 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     return ok;
 }
 
+/* The end of a one-work-item-per-output kernel (direct convolution,
+ * pooling window): when ok, the header and a grid-stride loop of `items`
+ * around `body`; releases body. Returns ok. */
+static bool per_item_kernel(gen *st, kf_cg_str *s, bool ok, const char *what, int64_t items, kf_cg_str *body) {
+    const char *I = st->ity;
+    if (ok) {
+        header(st, s, what);
+        kf_cg_printf(s, "    for (%s w = (%s)KF_GLOBAL_ID; w < %lld; w += (%s)KF_GLOBAL_SIZE) {\n", I, I, (long long)items, I);
+        kf_cg_puts(s, body->p ? body->p : "");
+        kf_cg_puts(s, "    }\n}\n");
+    }
+    if (body->oom) s->oom = true;
+    kf_cg_str_release(body);
+    return ok;
+}
+
 /* anchor groups: tiled GEMM and direct convolution (cg_anchor.c), and the
  * window kernel of a pooling node (cg_pool.c); both use this file's static
  * emitter */

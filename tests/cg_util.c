@@ -126,3 +126,40 @@ kf_exec_stats cgu_opencl_matches_ref(const kf_model *m, int runs) {
     kf_exec_free(x);
     return s;
 }
+
+uint32_t cgu_run_groups(const char *text, const cgu_run_opts *o) {
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    cgu_refvals r = cgu_reference(m);
+    uint32_t count = 0;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        if (!(o->kinds & (1u << p->groups[gi].kind))) continue;
+        char why[512];
+        cr_assert_null(kf_cg_unsupported(m, p, gi, why, sizeof why), "group %u declined: %s", gi, why);
+        kf_cg_kernel k, k2;
+        cr_assert_eq(kf_cg_group(m, p, gi, &k), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
+        cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
+        if (o->name) cr_assert_str_eq(k.name, o->name);
+        kf_cg_kernel_release(&k2);
+        const kf_tensor *in[KF_CG_MAX_PARAMS];
+        for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
+        kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
+        cr_assert_eq(kf_cl_run_kernel(&k, in, out), KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);
+        for (uint32_t q = 0; q < k.nouts; q++) {
+            char w[256];
+            const kf_tensor *want = &r.t[k.outs[q].value];
+            bool half = want->dtype == KF_DT_FLOAT16;
+            cr_assert(tu_close(&out[q], want, half ? o->atol16 : o->atol, half ? o->rtol16 : o->rtol, w, sizeof w),
+                      "group %u output %u: %s\n%s", gi, q, w, k.body);
+            kf_tensor_release(&out[q]);
+        }
+        if (o->visit) o->visit(p, gi, &k, o->ctx);
+        count++;
+        kf_cg_kernel_release(&k);
+    }
+    cgu_refvals_free(&r);
+    kf_plan_free(p);
+    kf_model_free(m);
+    return count;
+}

@@ -30,6 +30,23 @@ void cgu_need_opencl(void);
  * ptxas reported registers, and 0 spill bytes either way. */
 void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch);
 
+/* How cgu_run_groups checks each kernel: which group kinds, the entry
+ * point they must have (NULL: any), the tolerances of float32 and of
+ * 16-bit outputs, and a visit of each kernel after its check (NULL: none). */
+typedef struct cgu_run_opts {
+    unsigned kinds; /* 1u << KF_GROUP_* */
+    const char *name;
+    double atol, rtol, atol16, rtol16;
+    void (*visit)(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx);
+    void *ctx;
+} cgu_run_opts;
+
+/* Plans the graph text; every group of the chosen kinds must generate,
+ * deterministically; each kernel runs alone on OpenCL on the reference's
+ * inputs and each output is compared with the reference. Returns the
+ * number of kernels run. */
+uint32_t cgu_run_groups(const char *text, const cgu_run_opts *o);
+
 /* Plans the graph text and runs cgu_nvrtc_check for sm_80 and sm_90 on the
  * kernel of every group whose kind bit is set in kinds (1u << KF_GROUP_*);
  * each must generate. Returns how many kernels were checked. */

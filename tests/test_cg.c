@@ -20,45 +20,21 @@
 #define ATOL16 2.5e-3
 #define RTOL16 1e-3
 
+static void most_outputs(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    (void)p, (void)gi;
+    uint32_t *most = ctx;
+    if (k->nouts > *most) *most = k->nouts;
+}
+
 /* Plans the graph, generates every elementwise and reduction group (all
  * must be supported), runs each on OpenCL and compares every group output
  * with the reference. Returns the largest output count of a group; *ngen
  * gets the number of kernels run. */
 static uint32_t check_graph(const char *text, uint32_t *ngen) {
-    kf_model *m = gt_parse(text);
-    kf_plan *p = cgu_plan(m);
-    cgu_refvals r = cgu_reference(m);
-    uint32_t most = 0, count = 0;
-    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
-        if (p->groups[gi].kind != KF_GROUP_ELEMWISE && p->groups[gi].kind != KF_GROUP_REDUCTION) continue;
-        char why[512];
-        cr_assert_null(kf_cg_unsupported(m, p, gi, why, sizeof why), "group %u declined: %s", gi, why);
-        kf_cg_kernel k, k2;
-        cr_assert_eq(kf_cg_group(m, p, gi, &k), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
-        cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
-        kf_cg_kernel_release(&k2);
-        const kf_tensor *in[KF_CG_MAX_PARAMS];
-        for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
-        kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
-        kf_status st = kf_cl_run_kernel(&k, in, out);
-        cr_assert_eq(st, KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);
-        for (uint32_t o = 0; o < k.nouts; o++) {
-            char w[256];
-            const kf_tensor *want = &r.t[k.outs[o].value];
-            bool half = want->dtype == KF_DT_FLOAT16;
-            cr_assert(tu_close(&out[o], want, half ? ATOL16 : ATOL, half ? RTOL16 : RTOL, w, sizeof w),
-                      "group %u output %u: %s\n%s", gi, o, w, k.body);
-            kf_tensor_release(&out[o]);
-        }
-        if (k.nouts > most) most = k.nouts;
-        count++;
-        kf_cg_kernel_release(&k);
-    }
-    cgu_refvals_free(&r);
-    kf_plan_free(p);
-    kf_model_free(m);
-    *ngen = count;
+    uint32_t most = 0;
+    cgu_run_opts o = {(1u << KF_GROUP_ELEMWISE) | (1u << KF_GROUP_REDUCTION), NULL, ATOL, RTOL, ATOL16, RTOL16,
+                      most_outputs, &most};
+    *ngen = cgu_run_groups(text, &o);
     return most;
 }
 

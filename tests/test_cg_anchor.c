@@ -23,47 +23,26 @@
  * to float32 from 16-bit values carry the 16-bit rounding). */
 static double cast_atol, cast_rtol;
 
+typedef struct anchor_seen {
+    char **body;     /* the first generated body, when asked for */
+    uint32_t *rowred; /* anchor groups with a row reduction, when asked for */
+} anchor_seen;
+
+static void seen_anchor(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    anchor_seen *a = ctx;
+    if (a->body && !*a->body) *a->body = kf_strdup(k->body);
+    if (a->rowred && p->groups[gi].reduction) ++*a->rowred;
+}
+
 /* Plans text, generates every anchor group (all must be accepted), runs
  * each on OpenCL and compares each output with the reference; returns the
  * number of anchor kernels run. The first generated body goes to *body_out
  * when not NULL (caller frees). */
 static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint32_t *rowred) {
-    kf_model *m = gt_parse(text);
-    kf_plan *p = cgu_plan(m);
-    cgu_refvals r = cgu_reference(m);
-    uint32_t count = 0;
-    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
-        if (p->groups[gi].kind != KF_GROUP_ANCHOR) continue;
-        char why[512];
-        cr_assert_null(kf_cg_unsupported(m, p, gi, why, sizeof why), "group %u declined: %s", gi, why);
-        kf_cg_kernel k, k2;
-        cr_assert_eq(kf_cg_group(m, p, gi, &k), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
-        cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
-        kf_cg_kernel_release(&k2);
-        const kf_tensor *in[KF_CG_MAX_PARAMS];
-        for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
-        kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
-        cr_assert_eq(kf_cl_run_kernel(&k, in, out), KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);
-        for (uint32_t o = 0; o < k.nouts; o++) {
-            char w[256];
-            const kf_tensor *want = &r.t[k.outs[o].value];
-            bool half = want->dtype == KF_DT_FLOAT16;
-            double atol = cast_atol ? cast_atol : half ? ATOL16 : cgu_dot_atol(K);
-            double rtol = cast_rtol ? cast_rtol : half ? RTOL16 : RTOL;
-            cr_assert(tu_close(&out[o], want, atol, rtol, w, sizeof w),
-                      "group %u output %u: %s\n%s", gi, o, w, k.body);
-            kf_tensor_release(&out[o]);
-        }
-        if (body_out && !*body_out) *body_out = kf_strdup(k.body);
-        if (rowred && p->groups[gi].reduction) ++*rowred;
-        count++;
-        kf_cg_kernel_release(&k);
-    }
-    cgu_refvals_free(&r);
-    kf_plan_free(p);
-    kf_model_free(m);
-    return count;
+    anchor_seen seen = {body_out, rowred};
+    cgu_run_opts o = {1u << KF_GROUP_ANCHOR, NULL, cast_atol ? cast_atol : cgu_dot_atol(K), cast_rtol ? cast_rtol : RTOL,
+                      cast_atol ? cast_atol : ATOL16, cast_rtol ? cast_rtol : RTOL16, seen_anchor, &seen};
+    return cgu_run_groups(text, &o);
 }
 
 

@@ -23,39 +23,8 @@
  * takes), runs each on OpenCL and compares its output with the reference;
  * returns the number of pool kernels run. */
 static uint32_t check_pools(const char *text) {
-    kf_model *m = gt_parse(text);
-    kf_plan *p = cgu_plan(m);
-    cgu_refvals r = cgu_reference(m);
-    uint32_t count = 0;
-    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
-        if (p->groups[gi].kind != KF_GROUP_OPAQUE) continue;
-        char why[512];
-        cr_assert_null(kf_cg_unsupported(m, p, gi, why, sizeof why), "group %u declined: %s", gi, why);
-        kf_cg_kernel k, k2;
-        cr_assert_eq(kf_cg_group(m, p, gi, &k), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_cg_group(m, p, gi, &k2), KF_OK, "%s", kf_last_error());
-        cr_assert_str_eq(k.body, k2.body, "generation is not deterministic");
-        cr_assert_str_eq(k.name, "kf_pool");
-        kf_cg_kernel_release(&k2);
-        const kf_tensor *in[KF_CG_MAX_PARAMS];
-        for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
-        kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
-        cr_assert_eq(kf_cl_run_kernel(&k, in, out), KF_OK, "group %u: %s\n%s", gi, kf_last_error(), k.body);
-        for (uint32_t o = 0; o < k.nouts; o++) {
-            char w[256];
-            const kf_tensor *want = &r.t[k.outs[o].value];
-            bool half = want->dtype == KF_DT_FLOAT16;
-            cr_assert(tu_close(&out[o], want, half ? ATOL16 : ATOL, half ? RTOL16 : RTOL, w, sizeof w),
-                      "group %u output %u: %s\n%s", gi, o, w, k.body);
-            kf_tensor_release(&out[o]);
-        }
-        count++;
-        kf_cg_kernel_release(&k);
-    }
-    cgu_refvals_free(&r);
-    kf_plan_free(p);
-    kf_model_free(m);
-    return count;
+    cgu_run_opts o = {1u << KF_GROUP_OPAQUE, "kf_pool", ATOL, RTOL, ATOL16, RTOL16, NULL, NULL};
+    return cgu_run_groups(text, &o);
 }
 
 /* ResNet's stem pool, and an off-size one with N = 1 and C = 1 */
