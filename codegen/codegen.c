@@ -146,6 +146,34 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_F4 float4\n"
                       "#define KF_VLOAD4(p, q) (((const float4 *)(p))[q])\n"
                       "#define KF_VSTORE4(p, q, a, b, c, d) (((float4 *)(p))[q] = make_float4((a), (b), (c), (d)))\n"
+                      /* 16-bit values 4 (64-bit) or 8 (128-bit) at a time: the raw words,
+                       * value k of a step taken by KF_U16_k */
+                      "#define KF_VH4 uint2\n"
+                      "#define KF_VH8 uint4\n"
+                      "#define KF_VB4 uint2\n"
+                      "#define KF_VB8 uint4\n"
+                      "#define KF_VLOAD_H4(p, q) (((const uint2 *)(p))[q])\n"
+                      "#define KF_VLOAD_H8(p, q) (((const uint4 *)(p))[q])\n"
+                      "#define KF_VLOAD_B4(p, q) (((const uint2 *)(p))[q])\n"
+                      "#define KF_VLOAD_B8(p, q) (((const uint4 *)(p))[q])\n"
+                      "#define KF_U16_0(u) ((unsigned short)(u).x)\n"
+                      "#define KF_U16_1(u) ((unsigned short)((u).x >> 16))\n"
+                      "#define KF_U16_2(u) ((unsigned short)(u).y)\n"
+                      "#define KF_U16_3(u) ((unsigned short)((u).y >> 16))\n"
+                      "#define KF_U16_4(u) ((unsigned short)(u).z)\n"
+                      "#define KF_U16_5(u) ((unsigned short)((u).z >> 16))\n"
+                      "#define KF_U16_6(u) ((unsigned short)(u).w)\n"
+                      "#define KF_U16_7(u) ((unsigned short)((u).w >> 16))\n"
+                      "#define KF_VH_AT(u, k) kf_h2f(KF_U16_##k(u))\n"
+                      "#define KF_VB_AT(u, k) kf_bf2f(KF_U16_##k(u))\n"
+                      "#define KF_PACK_H(a, b) ((unsigned)kf_f2h(a) | (unsigned)kf_f2h(b) << 16)\n"
+                      "#define KF_PACK_B(a, b) ((unsigned)kf_f2bf(a) | (unsigned)kf_f2bf(b) << 16)\n"
+                      "#define KF_VSTORE_H4(p, q, a, b, c, d) (((uint2 *)(p))[q] = make_uint2(KF_PACK_H(a, b), KF_PACK_H(c, d)))\n"
+                      "#define KF_VSTORE_H8(p, q, a, b, c, d, e, f, g, h) (((uint4 *)(p))[q] = "
+                      "make_uint4(KF_PACK_H(a, b), KF_PACK_H(c, d), KF_PACK_H(e, f), KF_PACK_H(g, h)))\n"
+                      "#define KF_VSTORE_B4(p, q, a, b, c, d) (((uint2 *)(p))[q] = make_uint2(KF_PACK_B(a, b), KF_PACK_B(c, d)))\n"
+                      "#define KF_VSTORE_B8(p, q, a, b, c, d, e, f, g, h) (((uint4 *)(p))[q] = "
+                      "make_uint4(KF_PACK_B(a, b), KF_PACK_B(c, d), KF_PACK_B(e, f), KF_PACK_B(g, h)))\n"
                       /* block reduce: shuffles within each warp, then warp results through
                        * shared memory; every lane returns the block's result; n is a
                        * multiple of 32 (launches use whole warps) */
@@ -222,6 +250,25 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_F4 float4\n"
                       "#define KF_VLOAD4(p, q) vload4((q), (p))\n"
                       "#define KF_VSTORE4(p, q, a, b, c, d) vstore4((float4)((a), (b), (c), (d)), (q), (p))\n"
+                      /* 16-bit values 4 or 8 at a time: float16 converted by vload_half,
+                       * bfloat16 as raw ushorts; value k of a step is component sk */
+                      "#define KF_VH4 float4\n"
+                      "#define KF_VH8 float8\n"
+                      "#define KF_VB4 ushort4\n"
+                      "#define KF_VB8 ushort8\n"
+                      "#define KF_VLOAD_H4(p, q) vload_half4((q), (p))\n"
+                      "#define KF_VLOAD_H8(p, q) vload_half8((q), (p))\n"
+                      "#define KF_VLOAD_B4(p, q) vload4((q), (p))\n"
+                      "#define KF_VLOAD_B8(p, q) vload8((q), (p))\n"
+                      "#define KF_VH_AT(u, k) ((u).s##k)\n"
+                      "#define KF_VB_AT(u, k) kf_bf2f((u).s##k)\n"
+                      "#define KF_VSTORE_H4(p, q, a, b, c, d) vstore_half4_rte((float4)((a), (b), (c), (d)), (q), (p))\n"
+                      "#define KF_VSTORE_H8(p, q, a, b, c, d, e, f, g, h) "
+                      "vstore_half8_rte((float8)((a), (b), (c), (d), (e), (f), (g), (h)), (q), (p))\n"
+                      "#define KF_VSTORE_B4(p, q, a, b, c, d) "
+                      "vstore4((ushort4)(kf_f2bf(a), kf_f2bf(b), kf_f2bf(c), kf_f2bf(d)), (q), (p))\n"
+                      "#define KF_VSTORE_B8(p, q, a, b, c, d, e, f, g, h) "
+                      "vstore8((ushort8)(kf_f2bf(a), kf_f2bf(b), kf_f2bf(c), kf_f2bf(d), kf_f2bf(e), kf_f2bf(f), kf_f2bf(g), kf_f2bf(h)), (q), (p))\n"
                       /* block reduce: a tree in local memory over any group size n
                        * (folded to a power of two first); every lane returns the result */
                       "#define KF_DEF_BLOCK(name, OP) \\\n"
@@ -391,6 +438,26 @@ typedef struct memo {
     char name[NAMELEN];
 } memo;
 
+/* Steps of V elements (KF_CG_LANES): a kernel that walks its space V
+ * elements at a time along the last axis declares lane l's index on that
+ * axis as a name (lanes[l] = step * V + l) and shares the other axes'
+ * names between the lanes. A group input read at a lane's index with that
+ * lane's name on its own last axis and shared names (or constants)
+ * elsewhere is contiguous over the step and starts at a multiple of V: it
+ * is loaded once per step in 16-byte pieces (8 bytes for four 16-bit
+ * values) and each lane takes its element; an output written at the
+ * lanes' indices is stored the same way. Every other read is a scalar load
+ * at the declared indices, so any op may sit in such a kernel. */
+#define KF_CG_LANES_MAX 8
+typedef struct vlanes {
+    int V;                                 /* 4 or 8; 0: off */
+    bool flat;                             /* steps over the flat space: lane names are linear indices */
+    char step[NAMELEN];                    /* the step's index along the last axis, in steps */
+    char lane[KF_CG_LANES_MAX][NAMELEN];   /* lane l's index along the last axis */
+    int nshared;
+    char shared[KF_MAX_RANK][NAMELEN];     /* the other axes' names (the same for every lane) */
+} vlanes;
+
 typedef enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_LOGSUM, RK_LOGSUMEXP,
                      RK_SUMSQ, RK_SOFTMAX, RK_LOGSOFTMAX, RK_LAYERNORM } rkind;
 
@@ -409,7 +476,8 @@ typedef struct gen {
     uint32_t nvals;
     uint32_t *uses;      /* instances of v<n> written so far */
     int ntemp;
-    int lane;            /* vector path: lane 0..3 whose operands come from w<n>; -1 otherwise */
+    vlanes vl;           /* steps of V elements along the space's last axis; V 0 when off */
+    int nw;              /* vector temporaries w<n> written so far */
     /* reductions */
     const kf_node *red;  /* the reduction node; NULL in elementwise kernels */
     rkind rk;
@@ -1035,8 +1103,7 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
             !(st->g->values[n->in[2]].init && kf_get_i64(st->g->values[n->in[2]].init, 0) == 0))
             return fail(st, "node '%s': Dropout in training mode is not generated", kf_node_label(n));
         /* same dims (Identity, a no-op reshape): the same index, no
-         * linearise/unravel round trip (the 128-bit path relies on it: its
-         * lane indices are names that are never declared) */
+         * linearise/unravel round trip (a step's lanes stay contiguous) */
         const kf_type *it = &st->g->values[n->in[0]].type;
         ix a;
         if (same_dims(ot, it)) a = *at;
@@ -1054,6 +1121,149 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     case KF_OP_GATHER: return emit_gather(st, n, at, name);
     case KF_OP_PAD: return emit_pad(st, n, v, at, name);
     default: return emit_expr(st, n, v, at, name);
+    }
+}
+
+/* ---- steps of V elements (KF_CG_LANES) ---------------------------------------- */
+
+static bool is_literal(const char *c) {
+    for (; *c; c++)
+        if (!isdigit((unsigned char)*c)) return false;
+    return true;
+}
+
+/* The lane whose index is at's last component when a value of type t read
+ * at `at` is contiguous over the step: its last axis a multiple of V and
+ * indexed by a lane name, every other axis by a shared name or a constant.
+ * -1 otherwise. */
+static int vec_lane(const gen *st, const kf_type *t, const ix *at) {
+    const vlanes *vl = &st->vl;
+    int l = -1;
+    if (vl->V && vl->flat) { /* the same element count read at a lane's linear index */
+        for (int k = 0; k < vl->V; k++)
+            if (!strcmp(at->lin, vl->lane[k])) l = k;
+        return l >= 0 && numel_of(t) == numel_of(&st->g->values[st->k->outs[0].value].type) ? l : -1;
+    }
+    if (!vl->V || t->rank < 1 || at->rank != t->rank || t->dims[t->rank - 1] % vl->V) return -1;
+    for (int k = 0; k < vl->V; k++)
+        if (!strcmp(at->c[t->rank - 1], vl->lane[k])) l = k;
+    for (int d = 0; l >= 0 && d < t->rank - 1; d++) {
+        bool shared = is_literal(at->c[d]);
+        for (int k = 0; !shared && k < vl->nshared; k++) shared = !strcmp(at->c[d], vl->shared[k]);
+        if (!shared) l = -1;
+    }
+    return l;
+}
+
+/* Values of type dt a vector load or store of one step moves at once:
+ * float32 in float4s, 16-bit values in one piece of the whole step. */
+static int vec_piece(const gen *st, kf_dtype dt) { return dt == KF_DT_FLOAT ? 4 : st->vl.V; }
+
+/* The index, in pieces of `piece` values, of piece c of the step at `at`
+ * (vec_lane holds) in a buffer of type t, bound to a name. The strides of
+ * the other axes are multiples of the last axis, so of the piece. */
+static void vec_offset(gen *st, const kf_type *t, const ix *at, int piece, int c, char *out) {
+    kf_cg_str e = {0};
+    const kf_type step_only = {.rank = 1, .dims = {1}}; /* the flat space has no other axes: the step alone */
+    if (st->vl.flat) t = &step_only;
+    int64_t stride = t->dims[t->rank - 1];
+    for (int d = t->rank - 2; d >= 0; d--) {
+        if (t->dims[d] != 1 && strcmp(at->c[d], "0")) kf_cg_printf(&e, "%s * %lld + ", at->c[d], (long long)(stride / piece));
+        stride *= t->dims[d];
+    }
+    int per = st->vl.V / piece; /* pieces per step */
+    if (per == 1) kf_cg_puts(&e, st->vl.step);
+    else kf_cg_printf(&e, "%s * %d + %d", st->vl.step, per, c);
+    bind(st, out, e.p ? e.p : "0");
+    if (e.oom) st->s->oom = true;
+    kf_cg_str_release(&e);
+}
+
+static bool vec_dtype(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
+
+/* Group input pi (value v) at lane l's index `at`: the step's piece loaded
+ * once (remembered under the index with the piece in place of the lane),
+ * the lane's element taken from it. */
+static bool emit_lane(gen *st, kf_id v, int pi, const ix *at, int l, char *name) {
+    const kf_type *t = &st->g->values[v].type;
+    int piece = vec_piece(st, t->dtype), c = l / piece, last = t->rank - 1;
+    ix key = *at;
+    snprintf(key.c[last], NAMELEN, "@%d", c); /* never a name */
+    if (st->vl.flat) /* the lanes' other axes differ: the step alone */
+        for (int d = 0; d < last; d++) snprintf(key.c[d], NAMELEN, "@");
+    key.lin[0] = 0;
+    char w[NAMELEN];
+    const char *hit = memo_find(st, v, &key);
+    if (hit) snprintf(w, NAMELEN, "%s", hit);
+    else {
+        char off[NAMELEN];
+        vec_offset(st, t, at, piece, c, off);
+        snprintf(w, NAMELEN, "w%d", st->nw++);
+        const char *type = "KF_F4", *load = "KF_VLOAD4";
+        if (t->dtype == KF_DT_FLOAT16) {
+            type = piece == 8 ? "KF_VH8" : "KF_VH4";
+            load = piece == 8 ? "KF_VLOAD_H8" : "KF_VLOAD_H4";
+        } else if (t->dtype == KF_DT_BFLOAT16) {
+            type = piece == 8 ? "KF_VB8" : "KF_VB4";
+            load = piece == 8 ? "KF_VLOAD_B8" : "KF_VLOAD_B4";
+        }
+        kf_cg_printf(st->s, "%sconst %s %s = %s(in%d, %s);\n", st->ind, type, w, load, pi, off);
+        if (!memo_add(st, v, &key, w)) return false;
+    }
+    value_name(st, v, name);
+    if (t->dtype == KF_DT_FLOAT) kf_cg_printf(st->s, "%sconst float %s = %s.%c;\n", st->ind, name, w, "xyzw"[l % 4]);
+    else
+        kf_cg_printf(st->s, "%sconst float %s = KF_V%c_AT(%s, %d);\n", st->ind, name,
+                     t->dtype == KF_DT_FLOAT16 ? 'H' : 'B', w, l);
+    return memo_add(st, v, at, name);
+}
+
+static bool store(gen *st, uint32_t o, const ix *at);
+
+/* Output o at the indices of every lane of a step (lanes[l] carries lane
+ * l's name on the last axis): one vector store per piece when the output
+ * is contiguous over the step, else a store per lane. */
+static bool store_lanes(gen *st, uint32_t o, const ix *lanes) {
+    kf_id v = st->k->outs[o].value;
+    const kf_type *t = &st->g->values[v].type;
+    int V = st->vl.V;
+    char x[KF_CG_LANES_MAX][NAMELEN];
+    for (int l = 0; l < V; l++)
+        if (!emit(st, v, &lanes[l], x[l])) return false;
+    if (!vec_dtype(t->dtype) || vec_lane(st, t, &lanes[0]) != 0) {
+        for (int l = 0; l < V; l++)
+            if (!store(st, o, &lanes[l])) return false;
+        return true;
+    }
+    int piece = vec_piece(st, t->dtype);
+    for (int c = 0; c < V / piece; c++) {
+        char off[NAMELEN];
+        vec_offset(st, t, &lanes[0], piece, c, off);
+        const char *fn = t->dtype == KF_DT_FLOAT ? "KF_VSTORE4"
+                         : t->dtype == KF_DT_FLOAT16 ? (piece == 8 ? "KF_VSTORE_H8" : "KF_VSTORE_H4")
+                                                     : (piece == 8 ? "KF_VSTORE_B8" : "KF_VSTORE_B4");
+        kf_cg_printf(st->s, "%s%s(out%u, %s", st->ind, fn, o, off);
+        for (int l = c * piece; l < (c + 1) * piece; l++) kf_cg_printf(st->s, ", %s", x[l]);
+        kf_cg_puts(st->s, ");\n");
+    }
+    return true;
+}
+
+/* Declares the lanes of a step: lane l's index on the last axis of a
+ * space of `rank` axes is step * V + l; lanes[l] gets base's components
+ * (the shared names) with that name last. */
+static void declare_lanes(gen *st, const ix *base, const char *prefix, ix *lanes) {
+    vlanes *vl = &st->vl;
+    int last = base->rank - 1;
+    vl->nshared = 0;
+    for (int d = 0; d < last; d++)
+        if (!is_literal(base->c[d])) snprintf(vl->shared[vl->nshared++], NAMELEN, "%s", base->c[d]);
+    for (int l = 0; l < vl->V; l++) {
+        snprintf(vl->lane[l], NAMELEN, "%s_%d", prefix, l);
+        kf_cg_printf(st->s, "%sconst %s %s = %s * %d + %d;\n", st->ind, st->ity, vl->lane[l], vl->step, vl->V, l);
+        lanes[l] = *base;
+        lanes[l].lin[0] = 0;
+        snprintf(lanes[l].c[last], NAMELEN, "%s", vl->lane[l]);
     }
 }
 
@@ -1076,17 +1286,16 @@ static bool emit(gen *st, kf_id v, const ix *at, char *name) {
     } else {
         int pi = param_of(st, v);
         if (pi < 0) return fail(st, "value '%s' is read but is no group input", val->name);
-        /* a lane of the 128-bit path reads its quad's register; anything
-         * else computes the element's offset (a lane's index is a name that
-         * is never declared, so it must not reach offset_of) */
-        bool quad = st->lane >= 0 && st->k->ins[pi].numel > 1;
+        /* a read contiguous over a step of lanes takes its element from
+         * the step's vector load */
+        int l = vec_dtype(val->type.dtype) ? vec_lane(st, &val->type, at) : -1;
+        if (l >= 0) return emit_lane(st, v, pi, at, l, name);
         char off[NAMELEN] = "";
-        if (!quad) offset_of(st, &val->type, at, off);
+        offset_of(st, &val->type, at, off);
         value_name(st, v, name);
         kf_dtype dt = val->type.dtype;
         kf_cg_printf(st->s, "%sconst %s %s = ", st->ind, ctype(dt), name);
-        if (quad) kf_cg_printf(st->s, "w%d.%c;\n", pi, "xyzw"[st->lane]);
-        else if (dt == KF_DT_FLOAT16) kf_cg_printf(st->s, "KF_LOAD_HALF(in%d, %s);\n", pi, off);
+        if (dt == KF_DT_FLOAT16) kf_cg_printf(st->s, "KF_LOAD_HALF(in%d, %s);\n", pi, off);
         else if (dt == KF_DT_BFLOAT16) kf_cg_printf(st->s, "KF_LOAD_BF16(in%d, %s);\n", pi, off);
         else if (dt == KF_DT_BOOL) kf_cg_printf(st->s, "in%d[%s] != 0;\n", pi, off);
         else kf_cg_printf(st->s, "in%d[%s];\n", pi, off);
@@ -1169,55 +1378,90 @@ static void header(gen *st, kf_cg_str *s, const char *what) {
     kf_cg_puts(s, ")\n{\n");
 }
 
-/* Can the group take the 128-bit path? Every value float32; every node
- * output and every output spans the space; inputs span it too or are one
- * element. Buffers start aligned (each parameter is its own allocation:
- * OpenCL aligns to CL_DEVICE_MEM_BASE_ADDR_ALIGN, cudaMalloc to 256 bytes),
- * so quad q of each is 16-byte aligned. */
-static bool vector_ok(const gen *st, const kf_type *space) {
-    if (numel_of(space) < 8) return false; /* 8: at least two quads, else the scalar loop is all there is */
+/* Lanes per step of an elementwise kernel over space (KF_CG_LANES): 8 when
+ * a 16-bit value is read or written and the steps allow it, else 4; 0 (one
+ * element per work-item) when the space is a few steps or no output is a
+ * real number (shape arithmetic on integers gains nothing). Steps run along
+ * the last axis when it is a multiple of V (operands broadcast along the
+ * leading axes, a bias row, stay vectors); otherwise, when every operand
+ * spans the space or is one element, along the flat space (*flat; the
+ * last numel % V elements go through the scalar loop). Buffers start
+ * aligned (each parameter is its own allocation or an arena slot: OpenCL
+ * aligns to CL_DEVICE_MEM_BASE_ADDR_ALIGN, cudaMalloc and the memory plan
+ * to 256 bytes), so every step's piece is aligned. */
+static int ew_lanes(const gen *st, const kf_type *space, bool *flat) {
+    *flat = false;
+    if (space->rank < 1 || numel_of(space) < 16) return 0; /* 16: a few steps, else the scalar loop is all there is */
+    int64_t W = space->dims[space->rank - 1];
+    bool narrow = false, real = false, spans = true;
     for (uint32_t i = 0; i < st->k->nins; i++) {
-        const kf_type *t = &st->g->values[st->k->ins[i].value].type;
-        if (t->dtype != KF_DT_FLOAT || (numel_of(t) != 1 && !same_dims(t, space))) return false;
+        const kf_cg_param *pr = &st->k->ins[i];
+        if (pr->numel > 1 && (pr->dtype == KF_DT_FLOAT16 || pr->dtype == KF_DT_BFLOAT16)) narrow = true;
+        if (pr->numel > 1 && pr->numel != numel_of(space)) spans = false;
     }
-    for (uint32_t j = 0; j < st->grp->nnodes; j++) {
-        const kf_node *n = &st->g->nodes[st->grp->nodes[j]];
-        const kf_op_info *oi = kf_op_get(n->op);
-        if (!oi || !oi->cg_expr || n->nout != 1) return false;
-        const kf_type *t = &st->g->values[n->out[0]].type;
-        if (t->dtype != KF_DT_FLOAT || !same_dims(t, space)) return false;
+    for (uint32_t o = 0; o < st->k->nouts; o++) {
+        kf_dtype dt = st->k->outs[o].dtype;
+        if (vec_dtype(dt)) real = true;
+        if (dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16) narrow = true;
     }
-    return true;
+    if (!real) return 0;
+    if (narrow && W % 8 == 0) return 8;
+    if (W % 4 == 0) return 4;
+    *flat = spans;
+    return spans ? (narrow ? 8 : 4) : 0;
 }
 
-/* The 128-bit loop: each work-item takes quad q, loads every full-size
- * input with KF_VLOAD4, runs the body once per lane and stores with
- * KF_VSTORE4; the last numel % 4 elements go through the scalar loop. */
-static bool gen_vector_quads(gen *st, kf_cg_str *s, const kf_type *space) {
-    int64_t nq = numel_of(space) / 4;
+/* The loop of steps of V elements over space (every output spans it):
+ * work-item q takes step q. Along the last axis, the other axes' indices
+ * come from q / (W / V) and the lanes' from q % (W / V); over the flat
+ * space (flat), lane l's linear index is q * V + l, each lane's axes split
+ * from it. Reads contiguous over the step load a vector, one-element
+ * operands load once per step, outputs store vectors. */
+static bool ew_steps(gen *st, kf_cg_str *s, const kf_type *space, int V, bool flat) {
+    int R = space->rank;
+    int64_t W = flat ? numel_of(space) : space->dims[R - 1], nsteps = numel_of(space) / V;
     kf_cg_str body = {0};
     st->s = &body;
     st->ind = "        ";
-    for (uint32_t i = 0; i < st->k->nins; i++)
-        if (st->k->ins[i].numel > 1) kf_cg_printf(&body, "        const KF_F4 w%u = KF_VLOAD4(in%u, q);\n", i, i);
-    char names[KF_PLAN_MAX_OUTPUTS][4][NAMELEN];
-    bool ok = st->k->nouts <= KF_PLAN_MAX_OUTPUTS;
-    uint32_t mark = st->nmemo;
-    for (int l = 0; ok && l < 4; l++) {
-        st->lane = l;
-        ix at = {.rank = space->rank};
-        for (int d = 0; d < space->rank; d++) snprintf(at.c[d], NAMELEN, "lane%d", l); /* distinct per lane; never printed */
-        snprintf(at.lin, NAMELEN, "lane%d", l);
-        for (uint32_t o = 0; ok && o < st->k->nouts; o++) ok = emit(st, st->k->outs[o].value, &at, names[o][l]);
+    st->vl.V = V;
+    st->vl.flat = flat;
+    snprintf(st->vl.step, NAMELEN, "q");
+    ix base = {.rank = R}, lanes[KF_CG_LANES_MAX];
+    if (flat) {
+        bool all[KF_MAX_RANK];
+        for (int d = 0; d < R; d++) all[d] = true;
+        for (int l = 0; l < V; l++) {
+            snprintf(st->vl.lane[l], NAMELEN, "i_%d", l);
+            kf_cg_printf(&body, "        const %s i_%d = q * %d + %d;\n", st->ity, l, V, l);
+            char prefix[NAMELEN];
+            snprintf(prefix, NAMELEN, "i%d_", l);
+            lanes[l].rank = R;
+            split_index(st, st->vl.lane[l], space, all, true, prefix, &lanes[l]);
+            snprintf(lanes[l].lin, NAMELEN, "%s", st->vl.lane[l]);
+        }
+    } else {
+        snprintf(st->vl.step, NAMELEN, "kq");
+        if (nsteps > W / V) {
+            kf_cg_printf(&body, "        const %s kq = q %% %lld;\n", st->ity, (long long)(W / V));
+            kf_cg_printf(&body, "        const %s ko = q / %lld;\n", st->ity, (long long)(W / V));
+            bool sel[KF_MAX_RANK] = {0};
+            for (int d = 0; d < R - 1; d++) sel[d] = true;
+            split_index(st, "ko", space, sel, true, "i", &base);
+        } else {
+            kf_cg_printf(&body, "        const %s kq = q;\n", st->ity);
+            for (int d = 0; d < R - 1; d++) snprintf(base.c[d], NAMELEN, "0");
+        }
+        char prefix[NAMELEN];
+        snprintf(prefix, NAMELEN, "i%d", R - 1);
+        declare_lanes(st, &base, prefix, lanes);
     }
-    st->lane = -1;
-    st->nmemo = mark;
-    for (uint32_t o = 0; ok && o < st->k->nouts; o++)
-        kf_cg_printf(&body, "        KF_VSTORE4(out%u, q, %s, %s, %s, %s);\n", o, names[o][0], names[o][1], names[o][2],
-                     names[o][3]);
+    bool ok = true;
+    for (uint32_t o = 0; ok && o < st->k->nouts; o++) ok = store_lanes(st, o, lanes);
+    st->vl.V = 0;
+    st->vl.flat = false;
     if (ok) {
         kf_cg_printf(s, "    for (%s q = (%s)KF_GLOBAL_ID; q < %lld; q += (%s)KF_GLOBAL_SIZE) {\n", st->ity, st->ity,
-                     (long long)nq, st->ity);
+                     (long long)nsteps, st->ity);
         kf_cg_puts(s, body.p ? body.p : "");
         kf_cg_puts(s, "    }\n");
     }
@@ -1235,12 +1479,25 @@ static bool gen_vector_quads(gen *st, kf_cg_str *s, const kf_type *space) {
  * written. */
 static bool ew_loop(gen *st, kf_cg_str *s, const kf_type *space, bool alone) {
     int R = space->rank;
-    bool vec = alone && vector_ok(st, space);
-    int64_t first_i = vec ? numel_of(space) / 4 * 4 : 0; /* the scalar loop's first element */
+    bool flat = false;
+    int V = alone ? ew_lanes(st, space, &flat) : 0;
+    int64_t first_i = V ? numel_of(space) / V * V : 0; /* the scalar loop's first element */
     kf_cg_str vbody = {0};
-    if (vec && !gen_vector_quads(st, &vbody, space)) {
-        kf_cg_str_release(&vbody);
-        return false;
+    if (V) {
+        uint32_t mark = st->nmemo; /* the steps' names end with their loop */
+        bool ok = ew_steps(st, &vbody, space, V, flat);
+        st->nmemo = mark;
+        if (!ok || first_i == numel_of(space)) {
+            if (ok) {
+                header(st, s, V == 8 ? "elementwise (8 lanes)" : "elementwise (4 lanes)");
+                kf_cg_puts(s, vbody.p ? vbody.p : "");
+                kf_cg_puts(s, "}\n");
+                st->k->numel = numel_of(space) / V; /* work-items: one per step */
+            }
+            if (vbody.oom) s->oom = true;
+            kf_cg_str_release(&vbody);
+            return ok;
+        }
     }
     kf_cg_str body = {0};
     st->s = &body;
@@ -1262,9 +1519,9 @@ static bool ew_loop(gen *st, kf_cg_str *s, const kf_type *space, bool alone) {
                       st->g->values[st->k->outs[o].value].name);
     }
     if (ok) {
-        if (alone) header(st, s, vec ? "elementwise (128-bit)" : "elementwise");
+        if (alone) header(st, s, !V ? "elementwise" : V == 8 ? "elementwise (8 lanes)" : "elementwise (4 lanes)");
         kf_cg_puts(s, vbody.p ? vbody.p : "");
-        if (first_i)
+        if (first_i) /* the elements past the last whole step */
             kf_cg_printf(s, "    for (%s i = %lld + (%s)KF_GLOBAL_ID; i < %lld; i += (%s)KF_GLOBAL_SIZE) {\n", st->ity,
                          (long long)first_i, st->ity, (long long)numel_of(space), st->ity);
         else
@@ -1295,7 +1552,7 @@ static bool ew_loop(gen *st, kf_cg_str *s, const kf_type *space, bool alone) {
     if (body.oom || vbody.oom) s->oom = true;
     kf_cg_str_release(&body);
     kf_cg_str_release(&vbody);
-    if (vec) st->k->numel = numel_of(space) / 4; /* work-items: one per quad; they also cover the tail */
+    if (V) st->k->numel = numel_of(space) / V; /* work-items: one per step; they also cover the tail */
     return ok;
 }
 
@@ -1984,7 +2241,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         kf_cg_kernel_release(k);
         return KF_ERR_NOMEM;
     }
-    gen st = {.g = gr, .p = p, .gi = gi, .grp = g, .k = k, .ity = "int", .lane = -1, .vals = vals, .uses = uses,
+    gen st = {.g = gr, .p = p, .gi = gi, .grp = g, .k = k, .ity = "int", .vals = vals, .uses = uses,
               .red = red, .why = why, .whylen = whylen};
     for (uint32_t i = 0; i < g->ninputs; i++) {
         set_param(&k->ins[i], gr, g->inputs[i]);

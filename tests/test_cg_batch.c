@@ -38,11 +38,11 @@
     "ya = Sigmoid(a)\nyb = Tanh(b)\nyc = ReduceMean(c) {axes=[2], keepdims=0}\nyd = Softmax(d) {axis=-1}\n" \
     "ye = Exp(e)\nyf = ReduceSumSquare(f) {axes=[1], keepdims=0}\nyg = Mul(g, h)\nyh = ReduceL2(h) {axes=[0]}\n" \
     "output ya\noutput yb\noutput yc\noutput yd\noutput ye\noutput yf\noutput yg\noutput yh\n"
-/* three members whose wishes pass the launch's cap (100000-element
- * float16 loops: 391 work-groups each alone) beside a small one, so
- * work-groups are shared out; the grid-stride loops cover the rest */
+/* three members whose wishes pass the launch's cap (800000-element
+ * float16 loops in steps of 8: 391 work-groups each alone) beside a small
+ * one, so work-groups are shared out; the grid-stride loops cover the rest */
 #define CAPPED                                                                                        \
-    "opset 17\ninput a float16[100000]\ninput b float16[100000]\ninput c float16[250, 400]\n"           \
+    "opset 17\ninput a float16[800000]\ninput b float16[800000]\ninput c float16[250, 400]\n"           \
     "input d float[6, 7]\n"                                                                             \
     "ya = Neg(a)\nyb = Sqrt(b)\nyc = Softmax(c) {axis=-1}\nyd = Abs(d)\n"                               \
     "output ya\noutput yb\noutput yc\noutput yd\n"
