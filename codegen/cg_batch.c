@@ -242,6 +242,7 @@ kf_status kf_cg_batch_kernels(const kf_cg_kernel *members, uint32_t n, kf_cg_ker
         if (!mk->body || !cut(mk->body, &parts[m]))
             return kf_fail(KF_ERR_UNSUPPORTED, "batch member %u: kernel text is not one kernel function", m);
         if (mk->block > block) block = mk->block;
+        if (mk->min_block > k->min_block) k->min_block = mk->min_block; /* <= its block <= the launch's */
     }
     if (!block) block = KF_CG_BATCH_BLOCK;
     uint32_t nparams = kf_cg_batch_params(members, n);

@@ -458,6 +458,17 @@ typedef struct vlanes {
     char shared[KF_MAX_RANK][NAMELEN];     /* the other axes' names (the same for every lane) */
 } vlanes;
 
+/* A row held on chip (KF_CG_ROW_CACHE): the reduction's input at every
+ * element a lane owns, loaded once in steps of V (P steps per lane),
+ * named x[i * V + l] for lane l of step i. */
+#define KF_CG_ROW_CACHE_MAX 32
+typedef struct rowcache {
+    int V, P;
+    char x[KF_CG_ROW_CACHE_MAX][NAMELEN];
+    vlanes vl[KF_CG_ROW_CACHE_MAX];       /* step i's lanes (only [0, P) used) */
+    ix lanes[KF_CG_ROW_CACHE_MAX][KF_CG_LANES_MAX];
+} rowcache;
+
 typedef enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_LOGSUM, RK_LOGSUMEXP,
                      RK_SUMSQ, RK_SOFTMAX, RK_LOGSOFTMAX, RK_LAYERNORM } rkind;
 
@@ -485,6 +496,7 @@ typedef struct gen {
     char stat[2][NAMELEN];  /* row statistics (max and sum, or mean and 1/std) */
     bool stats;             /* stat[] hold the current row's figures */
     ix row;                 /* the current row's index into red's input (row dims only) */
+    rowcache *rc;           /* the row on chip; NULL: passes over global memory */
     char *why;
     size_t whylen;
     bool oom;               /* failed for memory (KF_ERR_NOMEM), not unsupported */
@@ -1188,7 +1200,7 @@ static bool emit_lane(gen *st, kf_id v, int pi, const ix *at, int l, char *name)
     const kf_type *t = &st->g->values[v].type;
     int piece = vec_piece(st, t->dtype), c = l / piece, last = t->rank - 1;
     ix key = *at;
-    snprintf(key.c[last], NAMELEN, "@%d", c); /* never a name */
+    snprintf(key.c[last], NAMELEN, "@%d%s", c, st->vl.step); /* never a name: the step's piece c */
     if (st->vl.flat) /* the lanes' other axes differ: the step alone */
         for (int d = 0; d < last; d++) snprintf(key.c[d], NAMELEN, "@");
     key.lin[0] = 0;
@@ -1456,7 +1468,18 @@ static bool ew_steps(gen *st, kf_cg_str *s, const kf_type *space, int V, bool fl
         declare_lanes(st, &base, prefix, lanes);
     }
     bool ok = true;
-    for (uint32_t o = 0; ok && o < st->k->nouts; o++) ok = store_lanes(st, o, lanes);
+    for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+        const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+        if (same_dims(t, space)) {
+            ok = store_lanes(st, o, lanes);
+            continue;
+        }
+        for (int l = 0; ok && l < V; l++) { /* other dims, same count: through the linear index, a store per lane */
+            ix a;
+            reshape_ix(st, &lanes[l], space, t, &a);
+            ok = store(st, o, &a);
+        }
+    }
     st->vl.V = 0;
     st->vl.flat = false;
     if (ok) {
@@ -1727,6 +1750,21 @@ static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *row
                      const char *fold, const char *map, const char *map2, const char *blockfn, uint32_t block,
                      int64_t K, bool tail) {
     kf_cg_printf(st->s, "        float %s = %s;\n", acc, init);
+    if (st->rc) { /* the row on chip: fold every element a lane holds */
+        const rowcache *rc = st->rc;
+        for (int i = 0; i < rc->P; i++) {
+            kf_cg_printf(st->s, "        if (kf_ok%d) {\n", i);
+            for (int l = 0; l < rc->V; l++) {
+                char m[160], f[400]; /* as below */
+                snprintf(m, sizeof m, map, rc->x[i * rc->V + l], map2 ? map2 : rc->x[i * rc->V + l]);
+                snprintf(f, sizeof f, fold, acc, m);
+                kf_cg_printf(st->s, "            %s = %s;\n", acc, f);
+            }
+            kf_cg_puts(st->s, "        }\n");
+        }
+        kf_cg_printf(st->s, "        %s = %s(%s, kf_red, kf_seg, KF_LOCAL_SIZE);\n", acc, blockfn, acc);
+        return true;
+    }
     if (block) seg_loop(st, K);
     else kf_cg_printf(st->s, "        for (%s j = 0; j < %lld; j++) {\n", st->ity, (long long)K);
     const char *outer = st->ind;
@@ -1813,6 +1851,80 @@ static uint32_t block_for(uint32_t T, int64_t nrows) {
     return b;
 }
 
+/* KF_CG_ROW_CACHE: a row read once. When the reduced axes are the
+ * trailing ones, the last a multiple of V (8 for 16-bit data, else 4) and
+ * a lane's share of the row fits in registers (P steps of V, P * V <=
+ * KF_CG_ROW_CACHE_MAX values), each lane loads its steps of the row once
+ * (vector loads: 16 bytes per lane per step) before any statistic, the
+ * statistics fold those registers (a two-pass mean and variance on chip,
+ * max then sum of exponentials), and the epilogue writes from them: one
+ * read of the row from memory instead of one per pass, and every load
+ * issued before the first reduce. The segment T is the smallest power of
+ * two >= steps / 4 (a lane holds about 4 steps), 32..256; rows of fewer
+ * than 32 steps keep the element loops. The body strides its steps by
+ * the launch's segment, which is at least T: launchers give a reduction
+ * its preferred work-group or a larger one (batched launches). */
+static int row_cache_lanes(const gen *st, const kf_type *xt, int64_t K, uint32_t *T, int *P) {
+    int64_t W = xt->dims[xt->rank - 1];
+    bool narrow = xt->dtype == KF_DT_FLOAT16 || xt->dtype == KF_DT_BFLOAT16;
+    for (uint32_t i = 0; i < st->k->nins; i++)
+        if (st->k->ins[i].numel > 1 && (st->k->ins[i].dtype == KF_DT_FLOAT16 || st->k->ins[i].dtype == KF_DT_BFLOAT16))
+            narrow = true;
+    int V = narrow && W % 8 == 0 ? 8 : W % 4 == 0 ? 4 : 0;
+    if (!V || K / V < KF_CG_SEG_MIN_WARP) return 0;
+    int64_t steps = K / V;
+    uint32_t t = KF_CG_SEG_MIN_WARP;
+    while (t < KF_CG_SEG_MAX && (int64_t)t * 4 < steps) t *= 2;
+    int64_t p = (steps + t - 1) / t;
+    if (p * V > KF_CG_ROW_CACHE_MAX) return 0;
+    *T = t;
+    *P = (int)p;
+    return V;
+}
+
+/* Loads the row on chip (KF_CG_ROW_CACHE): per step i of this lane, its
+ * position (kf_q<i>, valid when kf_ok<i>; an invalid step reads step 0 of
+ * a valid row, so every load stays in bounds and no branch splits the
+ * lanes before the reduces), the lanes' indices and the reduction input
+ * at each, remembered for the passes and the epilogue. */
+static bool row_cache_load(gen *st, const kf_node *n, const kf_type *xt, const ix *rowix, int64_t K) {
+    rowcache *rc = st->rc;
+    int r = xt->rank, V = rc->V;
+    int64_t W = xt->dims[r - 1], steps = K / V;
+    for (int i = 0; i < rc->P; i++) {
+        if (i) kf_cg_printf(st->s, "        const %s kf_q%d = %d * kf_seg + kf_lane;\n", st->ity, i, i);
+        else kf_cg_printf(st->s, "        const %s kf_q0 = kf_lane;\n", st->ity);
+        kf_cg_printf(st->s, "        const int kf_ok%d = kf_on && kf_q%d < %lld;\n", i, i, (long long)steps);
+        kf_cg_printf(st->s, "        const %s jq%d = kf_ok%d ? kf_q%d : 0;\n", st->ity, i, i, i);
+        ix base = *rowix;
+        vlanes *vl = &st->vl;
+        vl->V = V;
+        vl->flat = false;
+        if (K > W) { /* more reduced axes before the last: split the step's row position */
+            kf_cg_printf(st->s, "        const %s kq%d = jq%d %% %lld;\n", st->ity, i, i, (long long)(W / V));
+            char ko[NAMELEN], prefix[NAMELEN];
+            snprintf(ko, NAMELEN, "ko%d", i);
+            kf_cg_printf(st->s, "        const %s %s = jq%d / %lld;\n", st->ity, ko, i, (long long)(W / V));
+            bool sel[KF_MAX_RANK];
+            for (int d = 0; d < r; d++) sel[d] = st->mask[d] && d < r - 1;
+            snprintf(prefix, NAMELEN, "j%d_", i);
+            split_index(st, ko, xt, sel, true, prefix, &base);
+            snprintf(vl->step, NAMELEN, "kq%d", i);
+        } else {
+            for (int d = 0; d < r - 1; d++)
+                if (st->mask[d]) snprintf(base.c[d], NAMELEN, "0");
+            snprintf(vl->step, NAMELEN, "jq%d", i);
+        }
+        char prefix[NAMELEN];
+        snprintf(prefix, NAMELEN, "j%d_%d", i, r - 1);
+        declare_lanes(st, &base, prefix, rc->lanes[i]);
+        rc->vl[i] = *vl;
+        for (int l = 0; l < V; l++)
+            if (!emit(st, n->in[0], &rc->lanes[i][l], rc->x[i * V + l])) return false;
+    }
+    return true;
+}
+
 /* Row reduction: rows are the kept dims of the reduction's input, in
  * order; the reduced dims (any set, not only trailing) are walked through
  * the index map inside each row. Prologue ops run inside the row passes,
@@ -1837,6 +1949,12 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         else if (seen_red) tail = false;
     }
     uint32_t T = K < KF_CG_ROW_PER_ITEM ? 0 : seg_for(K), block = T ? block_for(T, nrows) : 0;
+    rowcache rc = {0};
+    if (T >= KF_CG_SEG_MIN_WARP && tail && st->mask[r - 1] && (rc.V = row_cache_lanes(st, xt, K, &T, &rc.P))) {
+        block = block_for(T, nrows);
+        st->rc = &rc;
+        st->k->min_block = T;
+    }
     st->k->block = block;
     if (block) {
         int64_t per = block / T; /* rows per work-group */
@@ -1850,9 +1968,11 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
     st->s = &body;
     st->ind = "        ";
     ix rowix = {.rank = r};
-    split_index(st, "row", xt, st->mask, false, "r", &rowix);
+    if (st->rc) /* a lane past the last row reads row 0: loads stay in bounds, stores are skipped */
+        kf_cg_printf(&body, "        const %s kf_row = kf_on ? row : 0;\n", st->ity);
+    split_index(st, st->rc ? "kf_row" : "row", xt, st->mask, false, "r", &rowix);
     st->row = rowix;
-    bool ok = true;
+    bool ok = !st->rc || row_cache_load(st, n, xt, &rowix, K);
     char m[NAMELEN] = "", sum[NAMELEN] = "";
     const char *bsum = "kf_seg_sum";
     char eps[48] = "", kf[48]; /* float literals */
@@ -1989,7 +2109,34 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         }
         st->ind = "        ";
     }
-    if (ok && any_in) {
+    if (ok && any_in && st->rc) { /* the epilogue over the lane's steps, from the registers */
+        for (int i = 0; ok && i < rc.P; i++) {
+            kf_cg_printf(&body, "        if (kf_ok%d) {\n", i);
+            st->ind = "            ";
+            st->vl = rc.vl[i];
+            uint32_t mark = st->nmemo;
+            for (uint32_t o = 0; ok && o < st->k->nouts; o++) {
+                const kf_type *t = &st->g->values[st->k->outs[o].value].type;
+                if (ON_OUT_SPACE(t)) continue;
+                if (same_dims(t, xt)) {
+                    ok = store_lanes(st, o, rc.lanes[i]);
+                    continue;
+                }
+                /* through views (below): a store per lane */
+                int len = view_chain(st, st->k->outs[o].value, xt, chain);
+                for (int l = 0; ok && l < rc.V; l++) {
+                    ix full = rc.lanes[i][l], tix;
+                    offset_of(st, xt, &full, full.lin);
+                    char src[NAMELEN];
+                    ok = emit(st, chain[len - 1]->in[0], &full, src) && view_forward(st, chain, len, &full, src, &tix) &&
+                         store(st, o, &tix);
+                }
+            }
+            st->nmemo = mark;
+            kf_cg_puts(&body, "        }\n");
+        }
+        st->ind = "        ";
+    } else if (ok && any_in) {
         if (block) seg_loop(st, K);
         else kf_cg_printf(&body, "        for (%s j = 0; j < %lld; j++) {\n", st->ity, (long long)K);
         st->ind = "            ";
@@ -2050,6 +2197,8 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         kf_cg_puts(s, body.p ? body.p : "");
         kf_cg_puts(s, "    }\n}\n");
     }
+    st->vl.V = 0;
+    st->rc = NULL;
     if (body.oom) s->oom = true;
     kf_cg_str_release(&body);
     return ok;

@@ -1027,6 +1027,9 @@ static kf_status launch(run *r, const step *st) {
     const kf_cg_kernel *k = &st->k;
     if (k->nins + k->nouts > sizeof bufs / sizeof bufs[0])
         return kf_fail(KF_ERR_INTERNAL, "kernel %s has %u parameters", k->name, k->nins + k->nouts);
+    if (k->min_block && k->block < k->min_block)
+        return kf_fail(KF_ERR_INTERNAL, "kernel %s launched with %u work-items, its body needs %u", k->name, k->block,
+                       k->min_block);
     for (uint32_t i = 0; i < k->nins; i++) KF_TRY(buf_of(r, k->ins[i].value, &bufs[i]));
     for (uint32_t o = 0; o < k->nouts; o++) KF_TRY(buf_of(r, k->outs[o].value, &bufs[k->nins + o]));
     return d->launch(d, r->sl->stream, r->s->kerns[st->kern].handle, bufs, k->nins + k->nouts, k->numel, k->block);

@@ -165,6 +165,9 @@ static kf_status run_kernel(run *r, const kf_cg_kernel *k, const kf_tensor *cons
 }
 
 kf_status kf_cl_run_kernel(const kf_cg_kernel *k, const kf_tensor *const *in, kf_tensor *out) {
+    if (k->min_block && k->block < k->min_block)
+        return kf_fail(KF_ERR_INVALID_ARG, "kernel %s needs a work-group of at least %u work-items, not %u", k->name,
+                       k->min_block, k->block);
     run r = {0};
     kf_status st = run_kernel(&r, k, in, out);
     run_release(&r);

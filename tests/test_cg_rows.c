@@ -184,7 +184,9 @@ Test(rows, segment_and_block_rule) {
         {100, 64, 256, 13 * 256, "< 32 ?"},   /* 8 rows per group, last group 4 of 8 full */
         {100, 128, 256, 13 * 256, "< 32 ?"},  /* K / 4 = 32 */
         {100, 129, 256, 25 * 256, "< 64 ?"},  /* one past: 64 lanes, 4 rows per group */
-        {3, 768, 256, 3 * 256, "kf_seg = KF_LOCAL_SIZE;"}, /* BERT's LayerNorm: a whole group per row */
+        /* BERT's hidden width: 192 steps of 4 held in registers (KF_CG_ROW_CACHE),
+         * segments of 64 lanes with 3 steps each, 4 rows per group */
+        {3, 768, 256, 256, "< 64 ?"},
         {2, 100, 64, 64, "< 32 ?"},           /* two rows: a work-group of 64 */
         {1, 5000, 256, 256, "kf_seg = KF_LOCAL_SIZE;"}, /* one long row */
         /* rows of 8..31: segments under a warp, T = max(4, pow2 >= K / 4) */
@@ -232,7 +234,9 @@ static char *with_prefix(const char *pre, const char *body) {
 /* kf_cg_kernel.block is only a preference: the same kernel run with other
  * work-group sizes (odd, smaller than a segment, not a multiple of it,
  * larger than preferred, left to the OpenCL runtime) and with too few
- * work-groups (the row loop strides) gives the same results. */
+ * work-groups (the row loop strides) gives the same results; a kernel that
+ * holds its rows in registers (min_block) runs with any size from its
+ * segment up and refuses smaller ones. */
 Test(rows, any_work_group_size) {
     cgu_need_opencl();
     static const char *const graphs[] = {
@@ -283,6 +287,16 @@ Test(rows, any_work_group_size) {
                 for (size_t l = 0; l < sizeof launches / sizeof *launches; l++) {
                     k.block = launches[l].block;
                     k.numel = launches[l].numel;
+                    if (k.block < k.min_block) { /* a row held in registers: refused, never run wrong */
+                        const kf_tensor *in[KF_CG_MAX_PARAMS];
+                        for (uint32_t i = 0; i < k.nins; i++) in[i] = &r.t[k.ins[i].value];
+                        kf_tensor out[KF_PLAN_MAX_OUTPUTS] = {0};
+                        cr_assert_eq(kf_cl_run_kernel(&k, in, out), KF_ERR_INVALID_ARG, "block %u under %u", k.block,
+                                     k.min_block);
+                        cr_assert_not_null(strstr(kf_last_error(), "needs a work-group of at least"), "%s",
+                                           kf_last_error());
+                        continue;
+                    }
                     run_and_compare(&k, &r, false, graphs[gi]);
                 }
             }
