@@ -18,6 +18,7 @@
 #include "kf_onnx.h"
 #include "kf_ops.h"
 #include "onnx.pb-c.h"
+#include "onnx_scope.h"
 
 /* protobuf-c allocates through kf_malloc too, so allocation-failure tests
  * reach the decoder (kf_free is free(), so the bulk freed by hand in
@@ -636,6 +637,8 @@ static kf_status nodes_from_proto(kf_graph *g, Onnx__NodeProto *const *nodes, si
                         return kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' appears twice", nname, n->attrs[k].name);
             }
         }
+        /* values of this graph that its subgraphs read count as its inputs */
+        KF_TRY(kf_onnx_node_captures(g, nid, np));
     }
     return KF_OK;
 }
@@ -1036,6 +1039,7 @@ typedef struct arena {
     void **ptrs;
     uint32_t n, cap;
     bool failed;
+    kf_status err; /* why, when it is not out of memory (message already set) */
 } arena;
 
 static void *aalloc(arena *a, size_t size) {
@@ -1198,6 +1202,33 @@ static Onnx__AttributeProto *attr_to_proto(arena *a, const kf_attr *at, Onnx__At
     return ap;
 }
 
+/* A rewrite may have redirected a captured slot of n (CSE, folding, no-op
+ * removal: kf_graph_replace_uses) to a value with another name; the bodies
+ * in np's unpacked attributes then name the new value. */
+static void rename_captures(arena *a, const kf_graph *g, const kf_node *n, Onnx__NodeProto *np) {
+    const char **from = aalloc(a, sizeof(char *) * (size_t)(n->ncap + 1));
+    const char **to = aalloc(a, sizeof(char *) * (size_t)(n->ncap + 1));
+    if (!from || !to) return;
+    int nr = 0;
+    for (int k = 0; k < n->ncap; k++) {
+        kf_id v = n->in[n->nin - n->ncap + k];
+        const char *now = v ? g->values[v].name : "";
+        if (strcmp(now, n->capname[k])) {
+            from[nr] = n->capname[k];
+            to[nr++] = now;
+        }
+    }
+    for (int i = 0; nr && i < n->nattrs; i++) {
+        if (n->attrs[i].type != KF_ATTR_GRAPH && n->attrs[i].type != KF_ATTR_GRAPHS) continue;
+        kf_status st = kf_onnx_rename_captures(np->attribute[i], from, to, nr, kf_node_label(n));
+        if (st) {
+            a->err = st;
+            a->failed = true;
+            return;
+        }
+    }
+}
+
 /* Node names must be unique for ONNX Runtime; rewrites may repeat one.
  * Returns name, or "name__k" (arena) when an earlier node took it.
  * `seen` is an open-addressing set of names (cap a power of two). */
@@ -1238,17 +1269,19 @@ static Onnx__NodeProto *node_to_proto(arena *a, const kf_graph *g, const kf_node
     np->op_type = n->op_type;
     np->domain = n->domain && n->domain[0] ? n->domain : NULL;
     np->doc_string = n->doc;
-    np->n_input = (size_t)n->nin;
-    np->input = aalloc(a, sizeof(char *) * (size_t)(n->nin + 1));
+    int nin = kf_node_onnx_nin(n); /* captured values stay named inside the bodies */
+    np->n_input = (size_t)nin;
+    np->input = aalloc(a, sizeof(char *) * (size_t)(nin + 1));
     np->n_output = (size_t)n->nout;
     np->output = aalloc(a, sizeof(char *) * (size_t)(n->nout + 1));
     if (!np->input || !np->output) return NULL;
-    for (int i = 0; i < n->nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
+    for (int i = 0; i < nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
     for (int j = 0; j < n->nout; j++) np->output[j] = n->out[j] ? g->values[n->out[j]].name : "";
     np->n_attribute = (size_t)n->nattrs;
     np->attribute = aalloc(a, sizeof(void *) * (size_t)(n->nattrs + 1));
     for (int i = 0; np->attribute && i < n->nattrs; i++)
         np->attribute[i] = attr_to_proto(a, &n->attrs[i], unpacked, nunpacked, capunpacked);
+    if (np->attribute && n->ncap && !a->failed) rename_captures(a, g, n, np);
     return np;
 }
 
@@ -1451,7 +1484,7 @@ static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size
         gp.node[k] = node_to_proto(&a, g, kf_node_at(g, order[k]), seen, seencap, &unpacked, &nunpacked, &capunpacked);
     kf_free(order);
     if (a.failed) {
-        st = kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");
+        st = a.err ? a.err : kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");
         goto done;
     }
     if (sink) {
