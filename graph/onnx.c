@@ -270,15 +270,19 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
     kf_status st = kf_shape_numel((int)tp->n_dims, dims, esz, &n);
     if (st) return kf_fail_context(st, "tensor '%s'", tname);
     size_t nbytes = (size_t)n * esz;
+    /* bytes in the file: types below 8 bits are packed there (one byte per
+     * element in memory) */
+    size_t fbytes = kf_dtype_packed_bytes((kf_dtype)dt, n);
+    bool packed = fbytes != nbytes;
     bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
     bool raw = !external && tp->has_raw_data && dt != KF_DT_STRING;
     size_t have = 0;
     const char *field = NULL;
     if (external && dt == KF_DT_STRING)
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': string tensors cannot use external data", tname);
-    if (raw && tp->raw_data.len != nbytes)
+    if (raw && tp->raw_data.len != fbytes)
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape and dtype need %zu", tname,
-                       tp->raw_data.len, nbytes);
+                       tp->raw_data.len, fbytes);
     if (!external && !raw) {
         switch (dt) {
         case KF_DT_FLOAT: have = tp->n_float_data; field = "float_data"; break;
@@ -289,11 +293,15 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
         case KF_DT_STRING: have = tp->n_string_data; field = "string_data"; break;
         default: have = tp->n_int32_data; field = "int32_data"; break;
         }
-        if (have != (size_t)n)
-            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %lld", tname, field, have,
-                           (long long)n);
+        /* int32_data holds one packed byte per entry for 4- and 2-bit types,
+         * one element per entry otherwise (6-bit types included) */
+        int bits = kf_dtype_bits((kf_dtype)dt);
+        size_t need = bits == 4 || bits == 2 ? fbytes : (size_t)n;
+        if (have != need)
+            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %zu", tname, field, have,
+                           need);
     }
-    if (raw && steal && nbytes && tp->raw_data.data) { /* little-endian host assumed, as ONNX stores */
+    if (raw && steal && !packed && nbytes && tp->raw_data.data) { /* little-endian host assumed, as ONNX stores */
         kf_tensor_release(t);
         t->dtype = (kf_dtype)dt;
         t->rank = (int)tp->n_dims;
@@ -305,11 +313,29 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
         return KF_OK;
     }
     FILE *f = NULL;
-    if (external) KF_TRY(open_external_data(tp, dir, tname, nbytes, &f));
+    if (external) KF_TRY(open_external_data(tp, dir, tname, fbytes, &f));
     st = kf_tensor_alloc(t, (kf_dtype)dt, (int)tp->n_dims, dims);
     if (st) {
         if (f) fclose(f);
         return kf_fail_context(st, "tensor '%s'", tname);
+    }
+    if (packed) { /* read the packed bytes, then one byte per element */
+        uint8_t *buf = kf_malloc(fbytes + 1);
+        if (!buf) {
+            if (f) fclose(f);
+            kf_tensor_release(t);
+            return kf_fail(KF_ERR_NOMEM, "out of memory");
+        }
+        if (external) st = read_external(f, tname, buf, fbytes);
+        else if (raw) memcpy(buf, tp->raw_data.data, fbytes);
+        else if (kf_dtype_bits((kf_dtype)dt) != 6)
+            for (size_t i = 0; i < fbytes; i++) buf[i] = (uint8_t)tp->int32_data[i];
+        if (!st && !raw && !external && kf_dtype_bits((kf_dtype)dt) == 6) /* int32_data: one code per entry */
+            for (int64_t i = 0; i < n; i++) ((uint8_t *)t->data)[i] = (uint8_t)(tp->int32_data[i] & 0x3F);
+        else if (!st) kf_unpack_small((kf_dtype)dt, buf, n, t->data);
+        kf_free(buf);
+        if (st) kf_tensor_release(t);
+        return st;
     }
     if (external) {
         st = read_external(f, tname, t->data, nbytes);
@@ -340,7 +366,10 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
             s->len = tp->string_data[i].len;
             break;
         }
-        default: kf_set_i64(t, i, tp->int32_data[i]); break;
+        default:
+            if (kf_dtype_is_small((kf_dtype)dt)) ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; /* float8 bit codes */
+            else kf_set_i64(t, i, tp->int32_data[i]);
+            break;
         }
     }
     return KF_OK;
@@ -1091,6 +1120,14 @@ static Onnx__TensorProto *tensor_to_proto(arena *a, const kf_tensor *t, const ch
         tp->has_raw_data = 1;
         tp->raw_data.data = t->data;
         tp->raw_data.len = (size_t)t->numel * kf_dtype_size(t->dtype);
+        size_t fbytes = kf_dtype_packed_bytes(t->dtype, t->numel);
+        if (fbytes != tp->raw_data.len) { /* sub-byte types are packed in files */
+            uint8_t *buf = aalloc(a, fbytes + 1);
+            if (!buf) return NULL;
+            kf_pack_small(t->dtype, t->data, t->numel, buf);
+            tp->raw_data.data = buf;
+            tp->raw_data.len = fbytes;
+        }
     }
     return tp;
 }
