@@ -37,6 +37,15 @@ kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf
     const char *why = unsupported_reason(n);
     if (why) return kf_fail(KF_ERR_UNSUPPORTED, "node '%s': %s", kf_node_label(n), why);
     const kf_op_info *info = kf_op_get(n->op);
+    /* The float8/float6/float4/int4/int2 storage types reach only the
+     * kernels that convert them (Cast, CastLike) or move elements without
+     * reading them as numbers (Identity, the injective ops). */
+    bool moves = n->op == KF_OP_CAST || n->op == KF_OP_CAST_LIKE || n->op == KF_OP_IDENTITY ||
+                 info->fclass == KF_FC_INJECTIVE;
+    for (int i = 0; i < nin && !moves; i++)
+        if (in[i] && kf_dtype_is_small(in[i]->dtype))
+            return kf_fail(KF_ERR_UNSUPPORTED, "node '%s' (%s): element type %s is not supported by the reference kernel",
+                           kf_node_label(n), n->op_type, kf_dtype_name(in[i]->dtype));
     if (nin < info->in_min || (info->in_max >= 0 && nin > info->in_max))
         return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): %d inputs, expected %d..%d", kf_node_label(n),
                        n->op_type, nin, info->in_min, info->in_max);

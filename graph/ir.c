@@ -4,6 +4,7 @@
  * ownership and topological ordering. Import, passes and the evaluator all
  * build on these few operations.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -45,6 +46,8 @@ static void node_release(kf_node *n) {
     kf_free(n->doc);
     kf_free(n->in);
     kf_free(n->out);
+    for (int k = 0; k < n->ncap; k++) kf_free(n->capname[k]);
+    kf_free(n->capname);
     for (int i = 0; i < n->nattrs; i++) kf_attr_release(&n->attrs[i]);
     kf_free(n->attrs);
 }
@@ -196,6 +199,23 @@ kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain
         if (out[j]) g->values[out[j]].producer = nid;
     }
     if (id) *id = nid;
+    return KF_OK;
+}
+
+kf_status kf_node_add_capture(kf_graph *g, kf_id node, kf_id v, const char *name) {
+    kf_node *n = &g->nodes[node];
+    if (!v || v >= g->nvalues) return kf_fail(KF_ERR_INVALID_ARG, "node '%s': captured value id %u", kf_node_label(n), v);
+    if (n->nin == INT_MAX) return kf_fail(KF_ERR_BAD_MODEL, "node '%s' has too many inputs", kf_node_label(n));
+    kf_id *in = kf_realloc(n->in, (size_t)(n->nin + 1) * sizeof(kf_id));
+    if (!in) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    n->in = in;
+    char **names = kf_realloc(n->capname, (size_t)(n->ncap + 1) * sizeof(char *));
+    if (!names) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    n->capname = names;
+    if (!(n->capname[n->ncap] = kf_strdup(name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    KF_TRY(add_user(&g->values[v], node));
+    n->in[n->nin++] = v;
+    n->ncap++;
     return KF_OK;
 }
 

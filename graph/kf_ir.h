@@ -62,6 +62,16 @@ typedef struct kf_node {
     int64_t opset; /* version of `domain` the model imports */
     kf_id *in;    /* value ids; 0 = absent optional input */
     int nin;
+    /* Values of the enclosing graph that the node's subgraph attributes (If
+     * branches, Loop and Scan bodies, at any nesting depth) read by name.
+     * They are the last ncap entries of in[], so use lists, topological
+     * order, DCE, CSE, liveness and fusion boundaries count them like any
+     * input; they are not ONNX inputs: export writes in[0..nin-ncap) and
+     * the bodies keep naming them. capname[k] is the name the bodies use for
+     * in[nin-ncap+k]; when a rewrite redirects the slot to another value,
+     * export renames the bodies' references to that value's name. */
+    int ncap;
+    char **capname;
     kf_id *out;   /* value ids; 0 = absent optional output */
     int nout;
     kf_attr *attrs;
@@ -167,6 +177,12 @@ kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain
 uint32_t kf_graph_sym(kf_graph *g, const char *name);
 kf_status kf_graph_mark_input(kf_graph *g, kf_id v);
 kf_status kf_graph_mark_output(kf_graph *g, kf_id v);
+/* Records that the subgraphs of node `node` read value v under `name`
+ * (copied): v is appended to in[] as a captured input (see kf_node.ncap)
+ * and the node becomes one of its users. */
+kf_status kf_node_add_capture(kf_graph *g, kf_id node, kf_id v, const char *name);
+/* Inputs the node has in ONNX terms (captured values excluded). */
+static inline int kf_node_onnx_nin(const kf_node *n) { return n->nin - n->ncap; }
 /* Appends a copy of an attribute to the node (deep copy). */
 kf_status kf_node_add_attr(kf_node *n, const kf_attr *a);
 void kf_attr_release(kf_attr *a);

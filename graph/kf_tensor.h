@@ -27,7 +27,21 @@ typedef enum kf_dtype {
     KF_DT_COMPLEX64 = 14,
     KF_DT_COMPLEX128 = 15,
     KF_DT_BFLOAT16 = 16,
-    KF_DT_COUNT_ = 17
+    /* storage types of quantized and microscaled models (dtype_small.c):
+     * one byte per element in memory, packed below 8 bits in files */
+    KF_DT_FLOAT8E4M3FN = 17,
+    KF_DT_FLOAT8E4M3FNUZ = 18,
+    KF_DT_FLOAT8E5M2 = 19,
+    KF_DT_FLOAT8E5M2FNUZ = 20,
+    KF_DT_UINT4 = 21,
+    KF_DT_INT4 = 22,
+    KF_DT_FLOAT4E2M1 = 23,
+    KF_DT_FLOAT8E8M0 = 24,
+    KF_DT_UINT2 = 25,
+    KF_DT_INT2 = 26,
+    KF_DT_FLOAT6E2M3 = 27,
+    KF_DT_FLOAT6E3M2 = 28,
+    KF_DT_COUNT_ = 29
 } kf_dtype;
 
 /* A string element: bytes, not necessarily NUL-terminated (ONNX strings are
@@ -97,6 +111,40 @@ float kf_half_to_float(uint16_t h);
 uint16_t kf_float_to_half(float f);
 float kf_bf16_to_float(uint16_t h);
 uint16_t kf_float_to_bf16(float f);
+
+/* ---- storage types narrower than 16 bits (dtype_small.c) ----------------
+ * float8 (E4M3FN, E4M3FNUZ, E5M2, E5M2FNUZ, E8M0), float6, float4, int4,
+ * uint4, int2, uint2. In memory: one byte per element, the bit code for
+ * floats, the value (sign-extended) for integers. In files: packed LSB
+ * first below 8 bits (two 4-bit, four 2-bit, four 6-bit in three bytes). */
+
+/* True for the types above (dtypes 17 and up). */
+bool kf_dtype_is_small(kf_dtype dt);
+/* True for the small float types (float8, float6, float4). */
+bool kf_dtype_is_small_float(kf_dtype dt);
+/* Bits per element in a file (8 * size for the other types). */
+int kf_dtype_bits(kf_dtype dt);
+/* Bytes numel elements take packed in a file (raw_data). */
+size_t kf_dtype_packed_bytes(kf_dtype dt, int64_t numel);
+/* File bytes <-> one byte per element; out/mem hold kf_dtype_packed_bytes /
+ * n bytes. Unused high bits of the last packed byte are written as zero. */
+void kf_pack_small(kf_dtype dt, const uint8_t *mem, int64_t n, uint8_t *out);
+void kf_unpack_small(kf_dtype dt, const uint8_t *in, int64_t n, uint8_t *mem);
+/* The value of an element (NaN, +-Inf where the type has them). */
+double kf_small_to_f64(kf_dtype dt, uint8_t code);
+/* Rounding of float8 E8M0 (Cast's round_mode): up (away from zero), down,
+ * nearest (ties up). */
+typedef enum { KF_E8M0_UP, KF_E8M0_DOWN, KF_E8M0_NEAREST } kf_e8m0_round;
+/* x as an element of a small type, as ONNX Cast converts: floats round to
+ * nearest even; out of range gives the largest finite value when saturate,
+ * else NaN or Inf as the type has them (float4/float6 always saturate);
+ * E8M0 rounds up; integers truncate toward zero, and out-of-range values
+ * (undefined in the spec) give 0 as ONNX's reference does. */
+uint8_t kf_f64_to_small(kf_dtype dt, double x, bool saturate);
+uint8_t kf_f32_to_e8m0(float x, bool saturate, kf_e8m0_round mode);
+/* An integer as an element: small integers keep the low bits (wrap, as
+ * Cast between integer types); small floats convert the value saturating. */
+uint8_t kf_i64_to_small(kf_dtype dt, int64_t v);
 
 /* Row-major strides (in elements) of a shape. */
 void kf_strides(int rank, const int64_t *dims, int64_t *strides);

@@ -18,6 +18,7 @@
 #include "kf_onnx.h"
 #include "kf_ops.h"
 #include "onnx.pb-c.h"
+#include "onnx_scope.h"
 
 /* protobuf-c allocates through kf_malloc too, so allocation-failure tests
  * reach the decoder (kf_free is free(), so the bulk freed by hand in
@@ -269,15 +270,19 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
     kf_status st = kf_shape_numel((int)tp->n_dims, dims, esz, &n);
     if (st) return kf_fail_context(st, "tensor '%s'", tname);
     size_t nbytes = (size_t)n * esz;
+    /* bytes in the file: types below 8 bits are packed there (one byte per
+     * element in memory) */
+    size_t fbytes = kf_dtype_packed_bytes((kf_dtype)dt, n);
+    bool packed = fbytes != nbytes;
     bool external = tp->has_data_location && tp->data_location == ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
     bool raw = !external && tp->has_raw_data && dt != KF_DT_STRING;
     size_t have = 0;
     const char *field = NULL;
     if (external && dt == KF_DT_STRING)
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': string tensors cannot use external data", tname);
-    if (raw && tp->raw_data.len != nbytes)
+    if (raw && tp->raw_data.len != fbytes)
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': raw_data has %zu bytes, shape and dtype need %zu", tname,
-                       tp->raw_data.len, nbytes);
+                       tp->raw_data.len, fbytes);
     if (!external && !raw) {
         switch (dt) {
         case KF_DT_FLOAT: have = tp->n_float_data; field = "float_data"; break;
@@ -288,11 +293,15 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
         case KF_DT_STRING: have = tp->n_string_data; field = "string_data"; break;
         default: have = tp->n_int32_data; field = "int32_data"; break;
         }
-        if (have != (size_t)n)
-            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %lld", tname, field, have,
-                           (long long)n);
+        /* int32_data holds one packed byte per entry for 4- and 2-bit types,
+         * one element per entry otherwise (6-bit types included) */
+        int bits = kf_dtype_bits((kf_dtype)dt);
+        size_t need = bits == 4 || bits == 2 ? fbytes : (size_t)n;
+        if (have != need)
+            return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %zu", tname, field, have,
+                           need);
     }
-    if (raw && steal && nbytes && tp->raw_data.data) { /* little-endian host assumed, as ONNX stores */
+    if (raw && steal && !packed && nbytes && tp->raw_data.data) { /* little-endian host assumed, as ONNX stores */
         kf_tensor_release(t);
         t->dtype = (kf_dtype)dt;
         t->rank = (int)tp->n_dims;
@@ -304,11 +313,29 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
         return KF_OK;
     }
     FILE *f = NULL;
-    if (external) KF_TRY(open_external_data(tp, dir, tname, nbytes, &f));
+    if (external) KF_TRY(open_external_data(tp, dir, tname, fbytes, &f));
     st = kf_tensor_alloc(t, (kf_dtype)dt, (int)tp->n_dims, dims);
     if (st) {
         if (f) fclose(f);
         return kf_fail_context(st, "tensor '%s'", tname);
+    }
+    if (packed) { /* read the packed bytes, then one byte per element */
+        uint8_t *buf = kf_malloc(fbytes + 1);
+        if (!buf) {
+            if (f) fclose(f);
+            kf_tensor_release(t);
+            return kf_fail(KF_ERR_NOMEM, "out of memory");
+        }
+        if (external) st = read_external(f, tname, buf, fbytes);
+        else if (raw) memcpy(buf, tp->raw_data.data, fbytes);
+        else if (kf_dtype_bits((kf_dtype)dt) != 6)
+            for (size_t i = 0; i < fbytes; i++) buf[i] = (uint8_t)tp->int32_data[i];
+        if (!st && !raw && !external && kf_dtype_bits((kf_dtype)dt) == 6) /* int32_data: one code per entry */
+            for (int64_t i = 0; i < n; i++) ((uint8_t *)t->data)[i] = (uint8_t)(tp->int32_data[i] & 0x3F);
+        else if (!st) kf_unpack_small((kf_dtype)dt, buf, n, t->data);
+        kf_free(buf);
+        if (st) kf_tensor_release(t);
+        return st;
     }
     if (external) {
         st = read_external(f, tname, t->data, nbytes);
@@ -339,7 +366,10 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
             s->len = tp->string_data[i].len;
             break;
         }
-        default: kf_set_i64(t, i, tp->int32_data[i]); break;
+        default:
+            if (kf_dtype_is_small((kf_dtype)dt)) ((uint8_t *)t->data)[i] = (uint8_t)tp->int32_data[i]; /* float8 bit codes */
+            else kf_set_i64(t, i, tp->int32_data[i]);
+            break;
         }
     }
     return KF_OK;
@@ -636,6 +666,8 @@ static kf_status nodes_from_proto(kf_graph *g, Onnx__NodeProto *const *nodes, si
                         return kf_fail(KF_ERR_BAD_MODEL, "node '%s': attribute '%s' appears twice", nname, n->attrs[k].name);
             }
         }
+        /* values of this graph that its subgraphs read count as its inputs */
+        KF_TRY(kf_onnx_node_captures(g, nid, np));
     }
     return KF_OK;
 }
@@ -1036,6 +1068,7 @@ typedef struct arena {
     void **ptrs;
     uint32_t n, cap;
     bool failed;
+    kf_status err; /* why, when it is not out of memory (message already set) */
 } arena;
 
 static void *aalloc(arena *a, size_t size) {
@@ -1087,6 +1120,14 @@ static Onnx__TensorProto *tensor_to_proto(arena *a, const kf_tensor *t, const ch
         tp->has_raw_data = 1;
         tp->raw_data.data = t->data;
         tp->raw_data.len = (size_t)t->numel * kf_dtype_size(t->dtype);
+        size_t fbytes = kf_dtype_packed_bytes(t->dtype, t->numel);
+        if (fbytes != tp->raw_data.len) { /* sub-byte types are packed in files */
+            uint8_t *buf = aalloc(a, fbytes + 1);
+            if (!buf) return NULL;
+            kf_pack_small(t->dtype, t->data, t->numel, buf);
+            tp->raw_data.data = buf;
+            tp->raw_data.len = fbytes;
+        }
     }
     return tp;
 }
@@ -1198,6 +1239,33 @@ static Onnx__AttributeProto *attr_to_proto(arena *a, const kf_attr *at, Onnx__At
     return ap;
 }
 
+/* A rewrite may have redirected a captured slot of n (CSE, folding, no-op
+ * removal: kf_graph_replace_uses) to a value with another name; the bodies
+ * in np's unpacked attributes then name the new value. */
+static void rename_captures(arena *a, const kf_graph *g, const kf_node *n, Onnx__NodeProto *np) {
+    const char **from = aalloc(a, sizeof(char *) * (size_t)(n->ncap + 1));
+    const char **to = aalloc(a, sizeof(char *) * (size_t)(n->ncap + 1));
+    if (!from || !to) return;
+    int nr = 0;
+    for (int k = 0; k < n->ncap; k++) {
+        kf_id v = n->in[n->nin - n->ncap + k];
+        const char *now = v ? g->values[v].name : "";
+        if (strcmp(now, n->capname[k])) {
+            from[nr] = n->capname[k];
+            to[nr++] = now;
+        }
+    }
+    for (int i = 0; nr && i < n->nattrs; i++) {
+        if (n->attrs[i].type != KF_ATTR_GRAPH && n->attrs[i].type != KF_ATTR_GRAPHS) continue;
+        kf_status st = kf_onnx_rename_captures(np->attribute[i], from, to, nr, kf_node_label(n));
+        if (st) {
+            a->err = st;
+            a->failed = true;
+            return;
+        }
+    }
+}
+
 /* Node names must be unique for ONNX Runtime; rewrites may repeat one.
  * Returns name, or "name__k" (arena) when an earlier node took it.
  * `seen` is an open-addressing set of names (cap a power of two). */
@@ -1238,17 +1306,19 @@ static Onnx__NodeProto *node_to_proto(arena *a, const kf_graph *g, const kf_node
     np->op_type = n->op_type;
     np->domain = n->domain && n->domain[0] ? n->domain : NULL;
     np->doc_string = n->doc;
-    np->n_input = (size_t)n->nin;
-    np->input = aalloc(a, sizeof(char *) * (size_t)(n->nin + 1));
+    int nin = kf_node_onnx_nin(n); /* captured values stay named inside the bodies */
+    np->n_input = (size_t)nin;
+    np->input = aalloc(a, sizeof(char *) * (size_t)(nin + 1));
     np->n_output = (size_t)n->nout;
     np->output = aalloc(a, sizeof(char *) * (size_t)(n->nout + 1));
     if (!np->input || !np->output) return NULL;
-    for (int i = 0; i < n->nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
+    for (int i = 0; i < nin; i++) np->input[i] = n->in[i] ? g->values[n->in[i]].name : "";
     for (int j = 0; j < n->nout; j++) np->output[j] = n->out[j] ? g->values[n->out[j]].name : "";
     np->n_attribute = (size_t)n->nattrs;
     np->attribute = aalloc(a, sizeof(void *) * (size_t)(n->nattrs + 1));
     for (int i = 0; np->attribute && i < n->nattrs; i++)
         np->attribute[i] = attr_to_proto(a, &n->attrs[i], unpacked, nunpacked, capunpacked);
+    if (np->attribute && n->ncap && !a->failed) rename_captures(a, g, n, np);
     return np;
 }
 
@@ -1451,7 +1521,7 @@ static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size
         gp.node[k] = node_to_proto(&a, g, kf_node_at(g, order[k]), seen, seencap, &unpacked, &nunpacked, &capunpacked);
     kf_free(order);
     if (a.failed) {
-        st = kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");
+        st = a.err ? a.err : kf_fail(KF_ERR_NOMEM, "out of memory while writing the model");
         goto done;
     }
     if (sink) {

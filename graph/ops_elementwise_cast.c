@@ -3,7 +3,9 @@
  * Numbers convert as numpy's astype does (float->int truncates, saturating
  * instead of undefined; int->int wraps; every float result is rounded once);
  * strings are parsed and printed the way numpy prints them ("0.1", "1e-05",
- * "nan", "-inf", "True"), so a string round trip keeps every value.
+ * "nan", "-inf", "True"), so a string round trip keeps every value. The
+ * float8/float6/float4/int4/int2 storage types convert as the Cast spec
+ * says (saturate, round_mode; graph/dtype_small.c).
  */
 #include <ctype.h>
 #include <errno.h>
@@ -25,12 +27,16 @@ static int dtype_from_name(const char *s) {
 }
 
 /* Target dtype of a Cast (`to`) or CastLike (input 1's dtype, 0 = unknown).
- * Also validates `saturate`, which only concerns float8 types: kfuse has no
- * float8, so accepting it changes no result. */
+ * Also validates `saturate` (float8 targets) and `round_mode` (E8M0). */
 static kf_status cast_target(const kf_node *n, kf_dtype like, kf_dtype *out) {
     const kf_attr *sat = kf_attr_find(n, "saturate");
     if (sat && (sat->type != KF_ATTR_INT || (sat->i != 0 && sat->i != 1)))
         return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute 'saturate' must be 0 or 1",
+                       kf_node_label(n), n->op_type);
+    const kf_attr *rm = kf_attr_find(n, "round_mode");
+    if (rm && (rm->type != KF_ATTR_STRING || !rm->s.ptr ||
+               (strcmp(rm->s.ptr, "up") && strcmp(rm->s.ptr, "down") && strcmp(rm->s.ptr, "nearest"))))
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute 'round_mode' must be \"up\", \"down\" or \"nearest\"",
                        kf_node_label(n), n->op_type);
     int64_t to;
     if (n->op == KF_OP_CAST_LIKE) {
@@ -50,9 +56,6 @@ static kf_status cast_target(const kf_node *n, kf_dtype like, kf_dtype *out) {
             return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute 'to' must be an int",
                            kf_node_label(n), n->op_type);
     }
-    if (to >= KF_DT_COUNT_ && to <= 22)
-        return kf_fail(KF_ERR_UNSUPPORTED, "node '%s' (%s): target dtype %lld (float8/int4) is not supported",
-                       kf_node_label(n), n->op_type, (long long)to);
     if (!kf_dtype_valid((int)to) || to == KF_DT_COMPLEX64 || to == KF_DT_COMPLEX128)
         return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): cannot cast to dtype %lld",
                        kf_node_label(n), n->op_type, (long long)to);
@@ -223,8 +226,48 @@ static kf_status from_string(const kf_node *n, const kf_bytes *b, kf_tensor *dst
 
 /* ---- one element -------------------------------------------------------------- */
 
-static kf_status convert(const kf_node *n, const kf_tensor *src, int64_t i, kf_tensor *dst, int64_t j) {
+/* How a Cast rounds into the small types (kf_tensor.h): `saturate` (float8,
+ * default 1) and `round_mode` (E8M0, default "up"). */
+typedef struct small_opts {
+    bool saturate;
+    kf_e8m0_round mode;
+} small_opts;
+
+static small_opts small_opts_of(const kf_node *n) {
+    const char *rm = kf_attr_s(n, "round_mode", "up");
+    small_opts o = {kf_attr_i(n, "saturate", 1) != 0, KF_E8M0_UP};
+    if (!strcmp(rm, "down")) o.mode = KF_E8M0_DOWN;
+    else if (!strcmp(rm, "nearest")) o.mode = KF_E8M0_NEAREST;
+    return o;
+}
+
+/* Conversions from or to a small type. Floats go through double, which
+ * holds every float32/float16/bfloat16/small value exactly, so each result
+ * is rounded once (E8M0 reads float32, as the specification's reference). */
+static void convert_small(const kf_tensor *src, int64_t i, kf_tensor *dst, int64_t j, const small_opts *o) {
     kf_dtype sd = src->dtype, dd = dst->dtype;
+    bool sfloat = kf_dtype_is_float(sd) || kf_dtype_is_small_float(sd);
+    if (!kf_dtype_is_small(dd)) {
+        if (sfloat) kf_ew_store_f64(dst, j, kf_get_f64(src, i));
+        else kf_set_i64(dst, j, kf_get_i64(src, i)); /* int4/int2 -> wider: the value */
+        return;
+    }
+    uint8_t *out = (uint8_t *)dst->data + j;
+    if (!sfloat && !kf_dtype_is_small_float(dd)) {
+        *out = kf_i64_to_small(dd, kf_get_i64(src, i)); /* integer -> int4/int2: low bits */
+        return;
+    }
+    double v = sd == KF_DT_UINT64 ? (double)kf_get_u64(src, i) : sfloat ? kf_get_f64(src, i) : (double)kf_get_i64(src, i);
+    *out = dd == KF_DT_FLOAT8E8M0 ? kf_f32_to_e8m0((float)v, o->saturate, o->mode) : kf_f64_to_small(dd, v, o->saturate);
+}
+
+static kf_status convert(const kf_node *n, const kf_tensor *src, int64_t i, kf_tensor *dst, int64_t j,
+                         const small_opts *o) {
+    kf_dtype sd = src->dtype, dd = dst->dtype;
+    if (sd != dd && sd != KF_DT_STRING && dd != KF_DT_STRING && (kf_dtype_is_small(sd) || kf_dtype_is_small(dd))) {
+        convert_small(src, i, dst, j, o);
+        return KF_OK;
+    }
     if (sd == KF_DT_STRING && dd == KF_DT_STRING) {
         const kf_bytes *b = &((const kf_bytes *)src->data)[i];
         kf_bytes *r = &((kf_bytes *)dst->data)[j];
@@ -270,6 +313,7 @@ kf_status kf_ew_eval_cast(const kf_node *n, int nin, const kf_tensor *const *in,
     bool fits = out[0].data && out[0].dtype == to && out[0].rank == x->rank;
     for (int k = 0; fits && k < x->rank; k++) fits = out[0].dims[k] == x->dims[k];
     if (!fits) KF_TRY(kf_tensor_alloc(&out[0], to, x->rank, x->dims));
-    for (int64_t i = 0; i < x->numel; i++) KF_TRY(convert(n, x, i, &out[0], i));
+    small_opts o = small_opts_of(n);
+    for (int64_t i = 0; i < x->numel; i++) KF_TRY(convert(n, x, i, &out[0], i, &o));
     return KF_OK;
 }

@@ -21,6 +21,12 @@ static const struct {
     [KF_DT_DOUBLE] = {"double", 8},       [KF_DT_UINT32] = {"uint32", 4},
     [KF_DT_UINT64] = {"uint64", 8},       [KF_DT_COMPLEX64] = {"complex64", 8},
     [KF_DT_COMPLEX128] = {"complex128", 16}, [KF_DT_BFLOAT16] = {"bfloat16", 2},
+    [KF_DT_FLOAT8E4M3FN] = {"float8e4m3fn", 1}, [KF_DT_FLOAT8E4M3FNUZ] = {"float8e4m3fnuz", 1},
+    [KF_DT_FLOAT8E5M2] = {"float8e5m2", 1},     [KF_DT_FLOAT8E5M2FNUZ] = {"float8e5m2fnuz", 1},
+    [KF_DT_UINT4] = {"uint4", 1},               [KF_DT_INT4] = {"int4", 1},
+    [KF_DT_FLOAT4E2M1] = {"float4e2m1", 1},     [KF_DT_FLOAT8E8M0] = {"float8e8m0", 1},
+    [KF_DT_UINT2] = {"uint2", 1},               [KF_DT_INT2] = {"int2", 1},
+    [KF_DT_FLOAT6E2M3] = {"float6e2m3", 1},     [KF_DT_FLOAT6E3M2] = {"float6e3m2", 1},
 };
 
 bool kf_dtype_valid(int dt) { return dt > 0 && dt < KF_DT_COUNT_; }
@@ -211,7 +217,7 @@ double kf_get_f64(const kf_tensor *t, int64_t i) {
     case KF_DT_UINT32: return ((const uint32_t *)d)[i];
     case KF_DT_UINT64: return (double)((const uint64_t *)d)[i];
     case KF_DT_BOOL: return ((const uint8_t *)d)[i] != 0;
-    default: return 0;
+    default: return kf_dtype_is_small(t->dtype) ? kf_small_to_f64(t->dtype, ((const uint8_t *)d)[i]) : 0;
     }
 }
 
@@ -276,7 +282,9 @@ void kf_set_f64(kf_tensor *t, int64_t i, double v) {
         else ((uint64_t *)d)[i] = (uint64_t)v;
         break;
     case KF_DT_BOOL: ((uint8_t *)d)[i] = v != 0; break;
-    default: break;
+    default:
+        if (kf_dtype_is_small(t->dtype)) ((uint8_t *)d)[i] = kf_f64_to_small(t->dtype, v, true);
+        break;
     }
 }
 
@@ -292,7 +300,10 @@ void kf_set_i64(kf_tensor *t, int64_t i, int64_t v) {
     case KF_DT_UINT32: ((uint32_t *)d)[i] = (uint32_t)v; break;
     case KF_DT_UINT64: ((uint64_t *)d)[i] = (uint64_t)v; break;
     case KF_DT_BOOL: ((uint8_t *)d)[i] = v != 0; break;
-    default: kf_set_f64(t, i, (double)v); break;
+    default:
+        if (kf_dtype_is_small(t->dtype) && !kf_dtype_is_small_float(t->dtype)) ((uint8_t *)d)[i] = kf_i64_to_small(t->dtype, v);
+        else kf_set_f64(t, i, (double)v);
+        break;
     }
 }
 

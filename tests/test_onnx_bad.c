@@ -404,7 +404,8 @@ Test(bad_, typed_data_count_disagrees_with_shape) {
 }
 
 Test(bad_, unknown_dtypes) {
-    const int bad[] = {0, 17, 99, -1, INT_MAX};
+    /* KF_DT_COUNT_ is the first number past the current onnx.proto's list */
+    const int bad[] = {0, KF_DT_COUNT_, 99, -1, INT_MAX};
     for (int k = 0; k < 5; k++) {
         Onnx__ModelProto *mp = base_proto();
         init_named(mp, "W")->data_type = bad[k];

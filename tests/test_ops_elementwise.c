@@ -934,8 +934,14 @@ Test(ew_cast, bad_targets_are_errors) {
     expect_fail(n, 1, in, KF_ERR_BAD_MODEL);
     tu_node_free(n);
     n = mk("Cast", 1, 19);
-    tu_attr_i(n, "to", 17); /* float8e4m3fn */
-    expect_fail(n, 1, in, KF_ERR_UNSUPPORTED);
+    tu_attr_i(n, "to", KF_DT_FLOAT8E4M3FN);
+    tu_attr_i(n, "saturate", 2); /* 0 or 1 */
+    expect_fail(n, 1, in, KF_ERR_BAD_MODEL);
+    tu_node_free(n);
+    n = mk("Cast", 1, 25);
+    tu_attr_i(n, "to", KF_DT_FLOAT8E8M0);
+    tu_attr_s(n, "round_mode", "sideways"); /* up, down or nearest */
+    expect_fail(n, 1, in, KF_ERR_BAD_MODEL);
     tu_node_free(n);
     n = mk("Cast", 1, 13);
     expect_fail(n, 1, in, KF_ERR_BAD_MODEL); /* no `to` */
