@@ -22,6 +22,16 @@ int kfuse_tool_fail(kf_status st) {
     return EXIT_INPUT;
 }
 
+kf_status kfuse_tool_load(const char *path, kf_model **m) {
+    KF_TRY(kf_model_load(path, m));
+    const kf_model *mm = *m;
+    if (mm->load_warnings > 1)
+        fprintf(stderr, "kfuse: warning: %s: %s (and %u more)\n", path, mm->load_warning, mm->load_warnings - 1);
+    else if (mm->load_warnings)
+        fprintf(stderr, "kfuse: warning: %s: %s\n", path, mm->load_warning);
+    return KF_OK;
+}
+
 bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->backend = "opencl";
@@ -140,7 +150,7 @@ int kfuse_cmd_compile(int argc, char **argv) {
     kf_type *types = NULL;
     uint32_t n = 0;
     kf_exec_stats s;
-    kf_status st = kf_model_load(a.model, &m);
+    kf_status st = kfuse_tool_load(a.model, &m);
     if (!st) st = kfuse_tool_types(m, &a, &types, &n);
     if (!st) {
         kf_exec_options o;

@@ -18,6 +18,7 @@
 #include "kf_memplan.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kfuse_tool.h"
 
 int kfuse_cmd_fuse(int argc, char **argv);
 
@@ -186,7 +187,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         return EXIT_USAGE;
     }
     kf_model *m;
-    kf_status st = kf_model_load(model, &m);
+    kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail(st);
     for (int i = 0; i < ndims && !st; i++) { /* NAME=N: fix a symbolic dimension */
         char name[256];

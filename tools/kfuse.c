@@ -139,7 +139,7 @@ static int cmd_info(int argc, char **argv) {
     }
     bool values = argc > 1 && !strcmp(argv[1], "--values");
     kf_model *m;
-    kf_status st = kf_model_load(argv[0], &m);
+    kf_status st = kfuse_tool_load(argv[0], &m);
     if (st) return fail_status(st);
     const kf_graph *g = m->graph;
     kf_status inferred = kf_infer_shapes(m);
@@ -401,7 +401,7 @@ static int cmd_run(int argc, char **argv) {
     kf_precision prec;
     if (!kfuse_tool_precision(precision, &prec)) return EXIT_USAGE;
     kf_model *m;
-    kf_status st = kf_model_load(model, &m);
+    kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail_status(st);
     const kf_graph *g = m->graph;
     kf_id *real = NULL;
@@ -802,7 +802,7 @@ static int cmd_opt(int argc, char **argv) {
     o.nkeep = nkeep;
     kf_model *m;
     double t0 = seconds_now();
-    kf_status st = kf_model_load(model, &m);
+    kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail_status(st);
     double t1 = seconds_now();
     kf_opt_result res;

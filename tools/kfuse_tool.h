@@ -20,6 +20,10 @@ typedef struct kfuse_tool_args {
     int ndims;
 } kfuse_tool_args;
 
+/* kf_model_load, then the loader's warnings (what it read leniently) on
+ * stderr, naming the file. */
+kf_status kfuse_tool_load(const char *path, kf_model **m);
+
 /* false on a usage error */
 bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv);
 bool kfuse_tool_backend(const char *name, kf_exec_backend *b);
