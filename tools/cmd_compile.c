@@ -32,6 +32,36 @@ kf_status kfuse_tool_load(const char *path, kf_model **m) {
     return KF_OK;
 }
 
+bool kfuse_tool_dim_arg(kfuse_tool_dims *d, char *arg) {
+    char *eq = strchr(arg, '=');
+    char *end = NULL;
+    long long v = eq && eq[1] >= '0' && eq[1] <= '9' ? strtoll(eq + 1, &end, 10) : -1;
+    if (!eq || eq == arg || v < 0 || *end) {
+        fprintf(stderr, "kfuse: --dim %s: expected NAME=N with N a non-negative integer\n", arg);
+        return false;
+    }
+    if (d->n == KFUSE_TOOL_MAX_DIMS) {
+        fprintf(stderr, "kfuse: more than %d --dim flags\n", KFUSE_TOOL_MAX_DIMS);
+        return false;
+    }
+    *eq = 0;
+    d->names[d->n] = arg;
+    d->values[d->n++] = v;
+    return true;
+}
+
+kf_status kfuse_tool_apply_dims(kf_model *m, const kfuse_tool_dims *d, bool bind) {
+    kf_graph *g = m->graph;
+    for (int i = 0; i < d->n; i++) {
+        bool known = false;
+        for (uint32_t s = 1; s < g->nsyms && !known; s++) known = !strcmp(g->syms[s], d->names[i]);
+        if (!known) fprintf(stderr, "kfuse: warning: --dim %s: the model has no symbolic dimension named '%s'; ignored\n",
+                            d->names[i], d->names[i]);
+        else if (bind) KF_TRY(kf_graph_bind_sym(g, d->names[i], d->values[i]));
+    }
+    return KF_OK;
+}
+
 bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
     memset(a, 0, sizeof *a);
     a->backend = "opencl";
@@ -48,12 +78,8 @@ bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
         else if (!strcmp(o, "--iters") && more) a->iters = atoi(argv[++i]);
         else if (!strcmp(o, "--threads") && more) a->threads = atoi(argv[++i]);
         else if (!strcmp(o, "--seed") && more) a->seed = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(o, "--dim") && more && a->ndims < KFUSE_TOOL_MAX_DIMS) {
-            char *eq = strchr(argv[++i], '=');
-            if (!eq) return false;
-            *eq = 0;
-            a->dim_names[a->ndims] = argv[i];
-            a->dim_values[a->ndims++] = strtoll(eq + 1, NULL, 10);
+        else if (!strcmp(o, "--dim") && more) {
+            if (!kfuse_tool_dim_arg(&a->dims, argv[++i])) return false;
         } else if (o[0] != '-' && !a->model) a->model = o;
         else return false;
     }
@@ -86,8 +112,8 @@ static kf_type input_type(const kf_graph *g, const kf_value *v, const kfuse_tool
     for (int d = 0; d < t.rank; d++) {
         if (t.dims[d] >= 0) continue;
         t.dims[d] = 1;
-        for (int b = 0; b < a->ndims; b++)
-            if (t.syms[d] && !strcmp(a->dim_names[b], g->syms[t.syms[d]])) t.dims[d] = a->dim_values[b];
+        for (int b = 0; b < a->dims.n; b++)
+            if (t.syms[d] && !strcmp(a->dims.names[b], g->syms[t.syms[d]])) t.dims[d] = a->dims.values[b];
         t.syms[d] = 0;
     }
     return t;
@@ -151,6 +177,7 @@ int kfuse_cmd_compile(int argc, char **argv) {
     uint32_t n = 0;
     kf_exec_stats s;
     kf_status st = kfuse_tool_load(a.model, &m);
+    if (!st) st = kfuse_tool_apply_dims(m, &a.dims, false);
     if (!st) st = kfuse_tool_types(m, &a, &types, &n);
     if (!st) {
         kf_exec_options o;

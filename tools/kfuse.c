@@ -34,6 +34,7 @@ static void usage(FILE *f) {
             "  run M.onnx [--backend ref|opencl|cuda] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "             [--precision fp32|tf32|fp16|bf16]\n"
             "                                  run the model; random inputs unless --inputs\n"
+            "                                  (--dim naming a dim the model lacks: a warning)\n"
             "  compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N] [--precision P]\n"
             "                                  compile every kernel into the cache without running\n"
             "  bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N] [--precision P]\n"
@@ -41,8 +42,8 @@ static void usage(FILE *f) {
             "  conform DIR... [--backend ref|opencl] [--verbose]\n"
             "                                  run ONNX backend-test folders, per-op table and summary\n"
             "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
-            "                 [--report] [--json]\n"
-            "                                  rewrite to a smaller standard ONNX\n"
+            "                 [--dim NAME=N]... [--report] [--json]\n"
+            "                                  rewrite to a smaller standard ONNX (--dim: fix a symbolic dim)\n"
             "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]\n"
             "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
             "  patterns check F.kfp... [--builtin] [--seed N]\n"
@@ -221,11 +222,6 @@ static int cmd_info(int argc, char **argv) {
 
 /* ---- run --------------------------------------------------------------------- */
 
-typedef struct dimbind {
-    const char *name;
-    int64_t value;
-} dimbind;
-
 static uint64_t rng = 88172645463325252ull;
 static double uniform(void) {
     rng ^= rng << 13;
@@ -235,7 +231,7 @@ static double uniform(void) {
 }
 
 /* A random tensor for graph input v; symbolic dims from binds, else 1. */
-static kf_status random_input(const kf_graph *g, const kf_value *v, const dimbind *binds, int nbinds, kf_tensor *t) {
+static kf_status random_input(const kf_graph *g, const kf_value *v, const kfuse_tool_dims *binds, kf_tensor *t) {
     const kf_type *ty = &v->type;
     if (ty->rank < 0 || !ty->dtype)
         return kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type; pass --inputs", v->name);
@@ -244,8 +240,8 @@ static kf_status random_input(const kf_graph *g, const kf_value *v, const dimbin
         dims[i] = ty->dims[i];
         if (dims[i] >= 0) continue;
         dims[i] = 1;
-        for (int b = 0; b < nbinds; b++)
-            if (ty->syms[i] && strcmp(binds[b].name, g->syms[ty->syms[i]]) == 0) dims[i] = binds[b].value;
+        for (int b = 0; b < binds->n; b++)
+            if (ty->syms[i] && strcmp(binds->names[b], g->syms[ty->syms[i]]) == 0) dims[i] = binds->values[b];
     }
     kf_status st = kf_tensor_alloc(t, ty->dtype, ty->rank, dims);
     if (st) return kf_fail_context(st, "random data for input '%s'", v->name);
@@ -365,8 +361,7 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *outputs = NULL, *backend = "ref", *precision = NULL;
     bool check = false;
-    dimbind binds[32];
-    int nbinds = 0;
+    kfuse_tool_dims dims = {0};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--inputs") && i + 1 < argc) inputs = argv[++i];
         else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) outputs = argv[++i];
@@ -374,15 +369,8 @@ static int cmd_run(int argc, char **argv) {
         else if (!strcmp(argv[i], "--check")) check = true;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) precision = argv[++i];
         else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 0) | 1;
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc && nbinds < 32) {
-            char *eq = strchr(argv[++i], '=');
-            if (!eq) {
-                usage(stderr);
-                return EXIT_USAGE;
-            }
-            *eq = 0;
-            binds[nbinds].name = argv[i];
-            binds[nbinds++].value = strtoll(eq + 1, NULL, 10);
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+            if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
         } else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             usage(stderr);
@@ -408,6 +396,7 @@ static int cmd_run(int argc, char **argv) {
     uint32_t nreal = 0;
     kf_tensor *ins = NULL, *outs = NULL;
     int rc = EXIT_OK;
+    if ((st = kfuse_tool_apply_dims(m, &dims, false))) goto done;
     if ((st = kf_graph_real_inputs(g, &real, &nreal))) goto done;
     ins = calloc(nreal + 1, sizeof(kf_tensor));
     outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
@@ -419,7 +408,7 @@ static int cmd_run(int argc, char **argv) {
         if ((st = load_inputs(g, real, nreal, inputs, ins))) goto done;
     } else {
         for (uint32_t i = 0; i < nreal; i++)
-            if ((st = random_input(g, &g->values[real[i]], binds, nbinds, &ins[i]))) goto done;
+            if ((st = random_input(g, &g->values[real[i]], &dims, &ins[i]))) goto done;
     }
     if (opencl || cuda || prec != KF_PRECISION_FP32) { /* ref at fp16/bf16: the converted model on ref */
         kf_exec_backend b = cuda ? KF_EXEC_CUDA : opencl ? KF_EXEC_OPENCL : KF_EXEC_REF;
@@ -776,6 +765,7 @@ static int cmd_opt(int argc, char **argv) {
     const char *files[64], *keep[256];
     int nfiles = 0, nkeep = 0;
     bool report = false, json = false;
+    kfuse_tool_dims dims = {0};
     kf_opt_options o;
     kf_opt_options_default(&o);
     for (int i = 0; i < argc; i++) {
@@ -784,6 +774,9 @@ static int cmd_opt(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-builtin")) o.no_builtin = true;
         else if (!strcmp(argv[i], "--keep") && i + 1 < argc && nkeep < 256) keep[nkeep++] = argv[++i];
         else if (!strcmp(argv[i], "--no-raise")) o.no_raise = true;
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+            if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
+        }
         else if (!strcmp(argv[i], "--report")) report = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (argv[i][0] != '-' && !model) model = argv[i];
@@ -804,6 +797,10 @@ static int cmd_opt(int argc, char **argv) {
     double t0 = seconds_now();
     kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail_status(st);
+    if ((st = kfuse_tool_apply_dims(m, &dims, true))) {
+        kf_model_free(m);
+        return fail_status(st);
+    }
     double t1 = seconds_now();
     kf_opt_result res;
     st = kf_optimize(m, &o, &res);
