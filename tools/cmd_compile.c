@@ -11,6 +11,7 @@
 
 #include "kf_exec.h"
 #include "kf_onnx.h"
+#include "kf_ref.h"
 #include "kfuse_tool.h"
 
 enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
@@ -107,19 +108,19 @@ bool kfuse_tool_precision(const char *flag, kf_precision *p) {
 }
 
 /* The concrete type of real input v: symbolic dims from --dim, else 1. */
-static kf_type input_type(const kf_graph *g, const kf_value *v, const kfuse_tool_args *a) {
+static kf_type input_type(const kf_graph *g, const kf_value *v, const kfuse_tool_dims *dims) {
     kf_type t = v->type;
     for (int d = 0; d < t.rank; d++) {
         if (t.dims[d] >= 0) continue;
         t.dims[d] = 1;
-        for (int b = 0; b < a->dims.n; b++)
-            if (t.syms[d] && !strcmp(a->dims.names[b], g->syms[t.syms[d]])) t.dims[d] = a->dims.values[b];
+        for (int b = 0; b < dims->n; b++)
+            if (t.syms[d] && !strcmp(dims->names[b], g->syms[t.syms[d]])) t.dims[d] = dims->values[b];
         t.syms[d] = 0;
     }
     return t;
 }
 
-kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type **types, uint32_t *n) {
+kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_dims *dims, kf_type **types, uint32_t *n) {
     kf_id *real = NULL;
     KF_TRY(kf_graph_real_inputs(m->graph, &real, n));
     *types = calloc(*n + 1, sizeof(kf_type));
@@ -131,27 +132,41 @@ kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type 
     for (uint32_t i = 0; i < *n && !st; i++) {
         const kf_value *v = &m->graph->values[real[i]];
         if (v->type.rank < 0 || !v->type.dtype)
-            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type", v->name);
+            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type; random data needs one", v->name);
         else
-            (*types)[i] = input_type(m->graph, v, a);
+            (*types)[i] = input_type(m->graph, v, dims);
     }
     free(real);
     return st;
 }
 
-kf_status kfuse_tool_inputs(const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins) {
+/* Integers that index nothing of known size are drawn below this: small
+ * enough for the dims they might index, large enough not to be constant. */
+#define RANDOM_INT_RANGE 8
+
+kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins) {
+    kf_id *real = NULL;
+    uint32_t nreal = 0;
+    KF_TRY(kf_graph_real_inputs(m->graph, &real, &nreal));
     uint64_t x = seed * 0x9E3779B97F4A7C15ull | 1;
-    for (uint32_t i = 0; i < n; i++) {
-        KF_TRY(kf_tensor_alloc(&ins[i], types[i].dtype, types[i].rank, types[i].dims));
+    kf_status st = nreal == n ? KF_OK : kf_fail(KF_ERR_INVALID_ARG, "%u input types for %u inputs", n, nreal);
+    for (uint32_t i = 0; i < n && !st; i++) {
+        int64_t range = kf_index_bound(m->graph, real[i]);
+        if (range <= 0) range = RANDOM_INT_RANGE;
+        if ((st = kf_tensor_alloc(&ins[i], types[i].dtype, types[i].rank, types[i].dims))) {
+            kf_fail_context(st, "random data for input '%s'", m->graph->values[real[i]].name);
+            break;
+        }
         for (int64_t k = 0; k < ins[i].numel; k++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             double u = (double)(x >> 11) / 9007199254740992.0;
             if (kf_dtype_is_float(ins[i].dtype)) kf_set_f64(&ins[i], k, 2 * u - 1);
             else if (ins[i].dtype == KF_DT_BOOL) kf_set_i64(&ins[i], k, u < 0.5);
-            else kf_set_i64(&ins[i], k, (int64_t)(u * 8)); /* small: safe as indices */
+            else kf_set_i64(&ins[i], k, (int64_t)(u * (double)range)); /* in [0, range): valid as indices */
         }
     }
-    return KF_OK;
+    free(real);
+    return st;
 }
 
 static void compile_usage(FILE *f) {
@@ -178,7 +193,7 @@ int kfuse_cmd_compile(int argc, char **argv) {
     kf_exec_stats s;
     kf_status st = kfuse_tool_load(a.model, &m);
     if (!st) st = kfuse_tool_apply_dims(m, &a.dims, false);
-    if (!st) st = kfuse_tool_types(m, &a, &types, &n);
+    if (!st) st = kfuse_tool_types(m, &a.dims, &types, &n);
     if (!st) {
         kf_exec_options o;
         kf_exec_options_default(&o);

@@ -49,8 +49,11 @@ bool kfuse_tool_precision(const char *flag, kf_precision *p);
 int kfuse_tool_fail(kf_status st);
 /* Concrete types of m's real inputs (symbolic dims bound by --dim, else 1);
  * *types malloc'ed (free). */
-kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type **types, uint32_t *n);
-/* Random data (floats in [-1, 1), small non-negative integers) of the types. */
-kf_status kfuse_tool_inputs(const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins);
+kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_dims *dims, kf_type **types, uint32_t *n);
+/* Random data of the types for m's real inputs, from seed: floats in
+ * [-1, 1), booleans, integers in [0, kf_index_bound) where the graph uses
+ * them as indices into a dim of known size (token type ids: [0, 2)), else
+ * small non-negative ones. */
+kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins);
 
 #endif
