@@ -922,25 +922,46 @@ static void clamp_bind(gen *st, char *out, const char *e, int64_t dim) {
 }
 
 /* Concat: every operand is read at a clamped index (never out of its
- * bounds), then the one whose range holds the index is selected. */
+ * bounds), then the one whose range holds the index is selected. A 0-D
+ * operand of a 1-D Concat (PyTorch 1.4's shape computations; the reference
+ * evaluator reads it as a one-element vector, graph/ops_shape.c) is that
+ * one element. The operands' lengths must add up to the output's, so the
+ * selection always ends in an operand. */
 static bool emit_concat(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     const kf_type *ot = &st->g->values[v].type;
     int r = ot->rank;
     int64_t axis = kf_attr_i(n, "axis", 0);
     if (axis < 0) axis += r;
     if (axis < 0 || axis >= r) return fail(st, "node '%s': Concat axis out of range", kf_node_label(n));
+    int64_t total = 0;
+    for (int i = 0; i < n->nin; i++) {
+        const kf_type *it = &st->g->values[n->in[i]].type;
+        bool scalar = it->rank == 0 && r == 1;
+        if (!scalar && it->rank != r)
+            return fail(st, "node '%s': Concat input %d has rank %d, the output %d", kf_node_label(n), i, it->rank, r);
+        if (!kf_add_ok(total, scalar ? 1 : it->dims[axis], &total)) return fail(st, "node '%s': Concat size overflows", kf_node_label(n));
+    }
+    if (total != ot->dims[axis])
+        return fail(st, "node '%s': Concat inputs add up to %lld along axis %lld, the output has %lld", kf_node_label(n),
+                    (long long)total, (long long)axis, (long long)ot->dims[axis]);
     kf_cg_str sel = {0};
     int64_t off = 0;
     int open = 0;
     for (int i = 0; i < n->nin; i++) {
-        int64_t dk = st->g->values[n->in[i]].type.dims[axis];
+        const kf_type *it = &st->g->values[n->in[i]].type;
+        bool scalar = it->rank == 0;
+        int64_t dk = scalar ? 1 : it->dims[axis];
         if (dk == 0) continue;
         ix a = *at;
         a.lin[0] = 0;
-        char e[96]; /* "name - offset" */
-        snprintf(e, sizeof e, "%s - %lld", at->c[axis], (long long)off);
-        if (!strcmp(at->c[axis], "0")) snprintf(e, sizeof e, "%s", "0");
-        clamp_bind(st, a.c[axis], off ? e : at->c[axis], dk);
+        if (scalar) {
+            a.rank = 0;
+        } else {
+            char e[96]; /* "name - offset" */
+            snprintf(e, sizeof e, "%s - %lld", at->c[axis], (long long)off);
+            if (!strcmp(at->c[axis], "0")) snprintf(e, sizeof e, "%s", "0");
+            clamp_bind(st, a.c[axis], off ? e : at->c[axis], dk);
+        }
         char x[NAMELEN];
         if (!emit(st, n->in[i], &a, x)) {
             kf_cg_str_release(&sel);

@@ -147,6 +147,11 @@ struct kf_model {
      * computed one wins, as in ONNX Runtime); the first is described */
     uint32_t shape_warnings;
     char shape_warning[256];
+    /* declarations the loader read leniently (a negative dim_value, which
+     * some exporters write for a dynamic axis, is an unnamed symbolic dim);
+     * the first is described */
+    uint32_t load_warnings;
+    char load_warning[256];
     kf_function **funcs; /* model-local functions, file order; owned */
     int nfuncs;
 };

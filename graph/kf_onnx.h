@@ -22,6 +22,15 @@ kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name);
 /* Writes t as a serialized TensorProto file named `name` inside. */
 kf_status kf_onnx_write_tensor_file(const char *path, const kf_tensor *t, const char *name);
 
+/* NumPy .npy (format 1.0 to 3.0, C order, numeric and bool dtypes) in
+ * bytes b[0..len) into t (released first by kf_tensor_alloc); `path` names
+ * the file in errors: KF_ERR_BAD_MODEL for a malformed header or a data
+ * length its shape does not give, KF_ERR_UNSUPPORTED for Fortran order,
+ * other versions and dtypes. On failure t holds nothing. */
+kf_status kf_npy_parse(const uint8_t *b, size_t len, const char *path, kf_tensor *t);
+/* kf_npy_parse of the file at path. */
+kf_status kf_npy_read_file(const char *path, kf_tensor *t);
+
 /* Reads a whole file into a malloc'ed buffer (caller frees). */
 kf_status kf_read_file(const char *path, uint8_t **data, size_t *len);
 

@@ -41,9 +41,13 @@ enum {
     KF_F_ASSOCIATIVE = 1 << 1, /* f(f(a,b),c) == f(a,f(b,c)) */
     KF_F_IDEMPOTENT = 1 << 2,  /* f(f(x)) == f(x), or f(x,x) == x for binary ops */
     KF_F_SHAPE_FROM_DATA = 1 << 3, /* an output shape depends on input values */
-    KF_F_READS_SUBSET = 1 << 4     /* reads only the elements of input 0 its output
+    KF_F_READS_SUBSET = 1 << 4,    /* reads only the elements of input 0 its output
                                     * selects (Gather, Slice): cost models charge the
                                     * output's size, not the whole input */
+    KF_F_COPIES = 1 << 5           /* every output element is an element of input 0 (of
+                                    * any input when variadic: Concat), moved or, for
+                                    * Cast, converted: integers keep their values, so
+                                    * kf_index_bound follows index values through it */
 };
 
 /* Shape and dtype of every output from the inputs' types.

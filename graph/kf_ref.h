@@ -101,6 +101,15 @@ kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf
  * *ids malloc'ed. */
 kf_status kf_graph_real_inputs(const kf_graph *g, kf_id **ids, uint32_t *count);
 
+/* The exclusive upper bound that keeps value v's elements valid indices
+ * wherever they reach one: the smallest known size of a dimension that v
+ * indexes in a Gather, GatherElements or GatherND, directly or through ops
+ * that copy elements (KF_F_COPIES: Cast, Unsqueeze, Reshape, Concat, ...).
+ * 0 when v reaches no index of known size (or out of memory): then nothing
+ * bounds it, as far as the graph says. Random test inputs use it (token
+ * type ids index a 2-row table). */
+int64_t kf_index_bound(const kf_graph *g, kf_id v);
+
 /* Why the model cannot be evaluated (unknown op, unsupported opset), or
  * NULL when every node is supported. Static or thread-local storage. */
 const char *kf_eval_unsupported_reason(const kf_model *m);

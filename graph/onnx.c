@@ -377,8 +377,14 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
 
 /* ---- import: types ------------------------------------------------------------ */
 
-static kf_status type_from_proto(kf_graph *g, const Onnx__TypeProto *tp, const char *vname, kf_type *ty,
+/* A negative dim_value in a declared type (graph input, output or
+ * value_info) is read as an unnamed symbolic dim: exporters write -1 for a
+ * dynamic axis they did not name, and ONNX Runtime runs such files. The
+ * first one is described in m->load_warning. Tensors (initializers,
+ * attributes) have data, so a negative dim there stays an error. */
+static kf_status type_from_proto(kf_model *m, const Onnx__TypeProto *tp, const char *vname, kf_type *ty,
                                  bool *is_tensor) {
+    kf_graph *g = m->graph;
     kf_type_unknown(ty);
     *is_tensor = false;
     if (!tp || tp->value_case != ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE || !tp->tensor_type) return KF_OK;
@@ -398,8 +404,13 @@ static kf_status type_from_proto(kf_graph *g, const Onnx__TypeProto *tp, const c
         ty->dims[i] = -1;
         ty->syms[i] = 0;
         if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_VALUE) {
-            if (d->dim_value < 0)
-                return kf_fail(KF_ERR_BAD_MODEL, "value '%s': negative dimension %lld", vname, (long long)d->dim_value);
+            if (d->dim_value < 0) {
+                if (!m->load_warnings++)
+                    snprintf(m->load_warning, sizeof m->load_warning,
+                             "value '%s': dimension %zu is %lld, read as an unnamed symbolic dimension", vname, i,
+                             (long long)d->dim_value);
+                continue;
+            }
             ty->dims[i] = d->dim_value;
         } else if (d->value_case == ONNX__TENSOR_SHAPE_PROTO__DIMENSION__VALUE_DIM_PARAM && d->dim_param &&
                    d->dim_param[0]) {
@@ -430,8 +441,9 @@ static bool types_agree(const kf_type *a, const kf_type *b) {
  * else the first declaration (graph input, then output, then value_info:
  * the order export looks them up in), fixes the type; a later declaration
  * that contradicts it is an error naming `what` ("graph input", ...). */
-static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, const char *what, kf_id *id,
+static kf_status value_info_in(kf_model *m, const Onnx__ValueInfoProto *vi, const char *what, kf_id *id,
                                bool create) {
+    kf_graph *g = m->graph;
     if (!vi->name || !vi->name[0]) return kf_fail(KF_ERR_BAD_MODEL, "%s without a name", what);
     kf_id v = kf_graph_find(g, vi->name);
     if (!v) {
@@ -443,7 +455,7 @@ static kf_status value_info_in(kf_graph *g, const Onnx__ValueInfoProto *vi, cons
     }
     kf_type ty;
     bool is_tensor;
-    KF_TRY(type_from_proto(g, vi->type, vi->name, &ty, &is_tensor));
+    KF_TRY(type_from_proto(m, vi->type, vi->name, &ty, &is_tensor));
     kf_value *val = kf_value_at(g, v);
     if (val->init) {
         if (!types_agree(&ty, &val->type))
@@ -700,7 +712,7 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         kf_id v = kf_graph_find(g, vi->name);
         if (v && kf_value_at(g, v)->is_input)
             return kf_fail(KF_ERR_BAD_MODEL, "graph input '%s' is listed twice", vi->name);
-        KF_TRY(value_info_in(g, vi, "graph input", &v, true));
+        KF_TRY(value_info_in(m, vi, "graph input", &v, true));
         KF_TRY(kf_graph_mark_input(g, v));
     }
     KF_TRY(nodes_from_proto(g, gp->node, gp->n_node, m->opsets, m->nopsets, dir));
@@ -710,12 +722,12 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         kf_id v = kf_graph_find(g, vi->name);
         if (!v) return kf_fail(KF_ERR_BAD_MODEL, "graph output '%s' is not produced by any node", vi->name);
         /* an output listed twice stays listed twice (ORT accepts such files) */
-        KF_TRY(value_info_in(g, vi, "graph output", &v, false));
+        KF_TRY(value_info_in(m, vi, "graph output", &v, false));
         KF_TRY(kf_graph_mark_output(g, v));
     }
     for (size_t i = 0; i < gp->n_value_info; i++) {
         kf_id v;
-        KF_TRY(value_info_in(g, gp->value_info[i], "value_info", &v, false));
+        KF_TRY(value_info_in(m, gp->value_info[i], "value_info", &v, false));
         if (v) kf_value_at(g, v)->has_info = true;
     }
     return KF_OK;

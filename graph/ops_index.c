@@ -794,3 +794,77 @@ kf_status kf_index_eval_reverse_sequence(const kf_node *n, int nin, const kf_ten
     }
     return KF_OK;
 }
+
+/* ---- the range index values must keep ----------------------------------------- */
+
+/* Exclusive bound on the values of input `slot` of Gather-family node n
+ * used as indices: the known size of the data dim (dims, for GatherND) they
+ * select; 0 when n reads no indices there or the size is not known. */
+static int64_t index_slot_bound(const kf_node *n, int slot, const kf_graph *g) {
+    if (slot != 1 || !n->in[0]) return 0;
+    const kf_type *x = &g->values[n->in[0]].type;
+    if (x->rank < 1) return 0;
+    int lo, hi; /* the data dims an index selects along */
+    if (n->op == KF_OP_GATHER || n->op == KF_OP_GATHER_ELEMENTS) {
+        int64_t a = kf_attr_i(n, "axis", 0);
+        if (a < -x->rank || a >= x->rank) return 0;
+        lo = (int)(a < 0 ? a + x->rank : a);
+        hi = lo + 1;
+    } else if (n->op == KF_OP_GATHER_ND) { /* a tuple of k indexes the k dims after batch_dims, one each */
+        int64_t b = kf_attr_i(n, "batch_dims", 0);
+        if (b < 0 || b >= x->rank) return 0;
+        const kf_type *ix = &g->values[n->in[1]].type;
+        int64_t k = ix->rank >= 1 ? ix->dims[ix->rank - 1] : -1; /* unknown: any of them */
+        lo = (int)b;
+        hi = k >= 1 && k <= x->rank - b ? lo + (int)k : x->rank;
+    } else {
+        return 0;
+    }
+    int64_t bound = 0;
+    for (int d = lo; d < hi; d++)
+        if (x->dims[d] >= 0 && (!bound || x->dims[d] < bound)) bound = x->dims[d];
+    return bound;
+}
+
+/* A breadth-first walk over the values v's elements are copied into
+ * (KF_F_COPIES ops, from their data inputs), taking the smallest bound at
+ * every Gather-family index slot on the way:
+ *
+ *   token_type_ids ─► Cast ─► Unsqueeze ─► Gather(table[2, H], ·) ──► bound 2
+ *          └────────────────────────────► Gather(other[16, H], ·) ─┘  (min)
+ */
+int64_t kf_index_bound(const kf_graph *g, kf_id v) {
+    kf_id *queue = kf_calloc(g->nvalues + 1, sizeof(kf_id));
+    bool *seen = kf_calloc(g->nvalues + 1, sizeof(bool));
+    int64_t bound = 0;
+    uint32_t head = 0, tail = 0;
+    if (queue && seen && v && v < g->nvalues) {
+        queue[tail++] = v;
+        seen[v] = true;
+    }
+    while (head < tail) {
+        kf_id x = queue[head++];
+        const kf_value *val = &g->values[x];
+        for (uint32_t u = 0; u < val->nusers; u++) {
+            const kf_node *n = &g->nodes[val->users[u]];
+            const kf_op_info *info = kf_node_op(n);
+            if (n->dead || !info) continue;
+            for (int k = 0; k < n->nin; k++) {
+                if (n->in[k] != x) continue;
+                int64_t b = index_slot_bound(n, k, g);
+                if (b > 0 && (!bound || b < bound)) bound = b;
+                if (!(info->flags & KF_F_COPIES) || (k > 0 && info->in_max >= 0)) continue;
+                for (int o = 0; o < n->nout; o++) {
+                    kf_id y = n->out[o];
+                    if (y && !seen[y]) {
+                        seen[y] = true;
+                        queue[tail++] = y;
+                    }
+                }
+            }
+        }
+    }
+    kf_free(queue);
+    kf_free(seen);
+    return bound;
+}

@@ -315,6 +315,63 @@ Test(cg, injective_maps_on_opencl) {
                 &n);
 }
 
+/* PyTorch 1.4's shape computations: a 1-D Concat of [1] pieces and 0-D
+ * constants, kept (not folded) when the batch is symbolic. The 0-D pieces
+ * are one element each; they were skipped as empty, and the kernel text
+ * ended in "(i0 < 2 ? v1 : )", which no compiler takes. */
+#define CONCAT_SCALARS                                                                                \
+    "opset 11\ninput a int64[1]\ninput b int64[1]\nconst c int64[] = random\nconst d int64[] = random\n"    \
+    "y = Concat(a, b, c, d) {axis=0}\nz = Concat(c, a, d, b) {axis=0}\noutput y\noutput z\n"
+
+static void no_empty_operand(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    (void)p, (void)gi, (void)ctx;
+    char *src;
+    cr_assert_eq(kf_cg_source(k, KF_CG_OPENCL, &src), KF_OK);
+    cr_assert(!strstr(src, ": )"), "a Concat operand is missing:\n%s", src);
+    kf_free(src);
+}
+
+Test(cg, concat_of_scalar_pieces_on_opencl) {
+    cgu_need_opencl();
+    cgu_run_opts o = {1u << KF_GROUP_ELEMWISE, NULL, 0, 0, 0, 0, no_empty_operand, NULL};
+    cr_assert_geq(cgu_run_groups(CONCAT_SCALARS, &o), 1);
+}
+
+Test(cg, concat_of_scalar_pieces_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        printf("cg::concat_of_scalar_pieces_cuda_text_compiles_with_nvrtc: skipped, NVRTC: %s\n", why);
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_geq(cgu_nvrtc_check_text(CONCAT_SCALARS, 1u << KF_GROUP_ELEMWISE), 1);
+}
+
+/* Operands whose lengths do not add up to the output's are declined with
+ * the reason (a type a rewrite left stale must not become a kernel that
+ * reads past its selection). */
+Test(cg, concat_whose_operands_do_not_add_up_is_declined) {
+    kf_model *m = gt_parse("opset 13\ninput a float[2, 3]\ninput b float[2, 4]\nk = Concat(a, b) {axis=1}\noutput k\n");
+    kf_plan *p = cgu_plan(m);
+    kf_type *kt = &m->graph->values[kf_graph_find(m->graph, "k")].type;
+    kt->dims[1] += 1 + (int64_t)tu_uniform(0, 3);
+    int declined = 0;
+    for (uint32_t g = 0; g < p->ngroups; g++) {
+        kf_cg_kernel k;
+        kf_status st = kf_cg_group(m, p, g, &k);
+        if (st == KF_OK) {
+            kf_cg_kernel_release(&k);
+            continue;
+        }
+        cr_assert_eq(st, KF_ERR_UNSUPPORTED, "%s", kf_last_error());
+        cr_assert(strstr(kf_last_error(), "Concat inputs add up to 7"), "%s", kf_last_error());
+        declined++;
+    }
+    cr_assert_eq(declined, 1);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(cg, gather_pad_where_cast_on_opencl) {
     cgu_need_opencl();
     uint32_t n;

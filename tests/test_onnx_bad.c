@@ -341,12 +341,84 @@ Test(bad_, dim_products_that_overflow) {
 
 Test(bad_, negative_dims) {
     Onnx__ModelProto *mp = base_proto();
-    init_named(mp, "W")->dims[1] = -3;
+    init_named(mp, "W")->dims[1] = -3; /* a tensor has data: its dims must be real */
     EXPECT(load_proto(mp, NULL), KF_ERR_BAD_MODEL, "tensor 'W'", "negative dimension -3");
     proto_free(mp);
+}
+
+/* Loads mp; the model is returned (free it). */
+static kf_model *load_ok(const Onnx__ModelProto *mp) {
+    size_t len;
+    uint8_t *b = pack(mp, &len);
+    kf_model *m = NULL;
+    kf_status st = kf_model_load_memory(b, len, NULL, &m);
+    free(b);
+    cr_assert_eq(st, KF_OK, "%s", kf_last_error());
+    return m;
+}
+
+/* A negative dim_value in a declared type (exporters write -1 for an axis
+ * they did not name) is an unnamed symbolic dim and a load warning naming
+ * the value; graph inputs and outputs (value_info reads types the same way). */
+Test(bad_, negative_declared_dims_are_unnamed_symbolic_dims) {
+    Onnx__ModelProto *mp = base_proto();
+    int64_t neg = -1 - (int64_t)(tu_uniform(0, 1) * 1000); /* any negative value means the same */
+    input_type(mp, "X")->shape->dim[0]->dim_value = neg;
+    kf_model *m = load_ok(mp);
+    kf_id x = kf_graph_find(m->graph, "X");
+    const kf_type *t = &m->graph->values[x].type;
+    cr_assert_eq(t->rank, 2);
+    cr_assert(t->dims[0] < 0 && t->syms[0] == 0, "dim 0 must be unknown and unnamed");
+    cr_assert_eq(t->dims[1], 3);
+    cr_assert_eq(m->load_warnings, 1);
+    char want[64];
+    snprintf(want, sizeof want, "is %lld", (long long)neg);
+    cr_assert(strstr(m->load_warning, "value 'X'") && strstr(m->load_warning, want) &&
+                  strstr(m->load_warning, "unnamed symbolic"),
+              "%s", m->load_warning);
+    /* shapes still infer (the Add with W[2,3] fixes the batch), and the model runs */
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    const kf_type *s = &m->graph->values[kf_graph_find(m->graph, "S")].type;
+    cr_assert(s->rank == 2 && s->dims[0] == 2 && s->dims[1] == 3, "S is [%lld,%lld]", (long long)s->dims[0],
+              (long long)s->dims[1]);
+    const int64_t xd[2] = {2, 3};
+    kf_tensor xin = tu_rand(KF_DT_FLOAT, 2, xd, -1, 1), y = {0};
+    cr_assert_eq(kf_eval_model(m, &xin, 1, &y, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(y.numel, 4);
+    kf_tensor_release(&xin);
+    kf_tensor_release(&y);
+    /* written back as a dim with neither value nor name, and read again */
+    size_t len;
+    uint8_t *b = save(m, &len);
+    kf_model_free(m);
+    kf_model *back = NULL;
+    cr_assert_eq(kf_model_load_memory(b, len, NULL, &back), KF_OK, "%s", kf_last_error());
+    free(b);
+    t = &back->graph->values[kf_graph_find(back->graph, "X")].type;
+    cr_assert(t->dims[0] < 0 && t->syms[0] == 0 && back->load_warnings == 0);
+    kf_model_free(back);
+    proto_free(mp);
+
+    /* graph output: both of its dims; counted once per dim, the first described */
     mp = base_proto();
-    input_type(mp, "X")->shape->dim[0]->dim_value = -7;
-    EXPECT(load_proto(mp, NULL), KF_ERR_BAD_MODEL, "value 'X'", "negative dimension -7");
+    Onnx__ValueInfoProto *out = mp->graph->output[0];
+    out->type->tensor_type->shape->dim[0]->dim_value = -1;
+    out->type->tensor_type->shape->dim[1]->dim_value = -2;
+    m = load_ok(mp);
+    cr_assert_eq(m->load_warnings, 2);
+    cr_assert(strstr(m->load_warning, "value 'Y'") && strstr(m->load_warning, "dimension 0 is -1"), "%s",
+              m->load_warning);
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    t = &m->graph->values[kf_graph_find(m->graph, "Y")].type;
+    cr_assert(t->dims[0] == 2 && t->dims[1] == 2, "inference fills the output's dims");
+    kf_model_free(m);
+    proto_free(mp);
+
+    /* control: the base model warns about nothing */
+    mp = base_proto();
+    m = load_ok(mp);
+    cr_assert_eq(m->load_warnings, 0, "%s", m->load_warning);
+    kf_model_free(m);
     proto_free(mp);
 }
 
@@ -1121,6 +1193,25 @@ static void write_proto(const char *path, const Onnx__ModelProto *mp) {
     uint8_t *b = pack(mp, &len);
     write_bytes(path, b, len);
     free(b);
+}
+
+/* A declared dim of -1 loads with a warning on stderr naming the file and
+ * the value; the verbs that run go on with it. */
+Test(bad_, cli_warns_on_negative_declared_dims, .timeout = 120) {
+    NEED_CLI();
+    make_tmpdir();
+    char path[256];
+    Onnx__ModelProto *mp = base_proto();
+    input_type(mp, "X")->shape->dim[0]->dim_value = -1;
+    snprintf(path, sizeof path, "%s/negdecl.onnx", tmpdir);
+    write_proto(path, mp);
+    proto_free(mp);
+    const char *verbs[] = {"info", "run", "run --backend ref --dim nothing=2"};
+    for (int k = 0; k < 3; k++) {
+        cr_assert_eq(cli("", verbs[k], path), 0, "kfuse %s: %s", verbs[k], msg);
+        cr_assert(strstr(msg, "warning") && strstr(msg, "negdecl.onnx") && strstr(msg, "value 'X'"),
+                  "kfuse %s: %s", verbs[k], msg);
+    }
 }
 
 Test(bad_, cli_exits_3_naming_the_problem, .timeout = 120) {

@@ -56,10 +56,11 @@ int kfuse_cmd_bench(int argc, char **argv) {
     double *ms = calloc((size_t)a.iters * 2, sizeof(double)), *dev_ms = ms ? ms + a.iters : NULL;
     bool dev_timed = true;
     uint32_t n = 0, nout = 0;
-    kf_status st = ms ? kf_model_load(a.model, &m) : kf_fail(KF_ERR_NOMEM, "out of memory");
-    if (!st) st = kfuse_tool_types(m, &a, &types, &n);
+    kf_status st = ms ? kfuse_tool_load(a.model, &m) : kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st) st = kfuse_tool_apply_dims(m, &a.dims, false);
+    if (!st) st = kfuse_tool_types(m, &a.dims, &types, &n);
     if (!st && !(ins = calloc(n + 1, sizeof(kf_tensor)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
-    if (!st) st = kfuse_tool_inputs(types, n, a.seed, ins);
+    if (!st) st = kfuse_tool_inputs(m, types, n, a.seed, ins);
     double t0 = now_ms();
     if (!st) {
         kf_exec_options o;

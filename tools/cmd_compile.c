@@ -11,6 +11,7 @@
 
 #include "kf_exec.h"
 #include "kf_onnx.h"
+#include "kf_ref.h"
 #include "kfuse_tool.h"
 
 enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
@@ -20,6 +21,46 @@ int kfuse_cmd_compile(int argc, char **argv);
 int kfuse_tool_fail(kf_status st) {
     fprintf(stderr, "kfuse: %s: %s\n", kf_status_name(st), kf_last_error());
     return EXIT_INPUT;
+}
+
+kf_status kfuse_tool_load(const char *path, kf_model **m) {
+    KF_TRY(kf_model_load(path, m));
+    const kf_model *mm = *m;
+    if (mm->load_warnings > 1)
+        fprintf(stderr, "kfuse: warning: %s: %s (and %u more)\n", path, mm->load_warning, mm->load_warnings - 1);
+    else if (mm->load_warnings)
+        fprintf(stderr, "kfuse: warning: %s: %s\n", path, mm->load_warning);
+    return KF_OK;
+}
+
+bool kfuse_tool_dim_arg(kfuse_tool_dims *d, char *arg) {
+    char *eq = strchr(arg, '=');
+    char *end = NULL;
+    long long v = eq && eq[1] >= '0' && eq[1] <= '9' ? strtoll(eq + 1, &end, 10) : -1;
+    if (!eq || eq == arg || v < 0 || *end) {
+        fprintf(stderr, "kfuse: --dim %s: expected NAME=N with N a non-negative integer\n", arg);
+        return false;
+    }
+    if (d->n == KFUSE_TOOL_MAX_DIMS) {
+        fprintf(stderr, "kfuse: more than %d --dim flags\n", KFUSE_TOOL_MAX_DIMS);
+        return false;
+    }
+    *eq = 0;
+    d->names[d->n] = arg;
+    d->values[d->n++] = v;
+    return true;
+}
+
+kf_status kfuse_tool_apply_dims(kf_model *m, const kfuse_tool_dims *d, bool bind) {
+    kf_graph *g = m->graph;
+    for (int i = 0; i < d->n; i++) {
+        bool known = false;
+        for (uint32_t s = 1; s < g->nsyms && !known; s++) known = !strcmp(g->syms[s], d->names[i]);
+        if (!known) fprintf(stderr, "kfuse: warning: --dim %s: the model has no symbolic dimension named '%s'; ignored\n",
+                            d->names[i], d->names[i]);
+        else if (bind) KF_TRY(kf_graph_bind_sym(g, d->names[i], d->values[i]));
+    }
+    return KF_OK;
 }
 
 bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
@@ -38,12 +79,8 @@ bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
         else if (!strcmp(o, "--iters") && more) a->iters = atoi(argv[++i]);
         else if (!strcmp(o, "--threads") && more) a->threads = atoi(argv[++i]);
         else if (!strcmp(o, "--seed") && more) a->seed = strtoull(argv[++i], NULL, 0);
-        else if (!strcmp(o, "--dim") && more && a->ndims < KFUSE_TOOL_MAX_DIMS) {
-            char *eq = strchr(argv[++i], '=');
-            if (!eq) return false;
-            *eq = 0;
-            a->dim_names[a->ndims] = argv[i];
-            a->dim_values[a->ndims++] = strtoll(eq + 1, NULL, 10);
+        else if (!strcmp(o, "--dim") && more) {
+            if (!kfuse_tool_dim_arg(&a->dims, argv[++i])) return false;
         } else if (o[0] != '-' && !a->model) a->model = o;
         else return false;
     }
@@ -71,19 +108,19 @@ bool kfuse_tool_precision(const char *flag, kf_precision *p) {
 }
 
 /* The concrete type of real input v: symbolic dims from --dim, else 1. */
-static kf_type input_type(const kf_graph *g, const kf_value *v, const kfuse_tool_args *a) {
+static kf_type input_type(const kf_graph *g, const kf_value *v, const kfuse_tool_dims *dims) {
     kf_type t = v->type;
     for (int d = 0; d < t.rank; d++) {
         if (t.dims[d] >= 0) continue;
         t.dims[d] = 1;
-        for (int b = 0; b < a->ndims; b++)
-            if (t.syms[d] && !strcmp(a->dim_names[b], g->syms[t.syms[d]])) t.dims[d] = a->dim_values[b];
+        for (int b = 0; b < dims->n; b++)
+            if (t.syms[d] && !strcmp(dims->names[b], g->syms[t.syms[d]])) t.dims[d] = dims->values[b];
         t.syms[d] = 0;
     }
     return t;
 }
 
-kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type **types, uint32_t *n) {
+kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_dims *dims, kf_type **types, uint32_t *n) {
     kf_id *real = NULL;
     KF_TRY(kf_graph_real_inputs(m->graph, &real, n));
     *types = calloc(*n + 1, sizeof(kf_type));
@@ -95,27 +132,41 @@ kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type 
     for (uint32_t i = 0; i < *n && !st; i++) {
         const kf_value *v = &m->graph->values[real[i]];
         if (v->type.rank < 0 || !v->type.dtype)
-            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type", v->name);
+            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type; random data needs one", v->name);
         else
-            (*types)[i] = input_type(m->graph, v, a);
+            (*types)[i] = input_type(m->graph, v, dims);
     }
     free(real);
     return st;
 }
 
-kf_status kfuse_tool_inputs(const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins) {
+/* Integers that index nothing of known size are drawn below this: small
+ * enough for the dims they might index, large enough not to be constant. */
+#define RANDOM_INT_RANGE 8
+
+kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins) {
+    kf_id *real = NULL;
+    uint32_t nreal = 0;
+    KF_TRY(kf_graph_real_inputs(m->graph, &real, &nreal));
     uint64_t x = seed * 0x9E3779B97F4A7C15ull | 1;
-    for (uint32_t i = 0; i < n; i++) {
-        KF_TRY(kf_tensor_alloc(&ins[i], types[i].dtype, types[i].rank, types[i].dims));
+    kf_status st = nreal == n ? KF_OK : kf_fail(KF_ERR_INVALID_ARG, "%u input types for %u inputs", n, nreal);
+    for (uint32_t i = 0; i < n && !st; i++) {
+        int64_t range = kf_index_bound(m->graph, real[i]);
+        if (range <= 0) range = RANDOM_INT_RANGE;
+        if ((st = kf_tensor_alloc(&ins[i], types[i].dtype, types[i].rank, types[i].dims))) {
+            kf_fail_context(st, "random data for input '%s'", m->graph->values[real[i]].name);
+            break;
+        }
         for (int64_t k = 0; k < ins[i].numel; k++) {
             x ^= x << 13, x ^= x >> 7, x ^= x << 17;
             double u = (double)(x >> 11) / 9007199254740992.0;
             if (kf_dtype_is_float(ins[i].dtype)) kf_set_f64(&ins[i], k, 2 * u - 1);
             else if (ins[i].dtype == KF_DT_BOOL) kf_set_i64(&ins[i], k, u < 0.5);
-            else kf_set_i64(&ins[i], k, (int64_t)(u * 8)); /* small: safe as indices */
+            else kf_set_i64(&ins[i], k, (int64_t)(u * (double)range)); /* in [0, range): valid as indices */
         }
     }
-    return KF_OK;
+    free(real);
+    return st;
 }
 
 static void compile_usage(FILE *f) {
@@ -140,8 +191,9 @@ int kfuse_cmd_compile(int argc, char **argv) {
     kf_type *types = NULL;
     uint32_t n = 0;
     kf_exec_stats s;
-    kf_status st = kf_model_load(a.model, &m);
-    if (!st) st = kfuse_tool_types(m, &a, &types, &n);
+    kf_status st = kfuse_tool_load(a.model, &m);
+    if (!st) st = kfuse_tool_apply_dims(m, &a.dims, false);
+    if (!st) st = kfuse_tool_types(m, &a.dims, &types, &n);
     if (!st) {
         kf_exec_options o;
         kf_exec_options_default(&o);

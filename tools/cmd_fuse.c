@@ -18,6 +18,7 @@
 #include "kf_memplan.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kfuse_tool.h"
 
 int kfuse_cmd_fuse(int argc, char **argv);
 
@@ -156,11 +157,12 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     bool report = false, json = false, opt = true, legal_only = false;
     int math = KF_MATH_FP32;
     kf_dtype low = KF_DT_UNDEFINED; /* fp16/bf16: the precision pass before planning */
-    const char *dims[32];
-    int ndims = 0;
+    kfuse_tool_dims dims = {0};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc && ndims < 32 && strchr(argv[i + 1], '=')) dims[ndims++] = argv[++i];
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+            if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
+        }
         else if (!strcmp(argv[i], "--dot") && i + 1 < argc) dot = argv[++i];
         else if (!strcmp(argv[i], "--emit") && i + 1 < argc) emit = argv[++i];
         else if (!strcmp(argv[i], "--report")) report = true;
@@ -186,14 +188,9 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         return EXIT_USAGE;
     }
     kf_model *m;
-    kf_status st = kf_model_load(model, &m);
+    kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail(st);
-    for (int i = 0; i < ndims && !st; i++) { /* NAME=N: fix a symbolic dimension */
-        char name[256];
-        const char *eq = strchr(dims[i], '=');
-        snprintf(name, sizeof name, "%.*s", (int)(eq - dims[i]), dims[i]);
-        st = kf_graph_bind_sym(m->graph, name, strtoll(eq + 1, NULL, 10));
-    }
+    st = kfuse_tool_apply_dims(m, &dims, true);
     if (st) {
         kf_model_free(m);
         return fail(st);

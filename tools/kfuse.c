@@ -33,7 +33,9 @@ static void usage(FILE *f) {
             "                                  (--values: every computed value's inferred type)\n"
             "  run M.onnx [--backend ref|opencl|cuda] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
             "             [--precision fp32|tf32|fp16|bf16]\n"
-            "                                  run the model; random inputs unless --inputs\n"
+            "                                  run the model; random inputs unless --inputs DIR\n"
+            "                                  (DIR: NAME.npy per input, or input_N.pb TensorProto files)\n"
+            "                                  (--dim naming a dim the model lacks: a warning)\n"
             "  compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N] [--precision P]\n"
             "                                  compile every kernel into the cache without running\n"
             "  bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N] [--precision P]\n"
@@ -41,8 +43,8 @@ static void usage(FILE *f) {
             "  conform DIR... [--backend ref|opencl] [--verbose]\n"
             "                                  run ONNX backend-test folders, per-op table and summary\n"
             "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
-            "                 [--report] [--json]\n"
-            "                                  rewrite to a smaller standard ONNX\n"
+            "                 [--dim NAME=N]... [--report] [--json]\n"
+            "                                  rewrite to a smaller standard ONNX (--dim: fix a symbolic dim)\n"
             "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]\n"
             "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
             "  patterns check F.kfp... [--builtin] [--seed N]\n"
@@ -139,7 +141,7 @@ static int cmd_info(int argc, char **argv) {
     }
     bool values = argc > 1 && !strcmp(argv[1], "--values");
     kf_model *m;
-    kf_status st = kf_model_load(argv[0], &m);
+    kf_status st = kfuse_tool_load(argv[0], &m);
     if (st) return fail_status(st);
     const kf_graph *g = m->graph;
     kf_status inferred = kf_infer_shapes(m);
@@ -221,43 +223,6 @@ static int cmd_info(int argc, char **argv) {
 
 /* ---- run --------------------------------------------------------------------- */
 
-typedef struct dimbind {
-    const char *name;
-    int64_t value;
-} dimbind;
-
-static uint64_t rng = 88172645463325252ull;
-static double uniform(void) {
-    rng ^= rng << 13;
-    rng ^= rng >> 7;
-    rng ^= rng << 17;
-    return (double)(rng >> 11) / 9007199254740992.0;
-}
-
-/* A random tensor for graph input v; symbolic dims from binds, else 1. */
-static kf_status random_input(const kf_graph *g, const kf_value *v, const dimbind *binds, int nbinds, kf_tensor *t) {
-    const kf_type *ty = &v->type;
-    if (ty->rank < 0 || !ty->dtype)
-        return kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no declared type; pass --inputs", v->name);
-    int64_t dims[KF_MAX_RANK];
-    for (int i = 0; i < ty->rank; i++) {
-        dims[i] = ty->dims[i];
-        if (dims[i] >= 0) continue;
-        dims[i] = 1;
-        for (int b = 0; b < nbinds; b++)
-            if (ty->syms[i] && strcmp(binds[b].name, g->syms[ty->syms[i]]) == 0) dims[i] = binds[b].value;
-    }
-    kf_status st = kf_tensor_alloc(t, ty->dtype, ty->rank, dims);
-    if (st) return kf_fail_context(st, "random data for input '%s'", v->name);
-    for (int64_t i = 0; i < t->numel; i++) {
-        double u = uniform();
-        if (kf_dtype_is_float(t->dtype)) kf_set_f64(t, i, 2 * u - 1);
-        else if (t->dtype == KF_DT_BOOL) kf_set_i64(t, i, u < 0.5);
-        else kf_set_i64(t, i, (int64_t)(u * 8)); /* small non-negative: safe as indices into most dims */
-    }
-    return KF_OK;
-}
-
 static void print_summary(const char *name, const kf_tensor *t) {
     printf("%s: %s[", name, kf_dtype_name(t->dtype));
     for (int i = 0; i < t->rank; i++) printf("%s%lld", i ? "," : "", (long long)t->dims[i]);
@@ -278,8 +243,15 @@ static void print_summary(const char *name, const kf_tensor *t) {
     printf("\n");
 }
 
-/* Loads input_*.pb of dir for the graph's real inputs (by name when the
- * file names its tensor, else by position). */
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
+/* Loads the graph's real inputs from dir: NAME.npy (NumPy) for an input
+ * named NAME, else the input_*.pb TensorProto files (by name when the file
+ * names its tensor, else by position). Two files for one input, a file for
+ * no input, or an input without one are errors naming them. */
 static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nreal, const char *dir, kf_tensor *ins) {
     int nf;
     char **files = list_dir(dir, "input_", &nf);
@@ -287,13 +259,24 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
     if (nf) qsort(files, (size_t)nf, sizeof(char *), cmp_pb);
     kf_status st = KF_OK;
     bool *filled = calloc(nreal + 1, 1);
-    for (int f = 0; f < nf && !st; f++) {
+    const char **from = calloc(nreal + 1, sizeof(char *)); /* the .pb file that filled each input, NULL for .npy */
+    if (!filled || !from) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < nreal && !st; i++) {
+        const char *name = g->values[real[i]].name;
+        char fname[1024], path[4096];
+        if (strchr(name, '/') || snprintf(fname, sizeof fname, "%s.npy", name) >= (int)sizeof fname) continue;
+        if (!join(path, sizeof path, dir, fname) || !is_file(path)) continue;
+        if ((st = kf_npy_read_file(path, &ins[i]))) break;
+        filled[i] = true;
+    }
+    for (int f = 0, pbs = 0; f < nf && !st; f++) {
+        if (!ends_with(files[f], ".pb")) continue; /* input_ids.npy is not a TensorProto */
         char path[4096];
         join(path, sizeof path, dir, files[f]);
         kf_tensor t = {0};
         char *name = NULL;
         if ((st = kf_onnx_read_tensor_file(path, &t, &name))) break;
-        uint32_t slot = (uint32_t)f;
+        uint32_t slot = (uint32_t)pbs++;
         if (name && name[0])
             for (uint32_t i = 0; i < nreal; i++)
                 if (strcmp(g->values[real[i]].name, name) == 0) slot = i;
@@ -303,14 +286,25 @@ static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nrea
             st = kf_fail(KF_ERR_INVALID_ARG, "'%s' does not match any model input", path);
             break;
         }
+        if (filled[slot]) {
+            kf_tensor_release(&t);
+            const char *vname = g->values[real[slot]].name;
+            st = from[slot] ? kf_fail(KF_ERR_INVALID_ARG, "'%s' and '%s' both give input '%s'", path, from[slot], vname)
+                            : kf_fail(KF_ERR_INVALID_ARG, "'%s' and '%s.npy' both give input '%s'", path, vname, vname);
+            break;
+        }
         /* ONNX 1.12's test data stores bfloat16 tensors as uint16 bits */
         if (t.dtype == KF_DT_UINT16 && g->values[real[slot]].type.dtype == KF_DT_BFLOAT16) t.dtype = KF_DT_BFLOAT16;
         kf_tensor_move(&ins[slot], &t);
         filled[slot] = true;
+        from[slot] = files[f];
     }
     for (uint32_t i = 0; i < nreal && !st; i++)
-        if (!filled[i]) st = kf_fail(KF_ERR_INVALID_ARG, "no data for input '%s' in '%s'", g->values[real[i]].name, dir);
+        if (!filled[i])
+            st = kf_fail(KF_ERR_INVALID_ARG, "no data for input '%s' in '%s' (%s.npy, or an input_N.pb)",
+                         g->values[real[i]].name, dir, g->values[real[i]].name);
     free(filled);
+    free(from);
     free_list(files, nf);
     return st;
 }
@@ -365,24 +359,17 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
 static int cmd_run(int argc, char **argv) {
     const char *model = NULL, *inputs = NULL, *outputs = NULL, *backend = "ref", *precision = NULL;
     bool check = false;
-    dimbind binds[32];
-    int nbinds = 0;
+    kfuse_tool_dims dims = {0};
+    uint64_t seed = 1;
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "--inputs") && i + 1 < argc) inputs = argv[++i];
         else if (!strcmp(argv[i], "--outputs") && i + 1 < argc) outputs = argv[++i];
         else if (!strcmp(argv[i], "--backend") && i + 1 < argc) backend = argv[++i];
         else if (!strcmp(argv[i], "--check")) check = true;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc) precision = argv[++i];
-        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) rng = strtoull(argv[++i], NULL, 0) | 1;
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc && nbinds < 32) {
-            char *eq = strchr(argv[++i], '=');
-            if (!eq) {
-                usage(stderr);
-                return EXIT_USAGE;
-            }
-            *eq = 0;
-            binds[nbinds].name = argv[i];
-            binds[nbinds++].value = strtoll(eq + 1, NULL, 10);
+        else if (!strcmp(argv[i], "--seed") && i + 1 < argc) seed = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+            if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
         } else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             usage(stderr);
@@ -401,13 +388,14 @@ static int cmd_run(int argc, char **argv) {
     kf_precision prec;
     if (!kfuse_tool_precision(precision, &prec)) return EXIT_USAGE;
     kf_model *m;
-    kf_status st = kf_model_load(model, &m);
+    kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail_status(st);
     const kf_graph *g = m->graph;
     kf_id *real = NULL;
     uint32_t nreal = 0;
     kf_tensor *ins = NULL, *outs = NULL;
     int rc = EXIT_OK;
+    if ((st = kfuse_tool_apply_dims(m, &dims, false))) goto done;
     if ((st = kf_graph_real_inputs(g, &real, &nreal))) goto done;
     ins = calloc(nreal + 1, sizeof(kf_tensor));
     outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
@@ -418,8 +406,11 @@ static int cmd_run(int argc, char **argv) {
     if (inputs) {
         if ((st = load_inputs(g, real, nreal, inputs, ins))) goto done;
     } else {
-        for (uint32_t i = 0; i < nreal; i++)
-            if ((st = random_input(g, &g->values[real[i]], binds, nbinds, &ins[i]))) goto done;
+        kf_type *types = NULL;
+        uint32_t n = 0;
+        if (!(st = kfuse_tool_types(m, &dims, &types, &n))) st = kfuse_tool_inputs(m, types, n, seed, ins);
+        free(types);
+        if (st) goto done;
     }
     if (opencl || cuda || prec != KF_PRECISION_FP32) { /* ref at fp16/bf16: the converted model on ref */
         kf_exec_backend b = cuda ? KF_EXEC_CUDA : opencl ? KF_EXEC_OPENCL : KF_EXEC_REF;
@@ -776,6 +767,7 @@ static int cmd_opt(int argc, char **argv) {
     const char *files[64], *keep[256];
     int nfiles = 0, nkeep = 0;
     bool report = false, json = false;
+    kfuse_tool_dims dims = {0};
     kf_opt_options o;
     kf_opt_options_default(&o);
     for (int i = 0; i < argc; i++) {
@@ -784,6 +776,9 @@ static int cmd_opt(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-builtin")) o.no_builtin = true;
         else if (!strcmp(argv[i], "--keep") && i + 1 < argc && nkeep < 256) keep[nkeep++] = argv[++i];
         else if (!strcmp(argv[i], "--no-raise")) o.no_raise = true;
+        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+            if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
+        }
         else if (!strcmp(argv[i], "--report")) report = true;
         else if (!strcmp(argv[i], "--json")) json = true;
         else if (argv[i][0] != '-' && !model) model = argv[i];
@@ -802,8 +797,12 @@ static int cmd_opt(int argc, char **argv) {
     o.nkeep = nkeep;
     kf_model *m;
     double t0 = seconds_now();
-    kf_status st = kf_model_load(model, &m);
+    kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail_status(st);
+    if ((st = kfuse_tool_apply_dims(m, &dims, true))) {
+        kf_model_free(m);
+        return fail_status(st);
+    }
     double t1 = seconds_now();
     kf_opt_result res;
     st = kf_optimize(m, &o, &res);

@@ -10,15 +10,34 @@
 /* --dim bindings at most: a model has a handful of symbolic dims */
 #define KFUSE_TOOL_MAX_DIMS 32
 
+/* --dim NAME=N flags, in command-line order */
+typedef struct kfuse_tool_dims {
+    const char *names[KFUSE_TOOL_MAX_DIMS];
+    int64_t values[KFUSE_TOOL_MAX_DIMS];
+    int n;
+} kfuse_tool_dims;
+
 typedef struct kfuse_tool_args {
     const char *model, *backend, *arch;
     const char *precision; /* --precision, NULL when absent */
     int warmup, iters, threads;
     uint64_t seed;
-    const char *dim_names[KFUSE_TOOL_MAX_DIMS];
-    int64_t dim_values[KFUSE_TOOL_MAX_DIMS];
-    int ndims;
+    kfuse_tool_dims dims;
 } kfuse_tool_args;
+
+/* kf_model_load, then the loader's warnings (what it read leniently) on
+ * stderr, naming the file. */
+kf_status kfuse_tool_load(const char *path, kf_model **m);
+
+/* Adds the value of one --dim flag, NAME=N (arg is split in place: the '='
+ * becomes a NUL). false, after saying why on stderr, when it is not a
+ * name, '=' and a non-negative integer, or past KFUSE_TOOL_MAX_DIMS. */
+bool kfuse_tool_dim_arg(kfuse_tool_dims *d, char *arg);
+/* Checks the --dim names against m: a name the model does not have is a
+ * warning on stderr, not an error, so one script can fix `batch` across
+ * models that do and do not have it. With bind, the names it has are fixed
+ * in every type of m's graph (kf_graph_bind_sym). */
+kf_status kfuse_tool_apply_dims(kf_model *m, const kfuse_tool_dims *d, bool bind);
 
 /* false on a usage error */
 bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv);
@@ -30,8 +49,11 @@ bool kfuse_tool_precision(const char *flag, kf_precision *p);
 int kfuse_tool_fail(kf_status st);
 /* Concrete types of m's real inputs (symbolic dims bound by --dim, else 1);
  * *types malloc'ed (free). */
-kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_args *a, kf_type **types, uint32_t *n);
-/* Random data (floats in [-1, 1), small non-negative integers) of the types. */
-kf_status kfuse_tool_inputs(const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins);
+kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_dims *dims, kf_type **types, uint32_t *n);
+/* Random data of the types for m's real inputs, from seed: floats in
+ * [-1, 1), booleans, integers in [0, kf_index_bound) where the graph uses
+ * them as indices into a dim of known size (token type ids: [0, 2)), else
+ * small non-negative ones. */
+kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins);
 
 #endif
