@@ -1873,7 +1873,8 @@ static uint32_t block_for(uint32_t T, int64_t nrows) {
 }
 
 /* KF_CG_ROW_CACHE: a row read once. When the reduced axes are the
- * trailing ones, the last a multiple of V (8 for 16-bit data, else 4) and
+ * trailing ones, the last a multiple of V (8 for 16-bit data in rows of
+ * 32+ steps of 8, else 4) and
  * a lane's share of the row fits in registers (P steps of V, P * V <=
  * KF_CG_ROW_CACHE_MAX values), each lane loads its steps of the row once
  * (vector loads: 16 bytes per lane per step) before any statistic, the
@@ -1891,7 +1892,7 @@ static int row_cache_lanes(const gen *st, const kf_type *xt, int64_t K, uint32_t
     for (uint32_t i = 0; i < st->k->nins; i++)
         if (st->k->ins[i].numel > 1 && (st->k->ins[i].dtype == KF_DT_FLOAT16 || st->k->ins[i].dtype == KF_DT_BFLOAT16))
             narrow = true;
-    int V = narrow && W % 8 == 0 ? 8 : W % 4 == 0 ? 4 : 0;
+    int V = narrow && W % 8 == 0 && K / 8 >= KF_CG_SEG_MIN_WARP ? 8 : W % 4 == 0 ? 4 : 0; /* 16-bit rows of 128..255: 4 */
     if (!V || K / V < KF_CG_SEG_MIN_WARP) return 0;
     int64_t steps = K / V;
     uint32_t t = KF_CG_SEG_MIN_WARP;

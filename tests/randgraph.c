@@ -218,6 +218,9 @@ static val *fresh_input(gen *G, int minrank) {
     int rank = minrank + irand(&G->r, MAX_R + 1 - minrank);
     int64_t dims[MAX_R];
     for (int i = 0; i < rank; i++) dims[i] = rdim(G);
+    /* now and then a long last axis on a small input: rows that codegen holds
+     * in registers (steps of 4 or 8 along a row of 32+ steps, KF_CG_ROW_CACHE) */
+    if (rank >= 1 && rank <= 2 && chance(&G->r, 0.15)) dims[rank - 1] = chance(&G->r, 0.5) ? 128 : 264;
     return finput(G, rank, dims);
 }
 
