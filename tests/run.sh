@@ -124,6 +124,7 @@ stage "bundled models: library anchors, no batching" run_models_variants
 stage "bundled models at fp16 and bf16" run_models_precision
 stage "cuda kernels compile (NVRTC, sm_80 + sm_90)" bash -c "'$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_80 && '$root/build/tools/kfuse' compile '$root/bench/models/small/bert/model.onnx' --backend cuda --arch sm_90"
 stage "emitted kernels compile on their own (nvcc, OpenCL)" "$root/tests/emit_check.sh" "$root/build"
+stage "SASS of the memory-bound kernels: 128-bit access, rows read once, no spills" "$root/bench/sass/check.sh" "$root/build"
 stage "install + embed example" "$root/tests/install_check.sh" "$root/build-install"
 stage "fuzz corpus replay" "$root/tests/fuzz/replay.sh" "$root/build"
 stage "build (asan+ubsan)" build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKF_SANITIZE=ON -DKF_TESTS=ON

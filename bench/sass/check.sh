@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The SASS of the memory-bound kernels at the figures' shapes (models in
+# bench/sass/models, made by make_models.py): each group's emitted .cu is
+# compiled alone with nvcc for sm_80 and sm_90 (ptxas: registers, spills) and
+# its sm_90 SASS read with cuobjdump. Every global load and store of these
+# kernels must be 128-bit (LDG.E.128 / STG.E.128), a row reduction must load
+# each element of its row once (its 128-bit loads of the row input = the
+# steps a lane holds, no loop over the row), and nothing may spill.
+#   bench/sass/check.sh BUILD_DIR [OUT_DIR]
+# cuobjdump: $CUOBJDUMP, PATH, the CUDA toolkit, bench/.venv's nvidia
+# package, else pip's nvidia-cuda-cuobjdump installed into a scratch folder;
+# without nvcc or cuobjdump it says why and exits 0 (nothing checked).
+set -euo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${1:?usage: bench/sass/check.sh BUILD_DIR [OUT_DIR]}
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+out=${2:-$work/out}
+mkdir -p "$out"
+nvcc=$(command -v nvcc || true)
+[ -z "$nvcc" ] && [ -x /usr/local/cuda/bin/nvcc ] && nvcc=/usr/local/cuda/bin/nvcc
+[ -n "$nvcc" ] || { echo "sass check: no nvcc (PATH, /usr/local/cuda/bin): not checked"; exit 0; }
+cuobjdump=${CUOBJDUMP:-$(command -v cuobjdump || true)}
+for c in /usr/local/cuda/bin/cuobjdump "$root"/bench/.venv/lib/python3*/site-packages/nvidia/cu*/bin/cuobjdump; do
+  [ -z "$cuobjdump" ] && [ -x "$c" ] && cuobjdump=$c
+done
+if [ -z "$cuobjdump" ]; then
+  if python3 -m pip install -q --disable-pip-version-check --break-system-packages --target "$work/pip" \
+       nvidia-cuda-cuobjdump >"$work/pip.log" 2>&1; then
+    cuobjdump=$(find "$work/pip" -name cuobjdump -type f | head -1)
+  fi
+  [ -n "$cuobjdump" ] || { tail -3 "$work/pip.log" 2>/dev/null; echo "sass check: no cuobjdump (nor pip's nvidia-cuda-cuobjdump): not checked"; exit 0; }
+  chmod +x "$cuobjdump"
+fi
+bad=0
+printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" kernel "" "LDG.128" "STG.128" other "regs" spill note
+for m in "$root"/bench/sass/models/*.onnx; do
+  name=$(basename "$m" .onnx)
+  "$build/tools/kfuse" fuse "$m" -o "$work/$name.onnx" --emit "$out/$name" >"$work/$name.log" 2>&1 ||
+    { cat "$work/$name.log"; echo "sass check: kfuse fuse --emit failed on $name"; exit 1; }
+  for cu in "$out/$name"/*.cu; do
+    g=$(basename "$cu" .cu)
+    for arch in sm_80 sm_90; do
+      "$nvcc" -cubin -arch=$arch -Xptxas -v -o "$out/$name/$g.$arch.cubin" "$cu" 2>"$out/$name/$g.$arch.ptxas" ||
+        { cat "$out/$name/$g.$arch.ptxas"; echo "sass check: $name/$g does not compile for $arch"; exit 1; }
+    done
+    "$cuobjdump" -sass "$out/$name/$g.sm_90.cubin" >"$out/$name/$g.sass"
+    ldg128=$(grep -c 'LDG\.E\.128' "$out/$name/$g.sass" || true)
+    stg128=$(grep -c 'STG\.E\.128' "$out/$name/$g.sass" || true)
+    other=$(grep -E '(LDG|STG)\.' "$out/$name/$g.sass" | grep -vc '\.128' || true)
+    regs=$(sed -n 's/.*Used \([0-9]*\) registers.*/\1/p' "$out/$name/$g.sm_90.ptxas" | head -1)
+    spill=$(grep -ho '[0-9]* bytes spill [a-z]*' "$out/$name/$g".sm_*.ptxas | awk '{s += $1} END {print s + 0}')
+    note=""
+    [ "$ldg128" -gt 0 ] && [ "$stg128" -gt 0 ] || { note="no 128-bit access"; bad=1; }
+    [ "$other" -eq 0 ] || { note="$note narrower global access"; bad=1; }
+    [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
+    if grep -q 'kf_reduce' "$cu"; then
+      # the row input is in0: its loads are the steps a lane holds, each once
+      steps=$(grep -c 'KF_VLOAD[A-Z0-9_]*(in0,' "$cu" || true)
+      grep -q 'for (int j' "$cu" && { note="$note row loop (row read per pass)"; bad=1; }
+      note="$note row in registers: $steps step loads of in0"
+    fi
+    printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
+  done
+done
+[ "$bad" -eq 0 ] || { echo "sass check: FAILED (see notes)"; exit 1; }
+echo "sass check: every kernel 128-bit loads and stores only, no spills (sm_80, sm_90)"
