@@ -3,7 +3,8 @@
 # (random-graph differential tests and fault injection included), ONNX
 # conformance on the reference evaluator and on generated OpenCL kernels,
 # the bundled models on OpenCL against ref, CUDA kernels compiled by NVRTC
-# (no GPU needed), install + embedding, the same tests under ASan+UBSan,
+# (no GPU needed), the memory-bound kernels' SASS (nvcc + cuobjdump: 128-bit
+# access, no spills), install + embedding, the same tests under ASan+UBSan,
 # the thread tests under TSan, the fuzz regression corpus, and 60 seconds
 # of fuzzing per target. Exits non-zero if any stage fails.
 set -uo pipefail
