@@ -275,6 +275,16 @@ EOF
   echo "$out"
   local ms; ms=$(echo "$out" | sed -n 's/.*device p50 \([0-9.]*\) ms.*/\1/p')
   [ -n "$ms" ] && awk -v ms="$ms" 'BEGIN { printf "fused: %.0f GB/s (4 ops over 2^26 floats, 512 MiB moved, device p50 %s ms)\n", 2 * 4 * 2^26 / ms / 1e6, ms }'
+  # the kernels of bench/sass at the figures' shapes ([32768, 1024]: LayerNorm, Softmax,
+  # Add + Gelu in fp32 and fp16; bytes = input read once + output written once)
+  local m name bytes
+  for m in "$root"/bench/sass/models/*.onnx; do
+    name=$(basename "$m" .onnx)
+    case $name in *_f16) bytes=$((2 * 2 * 32768 * 1024)) ;; ew4_f32) bytes=$((3 * 4 * 65536 * 1024)) ;; *) bytes=$((2 * 4 * 32768 * 1024)) ;; esac
+    out=$("$kfuse" bench "$m" --backend cuda --warmup 5 --iters 30 2>&1) || { echo "fused: $name failed: $(tail -1 <<<"$out")"; continue; }
+    ms=$(echo "$out" | sed -n 's/.*device p50 \([0-9.]*\) ms.*/\1/p')
+    [ -n "$ms" ] && awk -v ms="$ms" -v b="$bytes" -v n="$name" 'BEGIN { printf "fused: %.0f GB/s (%s, device p50 %s ms)\n", b / ms / 1e6, n, ms }'
+  done
   return 0
 }
 export -f bandwidth
