@@ -26,12 +26,16 @@ for c in /usr/local/cuda/bin/cuobjdump "$root"/bench/.venv/lib/python3*/site-pac
 done
 if [ -z "$cuobjdump" ]; then
   if python3 -m pip install -q --disable-pip-version-check --break-system-packages --target "$work/pip" \
-       nvidia-cuda-cuobjdump >"$work/pip.log" 2>&1; then
+       nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm >"$work/pip.log" 2>&1; then
     cuobjdump=$(find "$work/pip" -name cuobjdump -type f | head -1)
+    find "$work/pip" \( -name cuobjdump -o -name nvdisasm \) -type f -exec chmod +x {} +
   fi
   [ -n "$cuobjdump" ] || { tail -3 "$work/pip.log" 2>/dev/null; echo "sass check: no cuobjdump (nor pip's nvidia-cuda-cuobjdump): not checked"; exit 0; }
-  chmod +x "$cuobjdump"
 fi
+# cuobjdump -sass runs nvdisasm: the one beside it first (pip's packages share a bin folder)
+nvdisasm=$(find "$(dirname "$cuobjdump")" "$work" -maxdepth 6 -name nvdisasm -type f 2>/dev/null | head -1 || true)
+[ -n "$nvdisasm" ] && export PATH="$(dirname "$nvdisasm"):$PATH"
+command -v nvdisasm >/dev/null || { echo "sass check: cuobjdump without nvdisasm (PATH, beside cuobjdump, pip's nvidia-cuda-nvdisasm): not checked"; exit 0; }
 bad=0
 printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" kernel "" "LDG.128" "STG.128" other "regs" spill note
 for m in "$root"/bench/sass/models/*.onnx; do
