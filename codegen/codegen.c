@@ -2375,7 +2375,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
     /* every element count (and a few multiples of it: bytes, nrows x block)
      * must fit int64: shapes from a hostile model may not (fuzz finding).
      * A zero dim is counted as 1: the strides of an empty value are still
-     * products of its other dims (fuzz finding, session 4). */
+     * products of its other dims (fuzz finding). */
     for (uint32_t j = 0; j <= g->nnodes; j++) {
         const kf_id *vs = j < g->nnodes ? gr->nodes[g->nodes[j]].out : g->inputs;
         uint32_t nvs = j < g->nnodes ? (uint32_t)gr->nodes[g->nodes[j]].nout : g->ninputs;
