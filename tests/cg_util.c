@@ -149,7 +149,7 @@ uint32_t cgu_run_groups(const char *text, const cgu_run_opts *o) {
         for (uint32_t q = 0; q < k.nouts; q++) {
             char w[256];
             const kf_tensor *want = &r.t[k.outs[q].value];
-            bool half = want->dtype == KF_DT_FLOAT16;
+            bool half = want->dtype == KF_DT_FLOAT16 || want->dtype == KF_DT_BFLOAT16; /* 16-bit: the *16 tolerances */
             cr_assert(tu_close(&out[q], want, half ? o->atol16 : o->atol, half ? o->rtol16 : o->rtol, w, sizeof w),
                       "group %u output %u: %s\n%s", gi, q, w, k.body);
             kf_tensor_release(&out[q]);
