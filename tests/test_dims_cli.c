@@ -18,17 +18,7 @@
 static char bin[PATH_MAX], out[16384], dir[PATH_MAX];
 
 static void find_cli(void) {
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) cr_skip_test("no /proc/self/exe");
-    self[n] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    snprintf(bin, sizeof bin, "%s/../tools/kfuse", self);
-    if (access(bin, X_OK)) {
-        printf("dims_cli: skipped, no kfuse binary next to the test binary (%s)\n", bin);
-        cr_skip_test("no kfuse binary next to the test binary (%s)", bin);
-    }
+    tu_cli_find("dims_cli", bin, sizeof bin);
     snprintf(dir, sizeof dir, "/tmp/kf_dims_cli_XXXXXX");
     cr_assert(mkdtemp(dir), "mkdtemp");
 }
@@ -41,21 +31,12 @@ static void cleanup(void) {
 
 /* `kfuse ARGS` (ARGS built printf-style): exit code, output in out */
 static int kfuse(const char *fmt, ...) {
-    char args[4096], cmd[2 * PATH_MAX + 4096];
+    char args[4096];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(args, sizeof args, fmt, ap);
     va_end(ap);
-    snprintf(cmd, sizeof cmd, "timeout 120 '%s' %s 2>&1", bin, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    while (fgetc(p) != EOF) {
-    }
-    int status = pclose(p);
-    cr_assert(WIFEXITED(status), "kfuse %s did not exit normally", args);
-    return WEXITSTATUS(status);
+    return tu_cli_run(bin, "", args, out, sizeof out);
 }
 
 #define BERT KF_SOURCE_DIR "/bench/models/small/bert/model.onnx"

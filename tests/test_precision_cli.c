@@ -10,33 +10,14 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "test_util.h"
+
 static char bin[PATH_MAX], out[8192];
 
-static void find_cli(void) {
-    char self[PATH_MAX];
-    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-    if (n <= 0) cr_skip_test("no /proc/self/exe");
-    self[n] = 0;
-    char *slash = strrchr(self, '/');
-    if (slash) *slash = 0;
-    snprintf(bin, sizeof bin, "%s/../tools/kfuse", self);
-    if (access(bin, X_OK)) cr_skip_test("no kfuse binary next to the test binary (%s)", bin);
-}
+static void find_cli(void) { tu_cli_find("precision_cli", bin, sizeof bin); }
 
 /* `env kfuse args` (on the bundled tiny CNN): exit code, output in out */
-static int kfuse(const char *env, const char *args) {
-    char cmd[2 * PATH_MAX];
-    snprintf(cmd, sizeof cmd, "%s timeout 120 '%s' %s 2>&1", env, bin, args);
-    FILE *p = popen(cmd, "r");
-    cr_assert(p);
-    size_t n = fread(out, 1, sizeof out - 1, p);
-    out[n] = 0;
-    while (fgetc(p) != EOF) {
-    }
-    int status = pclose(p);
-    cr_assert(WIFEXITED(status), "kfuse %s did not exit normally", args);
-    return WEXITSTATUS(status);
-}
+static int kfuse(const char *env, const char *args) { return tu_cli_run(bin, env, args, out, sizeof out); }
 
 #define MODEL KF_SOURCE_DIR "/bench/models/tiny_cnn.onnx"
 

@@ -6,7 +6,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <limits.h>
+#include <sys/wait.h>
 #include <time.h>
+#include <unistd.h>
 
 kf_node *tu_node(const char *op_type, int nin, int nout, int64_t opset) {
     kf_node *n = calloc(1, sizeof *n);
@@ -187,4 +190,38 @@ void tu_eval(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *o
 const char *tu_source_dir(void) {
     const char *d = getenv("KF_SOURCE_DIR");
     return d && *d ? d : KF_SOURCE_DIR;
+}
+
+void tu_cli_find(const char *suite, char *bin, size_t len) {
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    if (n <= 0) {
+        printf("%s: skipped, no /proc/self/exe\n", suite);
+        cr_skip_test("no /proc/self/exe");
+    }
+    self[n] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(bin, len, "%s/../tools/kfuse", self);
+    if (access(bin, X_OK)) {
+        printf("%s: skipped, no kfuse binary next to the test binary (%s)\n", suite, bin);
+        cr_skip_test("no kfuse binary next to the test binary (%s)", bin);
+    }
+}
+
+int tu_cli_run(const char *bin, const char *env, const char *args, char *out, size_t len) {
+    size_t clen = strlen(env) + strlen(bin) + strlen(args) + 64;
+    char *cmd = malloc(clen);
+    cr_assert_not_null(cmd);
+    snprintf(cmd, clen, "%s timeout 120 '%s' %s 2>&1", env, bin, args);
+    FILE *p = popen(cmd, "r");
+    free(cmd);
+    cr_assert(p);
+    size_t n = fread(out, 1, len - 1, p);
+    out[n] = 0;
+    while (fgetc(p) != EOF) {
+    }
+    int status = pclose(p);
+    cr_assert(WIFEXITED(status), "kfuse %s did not exit normally", args);
+    return WEXITSTATUS(status);
 }

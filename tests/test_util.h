@@ -44,4 +44,11 @@ bool tu_close(const kf_tensor *got, const kf_tensor *want, double atol, double r
 /* Runs one node through kf_eval_node; asserts success (Criterion). */
 void tu_eval(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *out);
 
+/* The kfuse CLI next to the test binary (build/tools/kfuse) into bin; the
+ * test is skipped, its reason printed with `suite`, when there is none. */
+void tu_cli_find(const char *suite, char *bin, size_t len);
+/* `ENV timeout 120 BIN ARGS` with stderr merged into out (cut to len):
+ * the exit code; asserts the process exited normally (Criterion). */
+int tu_cli_run(const char *bin, const char *env, const char *args, char *out, size_t len);
+
 #endif
