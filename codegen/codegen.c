@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "kf_codegen.h"
+#include "kf_cost.h"
 
 /* ---- growable string ----------------------------------------------------- */
 
@@ -461,12 +462,11 @@ typedef struct vlanes {
 /* A row held on chip (KF_CG_ROW_CACHE): the reduction's input at every
  * element a lane owns, loaded once in steps of V (P steps per lane),
  * named x[i * V + l] for lane l of step i. */
-#define KF_CG_ROW_CACHE_MAX 32
 typedef struct rowcache {
     int V, P;
-    char x[KF_CG_ROW_CACHE_MAX][NAMELEN];
-    vlanes vl[KF_CG_ROW_CACHE_MAX];       /* step i's lanes (only [0, P) used) */
-    ix lanes[KF_CG_ROW_CACHE_MAX][KF_CG_LANES_MAX];
+    char x[KF_ROW_CACHE_MAX][NAMELEN];
+    vlanes vl[KF_ROW_CACHE_MAX];       /* step i's lanes (only [0, P) used) */
+    ix lanes[KF_ROW_CACHE_MAX][KF_CG_LANES_MAX];
 } rowcache;
 
 typedef enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_LOGSUM, RK_LOGSUMEXP,
@@ -1812,97 +1812,16 @@ static bool red_pass(gen *st, const kf_node *n, const kf_type *xt, const ix *row
     return true;
 }
 
-/* KF_CG_SEGMENT: several rows per work-group. The work-group is cut into
- * segments of T consecutive lanes and each segment reduces one row (the
- * segmented reduces kf_seg_* of the prelude). T is the smallest power of
- * two >= K / 4, at least KF_CG_SEG_MIN_WARP (32) for rows of 32 and more,
- * at least KF_CG_SEG_MIN (4) for rows of 8..31, and at most KF_CG_SEG_MAX:
- *  - >= K / 4: each lane folds about 4 elements before the log2(T) reduce
- *    steps, so the loads, not the reduce, set the time, and a row of 64
- *    (LayerNorm over 64, Softmax over 128 keys) no longer leaves 3/4 of a
- *    256-wide work-group idle;
- *  - >= 32 for rows of 32 and more: a segment is whole warps, so on CUDA a
- *    segment of 32 reduces with shuffles alone (no barrier, no shared
- *    memory) and a warp never holds two rows' loads;
- *  - 4..16 for rows of 8..31 (Softmax over 16 keys: 4 lanes, 64 rows per
- *    256-wide work-group; LayerNorm over 24: 8 lanes, 32 rows): a warp
- *    holds 2..8 rows, its loads are 2..8 runs of consecutive addresses
- *    instead of one item per row striding K floats apart, and on CUDA a
- *    segment under a warp still reduces with shuffles alone (offsets
- *    T/2..1 stay inside the segment, as T divides 32); the body asks the
- *    prelude (KF_SEG_NARROW): OpenCL on PoCL's CPU device runs these rows
- *    one lane per row (kf_seg 1), where lanes are loop iterations;
- *  - <= 256: rows of 1024 and more keep one work-group of 256 per row, as
- *    before (256 threads saturate memory and keep 4+ groups per SM).
- * The preferred work-group (kf_cg_kernel.block) is T times the smallest
- * power of two >= the row count, at least a warp (32: CUDA's shuffles name
- * all 32 lanes, so a block of fewer threads would leave some absent) and
- * at most 256. The body takes the segment size from the launch,
- * min(T, work-group size), and the segment count as the work-group size /
- * segment (lanes past the last whole segment idle), so any work-group size
- * up to KF_MAX_BLOCK stays correct (CUDA: whole warps, then a segment is T
- * or the whole block, both as kf_seg_* need). */
-/* The largest segment: a row this long or longer has a work-group to itself. */
-#define KF_CG_SEG_MAX 256
-/* The smallest segment for rows of a warp or more: whole warps (above). */
-#define KF_CG_SEG_MIN_WARP 32
-/* The smallest segment for rows of 8..31: with 4 lanes a row of 8..16
- * still takes 2..4 loads per lane before 2 shuffle steps, and each load
- * step of a segment reads 16 consecutive bytes (2 lanes: 8 bytes, a quarter
- * of a 32-byte sector). */
-#define KF_CG_SEG_MIN 4
-/* The smallest work-group a segmented kernel prefers: one warp (above). */
-#define KF_CG_BLOCK_MIN 32
-
-/* Rows shorter than this run one work-item per row: 2..4 lanes would each
- * fold 1..3 elements, so the segment's reduce steps (barriers on OpenCL)
- * would cost as much as the serial loop of < 8 loads they replace, and a
- * warp already covers a few contiguous rows. */
-#define KF_CG_ROW_PER_ITEM 8
-
-static uint32_t seg_for(int64_t K) {
-    uint32_t t = K < KF_CG_SEG_MIN_WARP ? KF_CG_SEG_MIN : KF_CG_SEG_MIN_WARP;
-    while (t < KF_CG_SEG_MAX && (int64_t)t * 4 < K) t *= 2;
-    return t;
-}
-
-static uint32_t block_for(uint32_t T, int64_t nrows) {
-    uint32_t b = T < KF_CG_BLOCK_MIN ? KF_CG_BLOCK_MIN : T;
-    while (b < 256 && (int64_t)(b / T) < nrows) b *= 2;
-    return b;
-}
-
-/* KF_CG_ROW_CACHE: a row read once. When the reduced axes are the
- * trailing ones, the last a multiple of V (8 for 16-bit data in rows of
- * 32+ steps of 8, else 4) and
- * a lane's share of the row fits in registers (P steps of V, P * V <=
- * KF_CG_ROW_CACHE_MAX values), each lane loads its steps of the row once
- * (vector loads: 16 bytes per lane per step) before any statistic, the
- * statistics fold those registers (a two-pass mean and variance on chip,
- * max then sum of exponentials), and the epilogue writes from them: one
- * read of the row from memory instead of one per pass, and every load
- * issued before the first reduce. The segment T is the smallest power of
- * two >= steps / 4 (a lane holds about 4 steps), 32..256; rows of fewer
- * than 32 steps keep the element loops. The body strides its steps by
- * the launch's segment, which is at least T: launchers give a reduction
- * its preferred work-group or a larger one (batched launches). */
-static int row_cache_lanes(const gen *st, const kf_type *xt, int64_t K, uint32_t *T, int *P) {
-    int64_t W = xt->dims[xt->rank - 1];
-    bool narrow = xt->dtype == KF_DT_FLOAT16 || xt->dtype == KF_DT_BFLOAT16;
-    for (uint32_t i = 0; i < st->k->nins; i++)
-        if (st->k->ins[i].numel > 1 && (st->k->ins[i].dtype == KF_DT_FLOAT16 || st->k->ins[i].dtype == KF_DT_BFLOAT16))
-            narrow = true;
-    int V = narrow && W % 8 == 0 && K / 8 >= KF_CG_SEG_MIN_WARP ? 8 : W % 4 == 0 ? 4 : 0; /* 16-bit rows of 128..255: 4 */
-    if (!V || K / V < KF_CG_SEG_MIN_WARP) return 0;
-    int64_t steps = K / V;
-    uint32_t t = KF_CG_SEG_MIN_WARP;
-    while (t < KF_CG_SEG_MAX && (int64_t)t * 4 < steps) t *= 2;
-    int64_t p = (steps + t - 1) / t;
-    if (p * V > KF_CG_ROW_CACHE_MAX) return 0;
-    *T = t;
-    *P = (int)p;
-    return V;
-}
+/* KF_CG_SEGMENT (several rows per work-group, a segment of lanes per row)
+ * and KF_CG_ROW_CACHE (a row read once into registers): the segment, the
+ * work-group and the vector steps come from kf_row_form_of
+ * (fusion/cost.c), the rule the cost model estimates from. The body takes
+ * the segment size from the launch, min(T, work-group size), and the
+ * segment count as the work-group size / segment (lanes past the last
+ * whole segment idle), so any work-group size up to KF_MAX_BLOCK stays
+ * correct (CUDA: whole warps, then a segment is T or the whole block, both
+ * as kf_seg_* need); with the row cached the body strides its steps by
+ * the launch's segment, which must be at least T (kf_cg_kernel.min_block). */
 
 /* Loads the row on chip (KF_CG_ROW_CACHE): per step i of this lane, its
  * position (kf_q<i>, valid when kf_ok<i>; an invalid step reads step 0 of
@@ -1970,10 +1889,14 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         if (st->mask[d]) seen_red = true;
         else if (seen_red) tail = false;
     }
-    uint32_t T = K < KF_CG_ROW_PER_ITEM ? 0 : seg_for(K), block = T ? block_for(T, nrows) : 0;
-    rowcache rc = {0};
-    if (T >= KF_CG_SEG_MIN_WARP && tail && st->mask[r - 1] && (rc.V = row_cache_lanes(st, xt, K, &T, &rc.P))) {
-        block = block_for(T, nrows);
+    bool narrow = xt->dtype == KF_DT_FLOAT16 || xt->dtype == KF_DT_BFLOAT16;
+    for (uint32_t i = 0; i < st->k->nins; i++)
+        if (st->k->ins[i].numel > 1 && (st->k->ins[i].dtype == KF_DT_FLOAT16 || st->k->ins[i].dtype == KF_DT_BFLOAT16))
+            narrow = true;
+    kf_row_form form = kf_row_form_of(nrows, K, xt->dims[r - 1], narrow, tail && st->mask[r - 1]);
+    uint32_t T = form.seg, block = form.block;
+    rowcache rc = {.V = form.vec, .P = form.steps};
+    if (rc.V) {
         st->rc = &rc;
         st->k->min_block = T;
     }
@@ -2201,8 +2124,8 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
             /* a segment of the largest size is the whole work-group (one row
              * per work-group, whatever its size): the segment arithmetic then
              * folds away once the launch's size is known */
-            if (T >= KF_CG_SEG_MAX) kf_cg_puts(s, "    const int kf_seg = KF_LOCAL_SIZE;\n");
-            else if (T >= KF_CG_SEG_MIN_WARP)
+            if (T >= KF_ROW_SEG_MAX) kf_cg_puts(s, "    const int kf_seg = KF_LOCAL_SIZE;\n");
+            else if (T >= KF_ROW_SEG_MIN_WARP)
                 kf_cg_printf(s, "    const int kf_seg = KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);
             else /* a segment under a warp only where the prelude wants one */
                 kf_cg_printf(s, "    const int kf_seg = !KF_SEG_NARROW ? 1 : KF_LOCAL_SIZE < %u ? KF_LOCAL_SIZE : %u;\n", T, T);

@@ -124,20 +124,99 @@ static void red_rows(const kf_graph *g, const kf_node *r, int64_t *rows, int64_t
     *rows = len > 0 ? in / len : 0;
 }
 
-/* A reduction kernel: `e` row elements, `rows` rows, `passes` passes. */
-static void reduce_rows(const kf_target *t, int64_t e, int64_t rows, int64_t row, int passes, double bytes, kf_cost *c) {
-    int64_t seg = 32;
-    while (seg < row / 4 && seg < KF_COST_BLOCK) seg *= 2;
-    int64_t per = KF_COST_BLOCK / seg;
+/* ---- row reductions ------------------------------------------------------
+ *
+ * Segments (KF_CG_SEGMENT in codegen): a work-group is cut into segments
+ * of T consecutive lanes, each reducing one row. T is the smallest power
+ * of two >= K / 4, at least 32 for rows of 32 and more, at least 4 for
+ * rows of 8..31, at most 256:
+ *  - >= K / 4: each lane folds about 4 elements before the log2(T) reduce
+ *    steps, so loads, not the reduce, set the time;
+ *  - >= 32 for rows of 32 and more: a segment is whole warps, so on CUDA a
+ *    segment of 32 reduces with shuffles alone and a warp never holds two
+ *    rows' loads;
+ *  - 4..16 for rows of 8..31: a warp holds 2..8 rows, its loads are runs
+ *    of consecutive addresses instead of one item per row striding K
+ *    apart; a segment under a warp still reduces with shuffles (T divides
+ *    32);
+ *  - <= 256: rows of 1024 and more have a work-group of 256 to themselves.
+ * Rows shorter than 8 run one work-item per row: a few lanes would each
+ * fold 1..3 elements and the reduce steps would cost what they replace.
+ *
+ * Row cache (KF_CG_ROW_CACHE): when the reduced axes are the innermost
+ * ones, the last a multiple of V (8 for 16-bit data when the row has 32+
+ * steps of 8, else 4) and a lane's share fits in KF_ROW_CACHE_MAX
+ * registers, each lane loads its steps of the row once with 16-byte
+ * vector loads before any statistic, and T counts steps, not elements
+ * (the smallest power of two >= steps / 4, 32..256).
+ *
+ * Work-group: T times a power of two of rows, at least a warp (CUDA's
+ * shuffles name all 32 lanes), at most 256, and more rows per group only
+ * while the grid keeps KF_ROW_FILL_GROUPS groups (two per SM of a 132-SM
+ * GPU): BERT-base's 128 rows of 768 run as 128 groups of 64 lanes, not 32
+ * groups of 256 that leave 100 SMs idle; 32768 rows of 1024 still pack 4
+ * rows into each of 8192 groups of 256. */
+static uint32_t row_seg(int64_t n, uint32_t t) {
+    while (t < KF_ROW_SEG_MAX && (int64_t)t * 4 < n) t *= 2;
+    return t;
+}
+
+kf_row_form kf_row_form_of(int64_t rows, int64_t K, int64_t W, bool narrow, bool trailing) {
+    kf_row_form f = {0};
+    if (K < KF_ROW_PER_ITEM || rows < 1) return f;
+    f.seg = row_seg(K, K < KF_ROW_SEG_MIN_WARP ? KF_ROW_SEG_MIN : KF_ROW_SEG_MIN_WARP);
+    int v = narrow && W % 8 == 0 && K / 8 >= KF_ROW_SEG_MIN_WARP ? 8 : W % 4 == 0 ? 4 : 0;
+    if (f.seg >= KF_ROW_SEG_MIN_WARP && trailing && v && K / v >= KF_ROW_SEG_MIN_WARP) {
+        uint32_t t = row_seg(K / v, KF_ROW_SEG_MIN_WARP);
+        int64_t p = ceil_div(K / v, t);
+        if (p * v <= KF_ROW_CACHE_MAX) {
+            f.seg = t;
+            f.vec = v;
+            f.steps = (int)p;
+        }
+    }
+    uint32_t b = f.seg < KF_ROW_BLOCK_MIN ? KF_ROW_BLOCK_MIN : f.seg;
+    while (b < KF_ROW_SEG_MAX && ceil_div(rows, 2 * (int64_t)(b / f.seg)) >= KF_ROW_FILL_GROUPS) b *= 2;
+    f.block = b;
+    return f;
+}
+
+/* A reduction kernel over `rows` rows laid out as f: `passes` passes over
+ * each row (one read from memory when the row is cached in registers; the
+ * block reduces of every pass remain). */
+static void reduce_rows(const kf_target *t, const kf_row_form *f, int64_t rows, int64_t row, int passes, double bytes,
+                        kf_cost *c) {
+    int64_t block = f->seg ? f->block : KF_COST_BLOCK, per = f->seg ? f->block / f->seg : KF_COST_BLOCK;
     c->blocks = ceil_div(rows, per);
     if (c->blocks > KF_COST_MAX_BLOCKS) c->blocks = KF_COST_MAX_BLOCKS;
     if (c->blocks < 1) c->blocks = 1;
-    c->resident = t->max_threads_sm / KF_COST_BLOCK;
+    c->resident = t->max_threads_sm / block;
+    if (c->resident > t->max_blocks_sm) c->resident = t->max_blocks_sm;
     double sms = c->blocks < t->sms ? (double)c->blocks : (double)t->sms;
-    double issue = (double)e * passes / (sms * t->red_pass_clk * t->clock_ghz * 1e9) * 1e6;
+    int reads = f->vec ? 1 : passes;
+    double issue = (double)(rows * row) * reads / (sms * t->red_pass_clk * t->clock_ghz * 1e9) * 1e6;
     double m = mem_us(t, bytes, (double)c->blocks / t->sms);
     c->bound = m > issue ? "memory" : "compute";
     finish(t, c, (m > issue ? m : issue) + passes * t->red_pass_us, t->kernel_min_us);
+}
+
+/* The row form codegen gives reduction node r over `rows` rows of `row`
+ * elements. Trailing axes are read from the shapes: the rows are a prefix
+ * of the input's dims (Softmax and the norms reduce from their axis to the
+ * end; a Reduce* over inner axes keeps a prefix). */
+static kf_row_form red_form(const kf_graph *g, const kf_node *r, int64_t rows, int64_t row) {
+    const kf_type *ti = &g->values[r->in[0]].type;
+    bool narrow = ti->dtype == KF_DT_FLOAT16 || ti->dtype == KF_DT_BFLOAT16, trailing = false;
+    int64_t lead = 1;
+    for (int d = 0; d < ti->rank && !trailing; d++) {
+        if (lead == rows) trailing = true;
+        lead *= ti->dims[d];
+    }
+    if (r->op == KF_OP_SOFTMAX || r->op == KF_OP_LOG_SOFTMAX) { /* opset 13+: one axis, trailing only when last */
+        int64_t axis = kf_attr_i(r, "axis", r->opset >= 13 || r->opset <= 0 ? -1 : 1);
+        if ((r->opset >= 13 || r->opset <= 0) && axis != -1 && axis != ti->rank - 1) trailing = false;
+    }
+    return kf_row_form_of(rows, row, ti->rank ? ti->dims[ti->rank - 1] : 1, narrow, trailing);
 }
 
 static void reduction(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
@@ -148,7 +227,8 @@ static void reduction(const kf_target *t, const kf_graph *g, const kf_cost_group
     red_rows(g, r, &rows, &row);
     if (rows < 0) return;
     c->known = true;
-    reduce_rows(t, rows * row, rows, row, red_passes(r), bytes, c);
+    kf_row_form f = red_form(g, r, rows, row);
+    reduce_rows(t, &f, rows, row, red_passes(r), bytes, c);
 }
 
 /* ---- anchors ------------------------------------------------------------- */
@@ -308,7 +388,8 @@ static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_g
         int64_t rows, row;
         red_rows(g, &g->nodes[cg->reduction], &rows, &row);
         if (rows > 0) {
-            reduce_rows(t, rows * row, rows, row, red_passes(&g->nodes[cg->reduction]), bytes, &e);
+            kf_row_form f = red_form(g, &g->nodes[cg->reduction], rows, row);
+            reduce_rows(t, &f, rows, row, red_passes(&g->nodes[cg->reduction]), bytes, &e);
             return e.us;
         }
     }

@@ -132,4 +132,27 @@ void kf_cost_of_group(const kf_model *m, const kf_plan *p, uint32_t k, kf_cost_g
  * true for one MatMul/Gemm/Conv otherwise when t has vendor libraries. */
 bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg);
 
+/* How a row reduction is laid out on the device: one rule that the
+ * generator follows and the cost model mirrors (codegen/README.md "Row
+ * reduction"). */
+typedef struct kf_row_form {
+    uint32_t seg;   /* lanes per row; 0: one work-item walks each row */
+    uint32_t block; /* the preferred work-group (0 with seg 0) */
+    int vec;        /* > 0: the row is read once into registers in vector steps of vec elements
+                     * (4, or 8 for 16-bit data); 0: the passes walk the row in memory */
+    int steps;      /* with vec: vector steps each lane holds */
+} kf_row_form;
+/* Grid constants of the row form (see kf_row_form_of in cost.c). */
+#define KF_ROW_SEG_MAX 256     /* a row this long or longer has a work-group to itself */
+#define KF_ROW_SEG_MIN_WARP 32 /* segments of rows of 32 and more: whole warps */
+#define KF_ROW_SEG_MIN 4       /* the smallest segment, rows of 8..31 */
+#define KF_ROW_BLOCK_MIN 32    /* the smallest work-group: one warp */
+#define KF_ROW_PER_ITEM 8      /* rows shorter than this: one work-item per row */
+#define KF_ROW_CACHE_MAX 32    /* values one lane may hold of its row */
+#define KF_ROW_FILL_GROUPS 264 /* work-groups a grid keeps before it packs more rows per group */
+/* The form for `rows` rows of K elements each, whose innermost reduced axis
+ * is W long; narrow: 16-bit data; trailing: the reduced axes are the
+ * innermost ones, the last among them. */
+kf_row_form kf_row_form_of(int64_t rows, int64_t K, int64_t W, bool narrow, bool trailing);
+
 #endif

@@ -181,19 +181,23 @@ Test(rows, segment_and_block_rule) {
         int64_t numel;
         const char *seg;
     } cases[] = {
-        {100, 64, 256, 13 * 256, "< 32 ?"},   /* 8 rows per group, last group 4 of 8 full */
-        {100, 128, 256, 13 * 256, "< 32 ?"},  /* K / 4 = 32 */
-        {100, 129, 256, 25 * 256, "< 64 ?"},  /* one past: 64 lanes, 4 rows per group */
+        /* a group holds more rows only while the grid keeps 264 groups
+         * (KF_ROW_FILL_GROUPS): 100 rows of 32+ take 100 groups of one row */
+        {100, 64, 32, 100 * 32, "< 32 ?"},
+        {100, 128, 32, 100 * 32, "< 32 ?"},   /* K / 4 = 32: 32 steps of 4 held in registers */
+        {100, 129, 64, 100 * 64, "< 64 ?"},   /* one past: 64 lanes, no vector steps */
         /* BERT's hidden width: 192 steps of 4 held in registers (KF_CG_ROW_CACHE),
-         * segments of 64 lanes with 3 steps each, 4 rows per group */
-        {3, 768, 256, 256, "< 64 ?"},
-        {2, 100, 64, 64, "< 32 ?"},           /* two rows: a work-group of 64 */
+         * segments of 64 lanes with 3 steps each */
+        {3, 768, 64, 3 * 64, "< 64 ?"},
+        {128, 768, 64, 128 * 64, "< 64 ?"},   /* BERT-base at batch 1: 128 groups, not 32 */
+        {32768, 1024, 256, 8192 * 256, "< 64 ?"}, /* many rows: 4 per group of 256 */
+        {2, 100, 32, 64, "< 32 ?"},           /* two rows: two warps */
         {1, 5000, 256, 256, "kf_seg = KF_LOCAL_SIZE;"}, /* one long row */
         /* rows of 8..31: segments under a warp, T = max(4, pow2 >= K / 4) */
-        {100, 8, 256, 2 * 256, "< 4 ?"},      /* 64 rows per group */
-        {8192, 16, 256, 128 * 256, "< 4 ?"},  /* Softmax over 16 keys: 4 lanes */
-        {100, 31, 256, 4 * 256, "< 8 ?"},     /* 32 rows per group */
-        {100, 17, 256, 4 * 256, "< 8 ?"},     /* K / 4 just over 4 */
+        {100, 8, 32, 13 * 32, "< 4 ?"},       /* 8 rows per warp */
+        {8192, 16, 64, 512 * 64, "< 4 ?"},    /* Softmax over 16 keys: 4 lanes, 16 rows per group, 512 groups */
+        {100, 31, 32, 25 * 32, "< 8 ?"},      /* 4 rows per warp */
+        {100, 17, 32, 25 * 32, "< 8 ?"},      /* K / 4 just over 4 */
         {3, 16, 32, 32, "< 4 ?"},             /* few rows: still a whole warp */
         {100, 7, 0, 100, NULL},               /* under 8: one work-item per row */
     };
