@@ -605,6 +605,9 @@ static bool row_pass(gen *st, const kf_node *r, const gemm *gmp, const kf_type *
     return ok;
 }
 
+static bool att_try(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm, const gemm *gm2,
+                    bool *taken);
+
 /* Back-to-back (n2 not NULL): after the rows (and their reduction, if any)
  * the second GEMM reads them from kf_row as its left operand, 64 columns of
  * its output at a time, B tiles from memory as above. */
@@ -651,6 +654,11 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
         for (int d = 0; d < rx->rank; d++)
             if (rx->dims[d] != 1 && st->mask[d] != (d == rx->rank - 1))
                 return fail(st, "node '%s': reduces other axes than the GEMM's row (not generated)", kf_node_label(r));
+    }
+    if (n2 && r && !r_after) { /* attention: keys streamed (cg_attention.c) */
+        bool taken;
+        bool ok = att_try(st, s, n, n2, &gm, &gm2, &taken);
+        if (taken) return ok;
     }
     int64_t N = gm.N, width = N + (r_after ? gm2.N : 0), rm = ROWS_BYTES / 4 / (width > 0 ? width : 1);
     if (rm > ROWS_MAX) rm = ROWS_MAX;
@@ -1051,6 +1059,8 @@ static bool gen_anchor(gen *st, kf_cg_str *s) {
     default: return fail(st, "node '%s': anchor op %s has no template yet", kf_node_label(n), n->op_type);
     }
 }
+
+#include "cg_attention.c"
 
 #else
 typedef int kf_cg_anchor_empty; /* ISO C: a translation unit declares something */

@@ -194,6 +194,41 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                        * n a multiple of 32) and every lane returns its own segment's result;
                        * a segment of up to a warp is shuffles only (no barrier), a longer one
                        * sums its warps' results through shared memory */
+                      /* tile products of the attention kernel (cg_attention.c): C[16][8] +=
+                       * A[16][16] B[16][8], A row-major at A[ao + row * lda + k], B as its
+                       * columns at B[bo + col * ldb + k]; lane l holds C rows l/4 and l/4 + 8,
+                       * columns 2(l%4) and 2(l%4) + 1 in c[0..3] (PTX's m16n8k16 fragments).
+                       * 16-bit data on tensor cores (mma.sync, sm_80+), float32 by FMAs. */
+                      "#define KF_UNROLL _Pragma(\"unroll\")\n"
+                      "#define KF_SHALF unsigned short\n"
+                      "#define KF_SLOAD_HALF(p, i) kf_h2f((p)[i])\n"
+                      "#define KF_SSTORE_HALF(p, i, v) ((p)[i] = kf_f2h(v))\n"
+                      "#define KF_ALIGN16 __attribute__((aligned(16)))\n"
+                      "#define KF_MMA_F(c, A, ao, lda, B, bo, ldb, lane) { \\\n"
+                      "    const int g_ = (lane) >> 2, t_ = ((lane) & 3) * 2; \\\n"
+                      "    _Pragma(\"unroll\") for (int k_ = 0; k_ < 16; k_++) { \\\n"
+                      "        const float a0_ = (A)[(ao) + g_ * (lda) + k_], a1_ = (A)[(ao) + (g_ + 8) * (lda) + k_]; \\\n"
+                      "        const float b0_ = (B)[(bo) + t_ * (ldb) + k_], b1_ = (B)[(bo) + (t_ + 1) * (ldb) + k_]; \\\n"
+                      "        (c)[0] += a0_ * b0_; (c)[1] += a0_ * b1_; (c)[2] += a1_ * b0_; (c)[3] += a1_ * b1_; \\\n"
+                      "    } }\n"
+                      "#define KF_MMA_16(TY, c, A, ao, lda, B, bo, ldb, lane) { \\\n"
+                      "    const unsigned short *a_ = (A) + (ao) + ((lane) >> 2) * (lda) + ((lane) & 3) * 2; \\\n"
+                      "    const unsigned short *b_ = (B) + (bo) + ((lane) >> 2) * (ldb) + ((lane) & 3) * 2; \\\n"
+                      "    asm volatile(\"mma.sync.aligned.m16n8k16.row.col.f32.\" TY \".\" TY \".f32 \" \\\n"
+                      "                 \"{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" \\\n"
+                      "                 : \"+f\"((c)[0]), \"+f\"((c)[1]), \"+f\"((c)[2]), \"+f\"((c)[3]) \\\n"
+                      "                 : \"r\"(*(const unsigned *)a_), \"r\"(*(const unsigned *)(a_ + 8 * (lda))), \\\n"
+                      "                   \"r\"(*(const unsigned *)(a_ + 8)), \"r\"(*(const unsigned *)(a_ + 8 * (lda) + 8)), \\\n"
+                      "                   \"r\"(*(const unsigned *)b_), \"r\"(*(const unsigned *)(b_ + 8))); }\n"
+                      "#define KF_MMA_H(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_16(\"f16\", c, A, ao, lda, B, bo, ldb, lane)\n"
+                      "#define KF_MMA_B(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_16(\"bf16\", c, A, ao, lda, B, bo, ldb, lane)\n"
+                      /* a statistic of the four lanes holding one row of a fragment */
+                      "__device__ inline float kf_quad_max(float v) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1)); "
+                      "return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2)); }\n"
+                      "__device__ inline float kf_quad_sum(float v) { v += __shfl_xor_sync(0xffffffffu, v, 1); "
+                      "return v + __shfl_xor_sync(0xffffffffu, v, 2); }\n"
+                      "#define KF_QUAD_MAX(v, s) kf_quad_max(v)\n"
+                      "#define KF_QUAD_SUM(v, s) kf_quad_sum(v)\n"
                       "#define KF_DEF_SEG(name, OP) \\\n"
                       "__device__ float name(float v, float *s, int seg, int n) { \\\n"
                       "    for (int o = (seg < 32 ? seg : 32) / 2; o > 0; o /= 2) v = OP(v, __shfl_xor_sync(0xffffffffu, v, o)); \\\n"
@@ -290,6 +325,37 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                        * the last one may be cut short by n), a local-memory tree in each;
                        * every lane returns its own segment's result; seg is the same for
                        * the whole work-group, so seg 1 may skip the barriers */
+                      /* tile products of the attention kernel: the portable twin of the
+                       * CUDA prelude's (the same fragment ownership, each lane's four C
+                       * elements by FMAs) */
+                      "#define KF_UNROLL\n"
+                      /* float16 in local memory: ushort words (a half array needs
+                       * cl_khr_fp16), converted through half pointers */
+                      "#define KF_SHALF ushort\n"
+                      "#define KF_SLOAD_HALF(p, i) vload_half((i), (__local const half *)(p))\n"
+                      "#define KF_SSTORE_HALF(p, i, v) vstore_half_rte((v), (i), (__local half *)(p))\n"
+                      "#define KF_ALIGN16 __attribute__((aligned(16)))\n"
+                      "#define KF_MMA_X(LD, c, A, ao, lda, B, bo, ldb, lane) { \\\n"
+                      "    const int g_ = (lane) >> 2, t_ = ((lane) & 3) * 2; \\\n"
+                      "    for (int k_ = 0; k_ < 16; k_++) { \\\n"
+                      "        const float a0_ = LD(A, (ao) + g_ * (lda) + k_), a1_ = LD(A, (ao) + (g_ + 8) * (lda) + k_); \\\n"
+                      "        const float b0_ = LD(B, (bo) + t_ * (ldb) + k_), b1_ = LD(B, (bo) + (t_ + 1) * (ldb) + k_); \\\n"
+                      "        (c)[0] += a0_ * b0_; (c)[1] += a0_ * b1_; (c)[2] += a1_ * b0_; (c)[3] += a1_ * b1_; \\\n"
+                      "    } }\n"
+                      "#define KF_LD_F(p, i) ((p)[i])\n"
+                      "#define KF_MMA_F(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_X(KF_LD_F, c, A, ao, lda, B, bo, ldb, lane)\n"
+                      "#define KF_MMA_H(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_X(KF_SLOAD_HALF, c, A, ao, lda, B, bo, ldb, lane)\n"
+                      "#define KF_MMA_B(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_X(KF_LOAD_BF16, c, A, ao, lda, B, bo, ldb, lane)\n"
+                      /* a statistic of the four lanes holding one row: through local memory
+                       * (every lane of the work-group calls it) */
+                      "float kf_quad_max(float v, __local float *s) { const int t = (int)get_local_id(0); "
+                      "barrier(CLK_LOCAL_MEM_FENCE); s[t] = v; barrier(CLK_LOCAL_MEM_FENCE); const int b = t & ~3; "
+                      "return fmax(fmax(s[b], s[b + 1]), fmax(s[b + 2], s[b + 3])); }\n"
+                      "float kf_quad_sum(float v, __local float *s) { const int t = (int)get_local_id(0); "
+                      "barrier(CLK_LOCAL_MEM_FENCE); s[t] = v; barrier(CLK_LOCAL_MEM_FENCE); const int b = t & ~3; "
+                      "return (s[b] + s[b + 1]) + (s[b + 2] + s[b + 3]); }\n"
+                      "#define KF_QUAD_MAX(v, s) kf_quad_max((v), (s))\n"
+                      "#define KF_QUAD_SUM(v, s) kf_quad_sum((v), (s))\n"
                       "#define KF_DEF_SEG(name, OP) \\\n"
                       "float name(float v, __local float *s, int seg, int n) { \\\n"
                       "    if (seg == 1) return v; \\\n"

@@ -316,6 +316,43 @@ static double gemm_rate(const kf_target *t, double outs) {
     return t->gemm_blk_base + t->gemm_blk_per_out * outs;
 }
 
+/* The streaming attention kernel (codegen/cg_attention.c) for a
+ * back-to-back group MatMul -> Softmax -> MatMul (d: the first MatMul's
+ * shape, d.n the keys): a block of 4 warps (2 for float32 head dims over
+ * 64) per 64 (32) query rows of one head, keys and values streamed through
+ * shared memory, every block reading its head's K and V (from L2 after the
+ * first). On a busy SM it reaches attn_tc_frac of the tensor-core peak
+ * (16-bit tiles) or attn_fma_frac of the FMA peak (float32). False: not
+ * that shape (the whole-row form is estimated instead). */
+static bool attention(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, const kf_node *a,
+                      const gemm_dims *d, kf_cost *c) {
+    const kf_node *r = &g->nodes[cg->reduction], *b = &g->nodes[cg->anchor2];
+    gemm_dims d2;
+    if (r->op != KF_OP_SOFTMAX || a->op != KF_OP_MATMUL || b->op != KF_OP_MATMUL || !gemm_shape(g, b, &d2) ||
+        d->k > 128 || d2.n > 128)
+        return false;
+    kf_dtype dt = g->values[a->in[0]].type.dtype;
+    bool narrow = dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16;
+    int64_t esz = narrow ? 2 : 4, bq = !narrow && d->k > 64 ? 32 : 64, bk = !narrow && d->k > 64 ? 16 : narrow ? 64 : 32;
+    int64_t blocks = ceil_div(d->m, bq) * d->batch;
+    int64_t smem = esz * (bq * (d->k + 8) + bk * (d->k + 8) + d2.n * (bk + 8) + bq * (bk + 8)) + 4 * bq * 2;
+    double peak = narrow && t->tc_tflops_fp16 > 0 ? sm_peak(t, t->tc_tflops_fp16) * t->attn_tc_frac
+                                                  : sm_peak(t, t->fma_tflops_fp32) * t->attn_fma_frac;
+    c->form = "attention";
+    c->blocks = blocks;
+    c->resident = anchor_resident(t, smem);
+    double sms = blocks < t->sms ? (double)blocks : (double)t->sms;
+    double comp = (double)(cg->flops > 0 ? cg->flops : 0) / (sms * peak) * 1e6;
+    double m = mem_us(t, (double)bytes_of(cg), (double)blocks / t->sms);
+    double l2 = (double)blocks * (double)d->n * (double)(d->k + d2.n) * (double)esz / (t->l2_gbs * 1e9) * 1e6;
+    double body = comp;
+    c->bound = "compute";
+    if (m > body) body = m, c->bound = "memory";
+    if (l2 > body) body = l2, c->bound = "l2";
+    finish(t, c, body, t->kernel_min_us);
+    return true;
+}
+
 /* Rows a row-tile anchor keeps on chip for a row of `row` floats. */
 static int64_t row_tile(int64_t row) {
     int64_t rm = row > 0 ? KF_COST_ROW_BYTES / (4 * row) : 16;
@@ -475,6 +512,7 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
         }
         int64_t esz = (int64_t)kf_dtype_size(dt);
         double wbytes = (double)d.k * (double)d.n * (double)esz, xbytes = (double)d.m * (double)d.k * (double)esz;
+        if (cg->anchor2 && cg->reduction && attention(t, g, cg, a, &d, c)) return;
         if (cg->anchor2 || cg->reduction) {
             /* row tiles: every block reads all of the right operand(s) */
             int64_t row = d.n;

@@ -65,6 +65,8 @@ typedef struct kf_target {
     double lib_conv_frac;     /* cuDNN: the same */
     double lib_fixed_us;      /* a library GEMM's fixed cost (the small-problem floor) */
     double lib_conv_fixed_us; /* a library convolution's */
+    double attn_tc_frac;      /* streaming attention, 16-bit: fraction of an SM's tensor-core peak */
+    double attn_fma_frac;     /* streaming attention, float32: fraction of an SM's FMA peak */
 } kf_target;
 
 /* Math the libraries may use for float32 data (the precision option):

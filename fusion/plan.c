@@ -374,6 +374,23 @@ static bool row_fits(const pl_state *s, kf_id v, int64_t row) {
     return row > 0 && kf_mul_ok(row, esz * KF_PLAN_ROW_TILE_M, &b) && b <= KF_PLAN_ONCHIP_BYTES;
 }
 
+/* Is Softmax r after MatMul x the middle of attention that the streaming
+ * kernel runs (codegen/cg_attention.c), so its rows need not fit on chip?
+ * Its output is the left operand of a MatMul (directly), and both head
+ * dims (x's K, the second MatMul's N) are at most 128: the streamed tiles
+ * fit in every storage type. */
+static bool streams_keys(const pl_state *s, kf_id x, kf_id r) {
+    const kf_node *an = &s->g->nodes[x], *rn = &s->g->nodes[r];
+    if (an->op != KF_OP_MATMUL || rn->op != KF_OP_SOFTMAX || !rn->out[0]) return false;
+    const kf_value *p = &s->g->values[rn->out[0]];
+    if (p->nusers != 1 || p->is_output) return false;
+    const kf_node *b = &s->g->nodes[p->users[0]];
+    if (b->op != KF_OP_MATMUL || b->in[0] != rn->out[0] || b->in[1] == rn->out[0]) return false;
+    const kf_type *ta = &s->g->values[an->in[0]].type, *tb = &s->g->values[b->in[1]].type;
+    int64_t k = ta->rank ? ta->dims[ta->rank - 1] : -1, nv = tb->rank >= 2 ? tb->dims[tb->rank - 1] : -1;
+    return k > 0 && k <= 128 && nv > 0 && nv <= 128;
+}
+
 /* Masters of a tentative union, as bits in pl_state.up/dn. */
 #define PL_M_X0 1 /* the first anchor (by position) */
 #define PL_M_X1 2 /* the second anchor */
@@ -413,6 +430,7 @@ static const char *b2b_reason(pl_state *s, uint32_t ra, uint32_t rb, const kf_id
     int da = gemm ? to->rank - 1 : 1, db = gemm ? ti->rank - 1 : 1;
     if (to->dims[da] < 0 || ti->dims[db] < 0) return KF_REASON_SHAPES;
     if (to->dims[da] != ti->dims[db]) return KF_REASON_B2B_OPERAND;
+    if (R && gemm && streams_keys(s, X[0], R)) return NULL;
     return row_fits(s, ao, to->dims[da]) ? NULL : KF_REASON_B2B_CAP;
 }
 
@@ -430,7 +448,7 @@ static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
     int64_t n = to->dims[to->rank - 1];
     if (n < 0 || ti->dims[ti->rank - 1] < 0) return KF_REASON_SHAPES_RED;
     if (n != ti->dims[ti->rank - 1]) return KF_REASON_RED_AXIS;
-    return row_fits(s, xo, n) ? NULL : KF_REASON_ROW_CAP;
+    return row_fits(s, xo, n) || streams_keys(s, x, r) ? NULL : KF_REASON_ROW_CAP;
 }
 
 /* Does the output of non-master node x sit in one of the union's

@@ -63,6 +63,8 @@ static const field fields[] = {
     FD(lib_conv_frac, 1e-3, 1),
     FD(lib_fixed_us, 0, 1e4),
     FD(lib_conv_fixed_us, 0, 1e4),
+    FD(attn_tc_frac, 1e-3, 1),
+    FD(attn_fma_frac, 1e-3, 1),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 

@@ -388,7 +388,7 @@ Test(cg_anchor, gemm_then_gemm_then_layernorm) {
 
 Test(cg_anchor, attention_qkt_softmax_v) {
     cgu_need_opencl();
-    check_b2b(ATTENTION_B2B, 19, "kf_gemm_b2b(");
+    check_b2b(ATTENTION_B2B, 19, "kf_attention(");
 }
 
 /* Reasons for anchor groups not generated yet; each names the node. */

@@ -1,0 +1,278 @@
+/*
+ * cg_attention.c: attention as one streaming kernel (included by codegen.c
+ * after cg_anchor.c, whose GEMM helpers it uses).
+ *
+ * The group: MatMul(Q, K') -> elementwise (scale, additive or causal mask,
+ * any prologue on the operands) -> Softmax over the keys -> MatMul(., V) ->
+ * elementwise/layout epilogue. Instead of holding whole rows of scores on
+ * chip (the back-to-back form), a work-group owns 16 x W query rows of one
+ * batch (W warps, a warp 16 rows) and streams the keys and values through
+ * shared memory BK at a time, FlashAttention style:
+ *
+ *   for each key tile:  S = Q K'   (16 x BK per warp, m16n8k16 tiles)
+ *                       s = epilogue(S)          (scale, mask: per element)
+ *                       m' = max(m, rowmax s);  p = exp(s - m')
+ *                       l = l e^(m - m') + rowsum p;  O = O e^(m - m') + p V
+ *   O / l -> the second MatMul's epilogue -> stores
+ *
+ * The tile products go through the prelude's KF_MMA_F/H/B (16 x 8 x 16,
+ * the fragment layout of PTX mma.m16n8k16: lane l holds C rows l/4 and
+ * l/4 + 8, columns 2(l%4) and 2(l%4) + 1). The CUDA prelude runs the 16-bit
+ * forms on tensor cores (mma.sync); every other form, and every form in
+ * the OpenCL prelude, is the portable twin: each lane computes its own four
+ * C elements with FMAs from the same shared tiles, so the twin executes
+ * the same fragment ownership, row statistics and stores on any device.
+ * Row statistics are shared by the four lanes of a row (KF_QUAD_MAX/SUM:
+ * shuffles on CUDA, local memory on OpenCL). Keys past the end score -inf
+ * and their values load as 0; a row whose every key is masked to -inf
+ * gives 0/0, as the unfused Softmax does. */
+#ifdef KF_CG_ANCHOR_IMPL
+
+#define ATT_SMEM (46 * 1024) /* shared bytes a work-group may take (CUDA's static 48 KiB, less the quad scratch) */
+
+typedef struct attn {
+    int w, bk;          /* warps (16 query rows each), keys per tile */
+    int64_t d16, dv8;   /* head sizes rounded up to the MMA's k (16) and n (8) */
+    int64_t ldq, ldk, ldv, ldp; /* shared row strides, elements */
+    int esz;            /* bytes per shared element */
+    char kind;          /* 'F' float, 'H' float16, 'B' bfloat16 storage */
+} attn;
+
+static int64_t att_bytes(const attn *a) {
+    return (int64_t)a->esz * (16 * a->w * a->ldq + a->bk * a->ldk + a->dv8 * a->ldv + 16 * a->w * a->ldp) +
+           4 * 32 * a->w;
+}
+
+/* Picks warps and key tile so the tiles fit ATT_SMEM: as many warps as the
+ * query rows use (up to 4), then the longest key tile. False: none fits. */
+static bool att_tiles(int64_t M, int64_t N, int64_t K, int64_t Nv, char kind, attn *a) {
+    a->kind = kind;
+    a->esz = kind == 'F' ? 4 : 2;
+    int pad = kind == 'F' ? 1 : 8; /* 16-bit rows of 16 bytes + 8 halves: a fragment load hits 32 banks */
+    a->d16 = (K + 15) / 16 * 16;
+    a->dv8 = (Nv + 7) / 8 * 8;
+    a->ldq = a->ldk = a->d16 + pad;
+    int wmax = M >= 64 ? 4 : M > 16 ? (int)((M + 15) / 16) : 1;
+    if (wmax == 3) wmax = 4;
+    int bkmax = N > 32 ? 64 : N > 16 ? 32 : 16;
+    for (a->w = wmax; a->w >= 1; a->w /= 2)
+        for (a->bk = bkmax; a->bk >= 16; a->bk /= 2) {
+            a->ldv = a->ldp = a->bk + pad;
+            if (att_bytes(a) <= ATT_SMEM) return true;
+        }
+    return false;
+}
+
+/* Is the back-to-back group n -> r -> n2 attention the streaming kernel can
+ * run? Softmax over the keys only (opset 13 or the last axis), its output
+ * read by n2 directly (or through Identity), both anchors MatMuls, every
+ * group output after n2, operands of one floating storage type. */
+static bool att_shape(gen *st, const kf_node *n, const kf_node *r, const kf_node *n2, char *kind) {
+    if (!r || r->op != KF_OP_SOFTMAX || n->op != KF_OP_MATMUL || n2->op != KF_OP_MATMUL) return false;
+    const kf_type *rx = &st->g->values[r->in[0]].type;
+    int64_t opset = r->opset > 0 ? r->opset : 13;
+    int64_t axis = kf_attr_i(r, "axis", opset >= 13 ? -1 : 1);
+    if (axis < 0) axis += rx->rank;
+    if (axis != rx->rank - 1) return false;
+    kf_id v = n2->in[0];
+    for (int depth = 0; v != r->out[0]; depth++) {
+        kf_id p = st->g->values[v].producer;
+        if (depth > 8 || !p || st->p->group_of[p] != st->gi || st->g->nodes[p].op != KF_OP_IDENTITY) return false;
+        v = st->g->nodes[p].in[0];
+    }
+    for (uint32_t o = 0; o < st->k->nouts; o++)
+        if (!from_anchor(st, st->k->outs[o].value, n2->out[0], 0)) return false;
+    kf_dtype dt = st->g->values[n->in[0]].type.dtype;
+    kf_id ops[3] = {n->in[1], n2->in[1], n2->in[0]};
+    for (int i = 0; i < 3; i++)
+        if (st->g->values[ops[i]].type.dtype != dt) dt = KF_DT_FLOAT;
+    *kind = dt == KF_DT_FLOAT16 ? 'H' : dt == KF_DT_BFLOAT16 ? 'B' : 'F';
+    return true;
+}
+
+/* Stores register x into shared array arr at element idx in its kind. */
+static void att_put(gen *st, const attn *a, const char *arr, const char *idx, const char *x) {
+    if (a->kind == 'H') kf_cg_printf(st->s, "%sKF_SSTORE_HALF(%s, %s, %s);\n", st->ind, arr, idx, x);
+    else if (a->kind == 'B') kf_cg_printf(st->s, "%sKF_STORE_BF16(%s, %s, %s);\n", st->ind, arr, idx, x);
+    else kf_cg_printf(st->s, "%s%s[%s] = %s;\n", st->ind, arr, idx, x);
+}
+
+/* A tile load: element e of rows x cols (e / cols, e % cols) of operand
+ * slot `slot` of MatMul m (gm its shapes), its k index at "kbase + e % cols"
+ * or "kbase + e / cols" (k_is_col), n likewise; into arr at row * ld + col,
+ * or col * ld + row (transposed). Outside K/N: 0. */
+static bool att_load(gen *st, const attn *a, const kf_node *m, const gemm *gm, int slot, int64_t rows, int64_t cols,
+                     const char *rname, const char *rbase, const char *cname, const char *cbase, const char *arr,
+                     int64_t ld, bool transposed) {
+    const char *I = st->ity;
+    kf_cg_str *b = st->s;
+    kf_cg_printf(b, "            for (int e = KF_LOCAL_ID; e < %lld; e += KF_LOCAL_SIZE) {\n", (long long)(rows * cols));
+    kf_cg_printf(b, "                const int er = e / %lld, ec = e %% %lld;\n", (long long)cols, (long long)cols);
+    kf_cg_printf(b, "                const %s %s = %s + er;\n", I, rname, rbase);
+    kf_cg_printf(b, "                const %s %s = %s + ec;\n", I, cname, cbase);
+    st->ind = "                ";
+    /* the operand's (row, col) names: A is (gm, gk), B is (gk, gn) */
+    const char *row = slot == 0 ? "gm" : "gk", *col = slot == 0 ? "gk" : "gn";
+    int64_t rlim = slot == 0 ? gm->M : gm->K, clim = slot == 0 ? gm->K : gm->N;
+    char cond[128];
+    snprintf(cond, sizeof cond, "%s < %lld && %s < %lld", row, (long long)rlim, col, (long long)clim);
+    ix at;
+    operand_ix(gm, &st->g->values[m->in[slot]].type, slot == 0, row, col, &at);
+    if (!load_guarded(st, "x", cond, m->in[slot], &at)) return false;
+    char idx[96];
+    snprintf(idx, sizeof idx, transposed ? "ec * %lld + er" : "er * %lld + ec", (long long)ld);
+    att_put(st, a, arr, idx, "x");
+    kf_cg_puts(b, "            }\n");
+    return true;
+}
+
+static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm1, const gemm *gm2,
+                          const attn *a) {
+    const char *I = st->ity;
+    const kf_node *r = st->red;
+    const kf_type *ot = &st->g->values[n->out[0]].type;
+    int64_t BQ = 16 * a->w, tm = (gm1->M + BQ - 1) / BQ, nbatch = 1;
+    for (int d = 0; d < gm1->nb; d++) nbatch *= ot->dims[d];
+    int64_t ntiles = nbatch * tm, nt = a->bk / 8, on = a->dv8 / 8;
+    if (ntiles > INT32_MAX / (32 * a->w))
+        return fail(st, "node '%s': %lld query tiles (not generated)", kf_node_label(n), (long long)ntiles);
+    kf_free(st->k->name);
+    if (!(st->k->name = kf_strdup("kf_attention"))) return fail_oom(st);
+    st->k->block = (uint32_t)(32 * a->w);
+    st->k->min_block = st->k->block; /* warps own query rows: exactly this many */
+    st->k->numel = ntiles * st->k->block;
+
+    kf_cg_str body = {0};
+    st->s = &body;
+    st->ind = "        ";
+    kf_cg_printf(&body, "        const %s tm = tile %% %lld;\n", I, (long long)tm);
+    if (gm1->nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)tm);
+    batch_names(st, gm1, ot);
+    char base[48];
+    snprintf(base, sizeof base, "tm * %lld", (long long)BQ);
+    kf_cg_puts(&body, "        KF_BARRIER;\n");
+    /* Q: BQ rows x d16, once */
+    bool ok = att_load(st, a, n, gm1, 0, BQ, a->d16, "gm", base, "gk", "0", "kf_q", a->ldq, false);
+    kf_cg_printf(&body, "        float m0 = -KF_INF, m1 = -KF_INF, l0 = 0.0f, l1 = 0.0f;\n"
+                        "        float oc[%lld][4];\n"
+                        "        KF_UNROLL for (int j = 0; j < %lld; j++) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.0f;\n",
+                 (long long)on, (long long)on);
+    kf_cg_printf(&body, "        for (%s kt = 0; kt < %lld; kt += %d) {\n", I, (long long)gm1->N, a->bk);
+    kf_cg_puts(&body, "            KF_BARRIER;\n");
+    /* K' (the first MatMul's B, [k = head dim][n = key]) as kf_k[key][d]; V ([k = key][n = dv]) as kf_v[dv][key] */
+    ok = ok && att_load(st, a, n, gm1, 1, a->bk, a->d16, "gn", "kt", "gk", "0", "kf_k", a->ldk, false);
+    ok = ok && att_load(st, a, n2, gm2, 1, a->bk, a->dv8, "gk", "kt", "gn", "0", "kf_v", a->ldv, true);
+    kf_cg_printf(&body, "            KF_BARRIER;\n"
+                        "            float sc[%lld][4];\n"
+                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+                        "                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;\n"
+                        "                KF_UNROLL for (int k0 = 0; k0 < %lld; k0 += 16)\n"
+                        "                    KF_MMA_%c(sc[j], kf_q, warp * %lld + k0, %lld, kf_k, j * %lld + k0, %lld, lane);\n"
+                        "            }\n",
+                 (long long)nt, (long long)nt, (long long)a->d16, a->kind, (long long)(16 * a->ldq), (long long)a->ldq,
+                 (long long)(8 * a->ldk), (long long)a->ldk);
+    /* the scores through the first MatMul's epilogue, -inf past the keys */
+    kf_cg_printf(&body, "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n", (long long)(4 * nt));
+    kf_cg_printf(&body, "                const %s gm = tm * %lld + warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0);\n", I,
+                 (long long)BQ);
+    kf_cg_printf(&body, "                const %s gn = kt + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n", I);
+    kf_cg_puts(&body, "                float sv = -KF_INF;\n");
+    kf_cg_printf(&body, "                if (gm < %lld && gn < %lld) {\n", (long long)gm1->M, (long long)gm1->N);
+    st->ind = "                    ";
+    ix oi;
+    kf_cg_str rhs = {0};
+    uint32_t mark = st->nmemo;
+    ok = ok && anchor_value(st, n, gm1, "sc[e / 4][e % 4]", &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, "sv");
+    st->nmemo = mark;
+    kf_cg_str_release(&rhs);
+    kf_cg_puts(&body, "                }\n"
+                      "                sc[e / 4][e % 4] = sv;\n"
+                      "            }\n");
+    /* online softmax: rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16 */
+    kf_cg_printf(&body, "            float x0 = -KF_INF, x1 = -KF_INF;\n"
+                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+                        "                x0 = KF_FMAX(x0, KF_FMAX(sc[j][0], sc[j][1]));\n"
+                        "                x1 = KF_FMAX(x1, KF_FMAX(sc[j][2], sc[j][3]));\n"
+                        "            }\n"
+                        "            x0 = KF_QUAD_MAX(x0, kf_qr);\n"
+                        "            x1 = KF_QUAD_MAX(x1, kf_qr);\n"
+                        "            const float n0 = KF_FMAX(m0, x0), n1 = KF_FMAX(m1, x1);\n"
+                        "            const float u0 = n0 == -KF_INF ? 0.0f : n0, u1 = n1 == -KF_INF ? 0.0f : n1;\n"
+                        "            const float c0 = KF_EXP(m0 - u0), c1 = KF_EXP(m1 - u1);\n"
+                        "            m0 = n0;\n"
+                        "            m1 = n1;\n"
+                        "            float p0 = 0.0f, p1 = 0.0f;\n"
+                        "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
+                        "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
+                        "                if (e %% 4 >= 2) p1 += pv;\n"
+                        "                else p0 += pv;\n"
+                        "                const int pi = (warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0)) * %lld + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n",
+                 (long long)nt, (long long)(4 * nt), (long long)a->ldp);
+    st->ind = "                ";
+    att_put(st, a, "kf_p", "pi", "pv");
+    kf_cg_printf(&body, "            }\n"
+                        "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
+                        "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n"
+                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+                        "                oc[j][0] *= c0;\n"
+                        "                oc[j][1] *= c0;\n"
+                        "                oc[j][2] *= c1;\n"
+                        "                oc[j][3] *= c1;\n"
+                        "            }\n"
+                        "            KF_BARRIER;\n"
+                        "            KF_UNROLL for (int j = 0; j < %lld; j++)\n"
+                        "                KF_UNROLL for (int k0 = 0; k0 < %d; k0 += 16)\n"
+                        "                    KF_MMA_%c(oc[j], kf_p, warp * %lld + k0, %lld, kf_v, j * %lld + k0, %lld, lane);\n"
+                        "        }\n",
+                 (long long)on, (long long)on, a->bk, a->kind, (long long)(16 * a->ldp), (long long)a->ldp,
+                 (long long)(8 * a->ldv), (long long)a->ldv);
+    /* O / l through the second MatMul's epilogue */
+    kf_cg_printf(&body, "        KF_UNROLL for (int e = 0; e < %lld; e++) {\n", (long long)(4 * on));
+    kf_cg_printf(&body, "            const %s gm = tm * %lld + warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0);\n", I,
+                 (long long)BQ);
+    kf_cg_printf(&body, "            const %s gn = e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n", I);
+    kf_cg_printf(&body, "            if (gm < %lld && gn < %lld) {\n", (long long)gm2->M, (long long)gm2->N);
+    kf_cg_puts(&body, "                const float kf_o = oc[e / 4][e % 4] / (e % 4 >= 2 ? l1 : l0);\n");
+    st->ind = "                ";
+    st->red = NULL;
+    kf_cg_str rhs2 = {0};
+    ix oi2;
+    mark = st->nmemo;
+    ok = ok && anchor_value(st, n2, gm2, "kf_o", &oi2, &rhs2) && epilogue(st, n2->out[0], &oi2, rhs2.p, NULL);
+    st->nmemo = mark;
+    st->red = r;
+    kf_cg_str_release(&rhs2);
+    kf_cg_puts(&body, "            }\n        }\n");
+    if (ok) {
+        header(st, s, a->kind == 'F' ? "attention (streamed keys)" : "attention (streamed keys, 16-bit tiles)");
+        const char *T = a->kind == 'H' ? "KF_SHALF" : a->kind == 'B' ? "KF_BF16" : "float";
+        kf_cg_printf(s, "    KF_SHARED %s kf_q[%lld] KF_ALIGN16;\n", T, (long long)(BQ * a->ldq));
+        kf_cg_printf(s, "    KF_SHARED %s kf_k[%lld] KF_ALIGN16;\n", T, (long long)(a->bk * a->ldk));
+        kf_cg_printf(s, "    KF_SHARED %s kf_v[%lld] KF_ALIGN16;\n", T, (long long)(a->dv8 * a->ldv));
+        kf_cg_printf(s, "    KF_SHARED %s kf_p[%lld] KF_ALIGN16;\n", T, (long long)(BQ * a->ldp));
+        kf_cg_printf(s, "    KF_SHARED float kf_qr[%d];\n", 32 * a->w);
+        kf_cg_puts(s, "    const int lane = KF_LOCAL_ID % 32, warp = KF_LOCAL_ID / 32;\n");
+        kf_cg_printf(s, "    for (%s tile = (%s)KF_GROUP_ID; tile < %lld; tile += (%s)KF_NUM_GROUPS) {\n", I, I,
+                     (long long)ntiles, I);
+        kf_cg_puts(s, body.p ? body.p : "");
+        kf_cg_puts(s, "    }\n}\n");
+    }
+    if (body.oom) s->oom = true;
+    kf_cg_str_release(&body);
+    return ok;
+}
+
+/* The streaming form for back-to-back group n -> n2 when it is attention
+ * (att_shape) and its tiles fit; *taken false leaves the group to the
+ * whole-row form. */
+static bool att_try(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm, const gemm *gm2,
+                    bool *taken) {
+    char kind;
+    attn a;
+    *taken = att_shape(st, n, st->red, n2, &kind) && att_tiles(gm->M, gm->N, gm->K, gm2->N, kind, &a);
+    return !*taken || gen_attention(st, s, n, n2, gm, gm2, &a);
+}
+
+#else
+typedef int kf_cg_attention_empty; /* ISO C: a translation unit declares something */
+#endif
