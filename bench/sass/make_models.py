@@ -1,6 +1,8 @@
 """The kernel shapes of the memory-bound figures (../shared/gpu/README.md):
 LayerNormalization, Softmax and Add + Gelu over [32768, 1024] in float32 and
-float16, and a chain of 4 elementwise ops over 2^26 floats. Small files (the
+float16, and a chain of 4 elementwise ops over 2^26 floats; and attention as
+exported (QK^T / sqrt(d) + additive mask, Softmax, xV) at BERT-base's heads
+(12 x 64) for sequences 128 and 512, float16 and bfloat16. Small files (the
 only weights are 1024-long rows); bench/sass/check.sh reads their kernels'
 SASS.
 
@@ -37,6 +39,23 @@ def main(out):
              h.make_node("Sigmoid", ["m"], ["s"]), h.make_node("Sub", ["s", "z"], ["y"])]
     save(nodes, "ew4_f32", T.FLOAT, [65536, 1024], [], out,
          extra_inputs=[h.make_tensor_value_info("z", T.FLOAT, [65536, 1024])])
+    for dt, tag in ((T.FLOAT16, "f16"), (T.BFLOAT16, "bf16")):
+        for seq in (128, 512):
+            attention(out, f"attn_{tag}_s{seq}", dt, 12, seq, 64)
+
+
+def attention(out, name, dt, heads, seq, d):
+    """x is the queries [1, heads, seq, d]; k, v the keys and values, mask
+    the additive padding mask [1, 1, 1, seq]; y the context."""
+    shape = [1, heads, seq, d]
+    scale = h.make_tensor("s", dt, [], [1.0 / d ** 0.5])
+    nodes = [h.make_node("Transpose", ["k"], ["kt"], perm=[0, 1, 3, 2]),
+             h.make_node("MatMul", ["x", "kt"], ["m"]), h.make_node("Mul", ["m", "s"], ["sc"]),
+             h.make_node("Add", ["sc", "mask"], ["a"]), h.make_node("Softmax", ["a"], ["p"], axis=-1),
+             h.make_node("MatMul", ["p", "v"], ["y"])]
+    save(nodes, name, dt, shape, [scale], out,
+         extra_inputs=[h.make_tensor_value_info("k", dt, shape), h.make_tensor_value_info("v", dt, shape),
+                       h.make_tensor_value_info("mask", dt, [1, 1, 1, seq])])
 
 
 if __name__ == "__main__":
