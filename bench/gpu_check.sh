@@ -280,6 +280,7 @@ EOF
   local m name bytes
   for m in "$root"/bench/sass/models/*.onnx; do
     name=$(basename "$m" .onnx)
+    case $name in attn_*) continue ;; esac # timed against scaled_dot_product_attention below
     case $name in *_f16) bytes=$((2 * 2 * 32768 * 1024)) ;; ew4_f32) bytes=$((3 * 4 * 65536 * 1024)) ;; *) bytes=$((2 * 4 * 32768 * 1024)) ;; esac
     out=$("$kfuse" bench "$m" --backend cuda --warmup 5 --iters 30 2>&1) || { echo "fused: $name failed: $(tail -1 <<<"$out")"; continue; }
     ms=$(echo "$out" | sed -n 's/.*device p50 \([0-9.]*\) ms.*/\1/p')
@@ -290,6 +291,38 @@ EOF
 export -f bandwidth
 want kernels "kernel bandwidth" && step "fused kernel bandwidth vs device copy" 60 bandwidth
 grep -E "^(copy|fused):" "$log" | sed 's/^/      /' >>"$summary"
+
+# ---- attention: the streaming kernel against torch's scaled_dot_product_attention ----------
+# bench/sass/models/attn_{f16,bf16}_s{128,512}: BERT-base's 12 heads of 64, additive mask;
+# kfuse's device p50 of the one fused kernel and SDPA's median over the same shapes, one run
+attention() {
+  local m name out ms
+  for m in "$root"/bench/sass/models/attn_*.onnx; do
+    name=$(basename "$m" .onnx)
+    out=$("$kfuse" bench "$m" --backend cuda --warmup 5 --iters 50 2>&1) || { echo "attention: $name failed: $(tail -1 <<<"$out")"; continue; }
+    ms=$(echo "$out" | sed -n 's/.*device p50 \([0-9.]*\) ms.*/\1/p')
+    echo "attention: kfuse $name device p50 ${ms:-?} ms"
+  done
+  python3 - <<'EOF' || echo "attention: torch unavailable; SDPA not timed"
+import torch
+import torch.nn.functional as F
+for dt, tag in ((torch.float16, "f16"), (torch.bfloat16, "bf16")):
+    for seq in (128, 512):
+        q, k, v = (torch.randn(1, 12, seq, 64, device="cuda", dtype=dt) for _ in range(3))
+        mask = torch.zeros(1, 1, 1, seq, device="cuda", dtype=dt)
+        for _ in range(5): F.scaled_dot_product_attention(q, k, v, attn_mask=mask)
+        ts = []
+        for _ in range(50):
+            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            s.record(); F.scaled_dot_product_attention(q, k, v, attn_mask=mask); e.record(); e.synchronize()
+            ts.append(s.elapsed_time(e))
+        ts.sort()
+        print(f"attention: torch sdpa attn_{tag}_s{seq} median {ts[len(ts) // 2]:.4f} ms")
+EOF
+}
+export -f attention
+want kernels "attention" && step "attention kernel vs torch sdpa" 60 attention
+grep -E "^attention:" "$log" | sed 's/^/      /' >>"$summary"
 
 # ---- compile cold/warm and bench -----------------------------------------------------
 bert=$root/bench/models/small/bert/model.onnx
