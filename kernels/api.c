@@ -40,26 +40,70 @@ kf_status kf_model_optimize(kf_model *m) {
 /* The first kf_compile_options: every later one starts with these fields. */
 #define OPTS_V1_SIZE (offsetof(kf_compile_options, precision) + sizeof(kf_precision))
 
-static kf_status compile(const kf_model *m, kf_backend b, const kf_precision *prec, kf_compiled **out) {
-    if (!out) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: out is NULL");
-    *out = NULL;
-    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: NULL model");
+static bool switch_valid(kf_switch s) { return s == KF_SWITCH_DEFAULT || s == KF_SWITCH_ON || s == KF_SWITCH_OFF; }
+
+kf_status kf_exec_options_from_public(const kf_compile_options *opts, kf_exec_options *o) {
+    kf_compile_options p = KF_COMPILE_OPTIONS_INIT;
+    if (opts) {
+        if (opts->struct_size > sizeof p)
+            return kf_fail(KF_ERR_UNSUPPORTED,
+                           "kf_compile_options: struct_size %zu, this kfuse (%s) knows kf_compile_options of %zu bytes",
+                           opts->struct_size, kf_version(), sizeof p);
+        if (opts->struct_size != OPTS_V1_SIZE && opts->struct_size != sizeof p)
+            return kf_fail(KF_ERR_INVALID_ARG,
+                           "kf_compile_options: struct_size %zu, neither the first version's (%zu) nor this one's (%zu)",
+                           opts->struct_size, (size_t)OPTS_V1_SIZE, sizeof p);
+        memcpy(&p, opts, opts->struct_size); /* later fields keep their INIT values */
+    }
+    if ((unsigned)p.precision >= KF_PRECISION_COUNT)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: precision %d (fp32, tf32, fp16, bf16)", (int)p.precision);
+    if (!switch_valid(p.fusion) || !switch_valid(p.batching))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: fusion %d, batching %d (KF_SWITCH_DEFAULT, _ON, _OFF)",
+                       (int)p.fusion, (int)p.batching);
+    if (p.npattern_files < 0 || (p.npattern_files && !p.pattern_files) || p.ndims < 0 || (p.ndims && !p.dims))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: %d pattern files, %d dims (a count needs its array)",
+                       p.npattern_files, p.ndims);
+    kf_backend b = p.backend;
     if (b == KF_BACKEND_BEST)
         b = !kf_cu_unavailable() && !kf_nvrtc_unavailable() ? KF_BACKEND_CUDA
             : !kf_cl_unavailable()                          ? KF_BACKEND_OPENCL
                                                             : KF_BACKEND_REF;
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    if (prec) o.precision = *prec;
+    kf_exec_options_default(o);
     switch (b) {
-    case KF_BACKEND_REF: o.backend = KF_EXEC_REF; break;
-    case KF_BACKEND_OPENCL: o.backend = KF_EXEC_OPENCL; break;
-    case KF_BACKEND_CUDA: o.backend = KF_EXEC_CUDA; break;
-    default: return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: unknown backend %d", (int)b);
+    case KF_BACKEND_REF: o->backend = KF_EXEC_REF; break;
+    case KF_BACKEND_OPENCL: o->backend = KF_EXEC_OPENCL; break;
+    case KF_BACKEND_CUDA: o->backend = KF_EXEC_CUDA; break;
+    default: return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: unknown backend %d", (int)p.backend);
+    }
+    o->precision = p.precision;
+    o->target = p.target;
+    o->device = p.device;
+    o->cache_dir = p.cache_dir;
+    o->pattern_files = p.pattern_files;
+    o->npattern_files = p.npattern_files;
+    o->dims = p.dims;
+    o->ndims = p.ndims;
+    o->lib_workspace = p.workspace_bytes;
+    o->fusion = p.fusion;
+    o->batching = p.batching;
+    return KF_OK;
+}
+
+/* env_precision: kf_compile's KFUSE_PRECISION instead of opts' precision */
+static kf_status compile(const kf_model *m, const kf_compile_options *opts, bool env_precision, kf_compiled **out) {
+    if (!out) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: out is NULL");
+    *out = NULL;
+    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: NULL model");
+    kf_exec_options o;
+    KF_TRY(kf_exec_options_from_public(opts, &o));
+    if (env_precision) {
+        kf_exec_options def;
+        kf_exec_options_default(&def);
+        o.precision = def.precision; /* an unknown name: kf_exec_create says why */
     }
     kf_compiled *c = kf_calloc(1, sizeof *c);
     if (!c) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    c->backend = b;
+    c->backend = o.backend == KF_EXEC_CUDA ? KF_BACKEND_CUDA : o.backend == KF_EXEC_OPENCL ? KF_BACKEND_OPENCL : KF_BACKEND_REF;
     kf_status st = kf_exec_create(m, &o, &c->x);
     if (st) {
         kf_free(c);
@@ -69,25 +113,18 @@ static kf_status compile(const kf_model *m, kf_backend b, const kf_precision *pr
     return KF_OK;
 }
 
-kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) { return compile(m, b, NULL, out); }
+kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) {
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    o.backend = b;
+    return compile(m, &o, true, out);
+}
 
 kf_status kf_compile_ex(const kf_model *m, const kf_compile_options *opts, kf_compiled **out) {
     if (out) *out = NULL;
-    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
-    if (opts) {
-        if (opts->struct_size < OPTS_V1_SIZE)
-            return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_ex: struct_size %zu, the smallest kf_compile_options is %zu",
-                           opts->struct_size, (size_t)OPTS_V1_SIZE);
-        if (opts->struct_size > sizeof o)
-            return kf_fail(KF_ERR_UNSUPPORTED,
-                           "kf_compile_ex: struct_size %zu, this kfuse (%s) knows kf_compile_options of %zu bytes",
-                           opts->struct_size, kf_version(), sizeof o);
-        memcpy(&o, opts, opts->struct_size);
-    }
-    if ((unsigned)o.precision >= KF_PRECISION_COUNT)
-        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_ex: precision %d (fp32, tf32, fp16, bf16)", (int)o.precision);
-    return compile(m, o.backend, &o.precision, out);
+    return compile(m, opts, false, out);
 }
+
+kf_exec *kf_compiled_exec(const kf_compiled *c) { return c ? c->x : NULL; }
 
 kf_backend kf_compiled_backend(const kf_compiled *c) { return c ? c->backend : KF_BACKEND_BEST; }
 int kf_compiled_num_inputs(const kf_compiled *c) { return c ? (int)kf_exec_num_inputs(c->x) : 0; }
