@@ -4,6 +4,7 @@
  * out. Everything here is argument checking and conversion; the work and
  * the thread-safety are kf_exec's.
  */
+#include <pthread.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
@@ -14,6 +15,9 @@
 struct kf_compiled {
     kf_exec *x;
     kf_backend backend;
+    /* kf_compiled_output_info's last answer: a caller asks once per output */
+    pthread_mutex_t mu;
+    kf_type *info_in, *info_out; /* nin and nout types; NULL until the first */
 };
 
 const char *kf_backend_name(kf_backend b) {
@@ -103,10 +107,11 @@ static kf_status compile(const kf_model *m, const kf_compile_options *opts, bool
     }
     kf_compiled *c = kf_calloc(1, sizeof *c);
     if (!c) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    pthread_mutex_init(&c->mu, NULL);
     c->backend = o.backend == KF_EXEC_CUDA ? KF_BACKEND_CUDA : o.backend == KF_EXEC_OPENCL ? KF_BACKEND_OPENCL : KF_BACKEND_REF;
     kf_status st = kf_exec_create(m, &o, &c->x);
     if (st) {
-        kf_free(c);
+        kf_compiled_free(c);
         return st;
     }
     *out = c;
@@ -150,7 +155,7 @@ const char *kf_compiled_output_name(const kf_compiled *c, int i) {
 }
 
 /* A kf_tensor header over the caller's data (not owned; never released). */
-static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, kf_tensor *t) {
+static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, bool with_data, kf_tensor *t) {
     const char *name = kf_compiled_input_name(c, i);
     if (!kf_dtype_valid(h->dtype) || h->dtype == KF_DT_UNDEFINED || h->dtype == KF_DT_STRING)
         return kf_fail(KF_ERR_INVALID_ARG, "input '%s': dtype %d is not a numeric ONNX dtype", name, h->dtype);
@@ -164,7 +169,7 @@ static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, kf_t
         t->dims[d] = h->dims[d];
     }
     KF_TRY(kf_shape_numel(t->rank, t->dims, kf_dtype_size(t->dtype), &t->numel));
-    if (t->numel && !h->data) return kf_fail(KF_ERR_INVALID_ARG, "input '%s': data is NULL", name);
+    if (with_data && t->numel && !h->data) return kf_fail(KF_ERR_INVALID_ARG, "input '%s': data is NULL", name);
     t->data = (void *)h->data; /* read only: kf_exec never writes inputs */
     return KF_OK;
 }
@@ -179,7 +184,7 @@ kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_o
     kf_tensor *in = kf_calloc((size_t)nin + 1, sizeof(kf_tensor));
     kf_tensor *out = kf_calloc((size_t)nout + 1, sizeof(kf_tensor));
     kf_status st = in && out ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
-    for (int i = 0; !st && i < nin; i++) st = view(c, i, &inputs[i], &in[i]);
+    for (int i = 0; !st && i < nin; i++) st = view(c, i, &inputs[i], true, &in[i]);
     if (!st) st = kf_exec_run(c->x, in, (uint32_t)nin, out);
     for (int o = 0; !st && o < nout; o++) {
         kf_tensor *t = &out[o];
@@ -207,6 +212,67 @@ kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_o
     return st;
 }
 
+static bool same_types(const kf_type *a, const kf_type *b, int n) {
+    for (int i = 0; i < n; i++) {
+        if (a[i].dtype != b[i].dtype || a[i].rank != b[i].rank) return false;
+        for (int d = 0; d < a[i].rank && d < KF_MAX_RANK; d++)
+            if (a[i].dims[d] != b[i].dims[d]) return false;
+    }
+    return true;
+}
+
+kf_status kf_compiled_output_info(const kf_compiled *cc, const kf_host_tensor *inputs, int ninputs, int i, int *dtype,
+                                  int *rank, int64_t dims[8]) {
+    kf_compiled *c = (kf_compiled *)cc; /* the cache below is the only state it changes, under c->mu */
+    if (!c || !dtype || !rank || !dims || (ninputs && !inputs))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_output_info: NULL argument");
+    int nin = kf_compiled_num_inputs(c), nout = kf_compiled_num_outputs(c);
+    if (i < 0 || i >= nout) return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_output_info: output %d of %d", i, nout);
+    if (ninputs != nin)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_output_info: the model has %d inputs, %d were given", nin, ninputs);
+    kf_tensor *in = kf_calloc((size_t)nin + 1, sizeof(kf_tensor));
+    kf_type *tin = kf_calloc((size_t)nin + 1, sizeof(kf_type)), *tout = kf_calloc((size_t)nout + 1, sizeof(kf_type));
+    kf_status st = in && tin && tout ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int k = 0; !st && k < nin; k++)
+        if (!(st = view(c, k, &inputs[k], false, &in[k]))) kf_type_of_tensor(&tin[k], &in[k]);
+    bool hit = false;
+    if (!st) {
+        pthread_mutex_lock(&c->mu);
+        if ((hit = c->info_in && same_types(c->info_in, tin, nin))) memcpy(tout, c->info_out, (size_t)nout * sizeof *tout);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (!st && !hit && !(st = kf_exec_output_types(c->x, in, (uint32_t)nin, tout))) {
+        /* remembered for the next output's call; without memory, not at all */
+        kf_type *ci = kf_calloc((size_t)nin + 1, sizeof *ci), *co = kf_calloc((size_t)nout + 1, sizeof *co);
+        if (ci && co) {
+            memcpy(ci, tin, (size_t)nin * sizeof *ci);
+            memcpy(co, tout, (size_t)nout * sizeof *co);
+            pthread_mutex_lock(&c->mu);
+            kf_type *old_in = c->info_in, *old_out = c->info_out;
+            c->info_in = ci, c->info_out = co;
+            pthread_mutex_unlock(&c->mu);
+            ci = old_in, co = old_out;
+        }
+        kf_free(ci);
+        kf_free(co);
+    }
+    if (!st) {
+        const kf_type *t = &tout[i];
+        if (t->rank > 8)
+            st = kf_fail(KF_ERR_INVALID_ARG, "output '%s': rank %d (kf_output holds rank <= 8)", kf_compiled_output_name(c, i),
+                         t->rank);
+        else {
+            *dtype = (int)t->dtype;
+            *rank = t->rank;
+            for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d] < 0 ? KF_DIM_UNKNOWN : t->dims[d];
+        }
+    }
+    kf_free(in);
+    kf_free(tin);
+    kf_free(tout);
+    return st;
+}
+
 void kf_output_release(kf_output *o) {
     if (!o) return;
     free(o->data);
@@ -216,5 +282,8 @@ void kf_output_release(kf_output *o) {
 void kf_compiled_free(kf_compiled *c) {
     if (!c) return;
     kf_exec_free(c->x);
+    pthread_mutex_destroy(&c->mu);
+    kf_free(c->info_in);
+    kf_free(c->info_out);
     kf_free(c);
 }

@@ -660,6 +660,41 @@ static kf_status upload_weights(kf_exec *e, spec *s) {
     return st;
 }
 
+/* A copy of the model specialised to input types t (per exec input; rank
+ * -1 = as declared) and optimized; *out is the caller's. Specialised
+ * first, then optimized: with static input dims, Shape and the arithmetic
+ * on it fold away and every shape is known. */
+static kf_status specialise(const kf_exec *e, const kf_type *t, kf_model **out) {
+    kf_model *m = NULL;
+    KF_TRY(kf_model_load_memory(e->base_bytes, e->base_len, e->base_dir, &m));
+    kf_graph *g = m->graph;
+    for (uint32_t i = 0; i < e->nin; i++) {
+        kf_id v = e->in_ids[i];
+        if (v && t[i].rank >= 0) g->values[v].type = t[i];
+    }
+    kf_status st = KF_OK;
+    if (e->o.optimize) {
+        kf_opt_options oo;
+        kf_opt_options_default(&oo);
+        oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
+        oo.pattern_files = (const char *const *)e->patterns;
+        oo.npattern_files = e->o.npattern_files;
+        kf_opt_result res;
+        memset(&res, 0, sizeof res);
+        st = kf_optimize(m, &oo, &res);
+        kf_rules_free(&res.rules);
+        if (!st && m->graph->noutputs != e->nout)
+            st = kf_fail(KF_ERR_INTERNAL, "the optimizer changed the graph outputs (%u -> %u)", e->nout,
+                         m->graph->noutputs);
+    }
+    if (st) {
+        kf_model_free(m);
+        return st;
+    }
+    *out = m;
+    return KF_OK;
+}
+
 /* Builds the spec for input types t (per exec input; rank -1 = as declared). */
 static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
     spec *s = kf_calloc(1, sizeof *s);
@@ -667,30 +702,10 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
     kf_status st = KF_OK;
     if (!(s->in_types = kf_calloc((size_t)e->nin + 1, sizeof(kf_type)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st) memcpy(s->in_types, t, e->nin * sizeof(kf_type));
-    if (!st) st = kf_model_load_memory(e->base_bytes, e->base_len, e->base_dir, &s->m);
+    if (!st) st = specialise(e, t, &s->m);
     if (!st && !(s->in_ids = kf_calloc((size_t)e->nin + 1, sizeof(kf_id)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st) {
-        /* specialise first, then optimize: with static input dims, Shape
-         * and the arithmetic on it fold away and every shape is known */
-        kf_graph *g = s->m->graph;
-        for (uint32_t i = 0; i < e->nin; i++) {
-            kf_id v = e->in_ids[i];
-            if (v && t[i].rank >= 0) g->values[v].type = t[i];
-        }
-        if (e->o.optimize) {
-            kf_opt_options oo;
-            kf_opt_options_default(&oo);
-            oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
-            oo.pattern_files = (const char *const *)e->patterns;
-            oo.npattern_files = e->o.npattern_files;
-            kf_opt_result res;
-            memset(&res, 0, sizeof res);
-            st = kf_optimize(s->m, &oo, &res);
-            kf_rules_free(&res.rules);
-            g = s->m->graph;
-            if (!st && g->noutputs != e->nout)
-                st = kf_fail(KF_ERR_INTERNAL, "the optimizer changed the graph outputs (%u -> %u)", e->nout, g->noutputs);
-        }
+        const kf_graph *g = s->m->graph;
         for (uint32_t i = 0; !st && i < e->nin; i++) {
             /* the optimizer may drop an unused input; ids differ after loading */
             kf_id v = e->in_ids[i] ? kf_graph_find(g, e->in_names[i]) : 0;
@@ -1203,32 +1218,67 @@ kf_status kf_exec_run(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_
     return kf_exec_run_timed(e, inputs, ninputs, outputs, NULL);
 }
 
+/* The types of inputs (e->nin of them) into t, checked against the
+ * declared dtypes and the dims the options fixed; with_data: each needs
+ * its data. */
+static kf_status input_types(const kf_exec *e, const kf_tensor *inputs, bool with_data, kf_type *t) {
+    const kf_graph *bg = e->base->graph;
+    for (uint32_t i = 0; i < e->nin; i++) {
+        t[i].rank = -1;
+        kf_id v = e->in_ids[i];
+        if (!v) continue;
+        if (with_data && !inputs[i].data && inputs[i].numel)
+            return kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no data", e->in_names[i]);
+        if (inputs[i].dtype != bg->values[v].type.dtype)
+            return kf_fail(KF_ERR_INVALID_ARG, "input '%s' is %s, the model declares %s", e->in_names[i],
+                           kf_dtype_name(inputs[i].dtype), kf_dtype_name(bg->values[v].type.dtype));
+        kf_type_of_tensor(&t[i], &inputs[i]);
+        for (int d = 0; e->fixed && d < inputs[i].rank && d < KF_MAX_RANK; d++) {
+            int64_t want = e->fixed[(size_t)i * KF_MAX_RANK + d];
+            if (want >= 0 && inputs[i].dims[d] != want)
+                return kf_fail(KF_ERR_SHAPE, "input '%s': dim %d is %lld, the compile options fixed it at %lld",
+                               e->in_names[i], d, (long long)inputs[i].dims[d], (long long)want);
+        }
+    }
+    return KF_OK;
+}
+
+kf_status kf_exec_output_types(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_type *out) {
+    if (!e || (ninputs && !inputs) || !out) return kf_fail(KF_ERR_INVALID_ARG, "kf_exec_output_types: NULL argument");
+    if (ninputs != e->nin) return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u were given", e->nin, ninputs);
+    kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = input_types(e, inputs, false, t);
+    /* a specialisation made for these shapes already knows */
+    bool found = false;
+    pthread_mutex_lock(&e->mu);
+    for (uint32_t i = 0; !st && i < e->nspecs && !found; i++) {
+        const spec *s = e->specs[i];
+        if (!types_equal(s->in_types, t, e->nin)) continue;
+        const kf_graph *g = s->m->graph;
+        for (uint32_t o = 0; o < e->nout; o++) out[o] = g->values[g->outputs[o]].type;
+        found = true;
+    }
+    pthread_mutex_unlock(&e->mu);
+    kf_model *m = NULL;
+    /* else the copy a plan would start from (specialised, optimized: its
+     * shape arithmetic folded), inferred; no kernel is made */
+    if (!st && !found) st = specialise(e, t, &m);
+    if (!st && !found) st = kf_infer_shapes(m);
+    for (uint32_t o = 0; !st && !found && o < e->nout; o++) out[o] = m->graph->values[m->graph->outputs[o]].type;
+    kf_model_free(m);
+    kf_free(t);
+    return st;
+}
+
 kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs,
                             double *device_s) {
     if (device_s) *device_s = -1;
     if (!e || (ninputs && !inputs) || !outputs) return kf_fail(KF_ERR_INVALID_ARG, "kf_exec_run: NULL argument");
     if (ninputs != e->nin) return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u were given", e->nin, ninputs);
-    const kf_graph *bg = e->base->graph;
     kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
     if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    kf_status st = KF_OK;
-    for (uint32_t i = 0; i < e->nin && !st; i++) {
-        t[i].rank = -1;
-        kf_id v = e->in_ids[i];
-        if (!v) continue;
-        if (!inputs[i].data && inputs[i].numel) st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no data", e->in_names[i]);
-        else if (inputs[i].dtype != bg->values[v].type.dtype)
-            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' is %s, the model declares %s", e->in_names[i],
-                         kf_dtype_name(inputs[i].dtype), kf_dtype_name(bg->values[v].type.dtype));
-        else
-            kf_type_of_tensor(&t[i], &inputs[i]);
-        for (int d = 0; !st && e->fixed && d < inputs[i].rank && d < KF_MAX_RANK; d++) {
-            int64_t want = e->fixed[(size_t)i * KF_MAX_RANK + d];
-            if (want >= 0 && inputs[i].dims[d] != want)
-                st = kf_fail(KF_ERR_SHAPE, "input '%s': dim %d is %lld, the compile options fixed it at %lld",
-                             e->in_names[i], d, (long long)inputs[i].dims[d], (long long)want);
-        }
-    }
+    kf_status st = input_types(e, inputs, true, t);
     spec *s = NULL;
     if (!st) st = spec_get(e, t, &s);
     kf_free(t);

@@ -143,6 +143,15 @@ kf_exec_backend kf_exec_get_backend(const kf_exec *e);
  * types[i]) without running, e.g. for `kfuse compile --dim`. Memoised. */
 kf_status kf_exec_prepare(kf_exec *e, const kf_type *types, uint32_t ntypes, kf_exec_stats *st);
 
+/* The types of e's outputs (kf_exec_num_outputs of them, into out) for
+ * inputs of these dtypes and shapes (their data is not read; ninputs as
+ * for kf_exec_run): shape inference on the copy a plan starts from
+ * (specialised to them, optimized), or the plan already made for them. A dim that depends on input values
+ * (NonZero, a Reshape whose shape is an input) is -1, a rank unknown
+ * until a run -1. Errors as kf_exec_run's checks of its inputs, and
+ * inference's KF_ERR_SHAPE naming the node where they do not fit. */
+kf_status kf_exec_output_types(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_type *out);
+
 /* Runs e. inputs[i] in kf_exec_input_name order (ninputs of them);
  * outputs[o] (kf_exec_num_outputs of them) are released and refilled; the
  * caller owns them after. Thread-safe: any number of threads may run one

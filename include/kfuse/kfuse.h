@@ -225,6 +225,26 @@ KF_API kf_status kf_compiled_input_info(const kf_compiled *c, int i, int *dtype,
 KF_API int kf_compiled_num_outputs(const kf_compiled *c);
 KF_API const char *kf_compiled_output_name(const kf_compiled *c, int i);
 
+/* A dim of kf_compiled_output_info that only a run can tell. */
+#define KF_DIM_UNKNOWN (-1)
+/* Output i's dtype (ONNX number) and shape for a run on inputs of these
+ * dtypes and shapes, before running it: inputs as kf_run takes them
+ * (ninputs, kf_compiled_input_name order), but their data is not read
+ * and may be NULL. Shape inference on the concrete input shapes (on the
+ * optimized copy of the model a plan starts from; no kernel is compiled),
+ * or the plan kf_run already made for them. A dim that depends on input
+ * values rather than shapes (NonZero, Unique, a Reshape, Expand or
+ * ConstantOfShape whose shape is an input, TopK with k an input) is
+ * KF_DIM_UNKNOWN, and *rank is -1 where even the rank is (dims then
+ * untouched): kf_run's kf_output tells. The result is what kf_run
+ * returns for such inputs. Asking for every i with the same inputs
+ * infers once. Thread-safe like kf_run. Errors: KF_ERR_INVALID_ARG
+ * (NULL pointer, counts, i out of range, an input's dtype not the
+ * declared one, rank above 8), KF_ERR_SHAPE (shapes the model cannot
+ * take, naming the node; a dim kf_compile_options.dims fixed otherwise). */
+KF_API kf_status kf_compiled_output_info(const kf_compiled *c, const kf_host_tensor *inputs, int ninputs, int i,
+                                         int *dtype, int *rank, int64_t dims[8]);
+
 /* An output tensor: data (nbytes, row-major) is owned by the caller and
  * freed by kf_output_release. dtype numbers are ONNX's. */
 typedef struct kf_output {
