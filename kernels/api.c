@@ -6,11 +6,16 @@
  */
 #include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "kf_exec.h"
+#include "kf_fuse.h"
+#include "kf_memplan.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 
 struct kf_compiled {
     kf_exec *x;
@@ -38,6 +43,90 @@ kf_status kf_model_optimize(kf_model *m) {
     memset(&res, 0, sizeof res);
     kf_status st = kf_optimize(m, &oo, &res);
     kf_rules_free(&res.rules);
+    return st;
+}
+
+/* The fused file and its JSON report, as `kfuse fuse` makes them
+ * (tools/cmd_fuse.c): fixed dims bound, optimized with the extra rules,
+ * converted at fp16/bf16, planned for the target, groups applied as
+ * ai.kfuse functions. */
+static kf_status fuse(kf_model *m, const kf_exec_options *o, char **report) {
+    kf_fuse_summary sum = {0};
+    for (int i = 0; i < o->ndims; i++) {
+        bool known = false;
+        for (uint32_t y = 1; y < m->graph->nsyms && !known; y++) known = !strcmp(m->graph->syms[y], o->dims[i].name);
+        if (known) KF_TRY(kf_graph_bind_sym(m->graph, o->dims[i].name, o->dims[i].value));
+    }
+    sum.nodes_before = kf_graph_live_nodes(m->graph);
+    kf_opt_options oo;
+    kf_opt_options_default(&oo);
+    oo.pattern_files = o->pattern_files;
+    oo.npattern_files = o->npattern_files;
+    kf_opt_result res;
+    memset(&res, 0, sizeof res);
+    kf_status st = kf_optimize(m, &oo, &res);
+    kf_rules_free(&res.rules);
+    KF_TRY(st);
+    if (o->precision == KF_PRECISION_FP16 || o->precision == KF_PRECISION_BF16)
+        KF_TRY(kf_fuse_precision(m, o->precision == KF_PRECISION_FP16 ? KF_DT_FLOAT16 : KF_DT_BFLOAT16, NULL));
+    sum.nodes_after = kf_graph_live_nodes(m->graph);
+    kf_plan_options po;
+    kf_plan_options_default(&po);
+    if (o->target) po.target = o->target;
+    else if (!po.target) po.target = KF_PLAN_DEFAULT_TARGET;
+    if (o->fusion != KF_SWITCH_DEFAULT) po.disable = o->fusion == KF_SWITCH_OFF;
+    po.math = o->precision == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32;
+    kf_plan *built = NULL, *p = NULL;
+    KF_TRY(kf_plan_build(m, &po, &built));
+    st = kf_fuse_plan_copy(m, built, &p);
+    kf_plan_free(built);
+    KF_TRY(st);
+    kf_memplan mp;
+    sum.arena_bytes = sum.arena_lower_bound = -1;
+    if (kf_memplan_build(m, p, KF_MEMPLAN_ALIGN, &mp) == KF_OK) {
+        sum.arena_bytes = mp.arena_bytes;
+        sum.arena_lower_bound = mp.live_lower_bound;
+        kf_memplan_release(&mp);
+    } else
+        kf_clear_error(); /* sizes unknown while dims are symbolic */
+    kf_fuse_stats fs = {0};
+    st = kf_fuse_apply(m, p, &fs);
+    sum.functions = fs.functions;
+    if (!st && report) {
+        size_t len = 0;
+        FILE *f = open_memstream(report, &len);
+        if (!f) st = kf_fail(KF_ERR_NOMEM, "out of memory for the fusion report");
+        else {
+            kf_fuse_write_json(f, m, p, &sum);
+            if (fclose(f) != 0) st = kf_fail(KF_ERR_NOMEM, "out of memory for the fusion report");
+        }
+    }
+    kf_fuse_simple_plan_free(p);
+    return st;
+}
+
+kf_status kf_model_fuse(kf_model *m, const kf_compile_options *opts, char **report_json) {
+    if (report_json) *report_json = NULL;
+    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_fuse: NULL model");
+    kf_exec_options o;
+    KF_TRY(kf_exec_options_from_public(opts, &o));
+    /* pattern files are read here, before the model changes: a bad one leaves m as it was */
+    for (int i = 0; i < o.npattern_files; i++) {
+        if (!o.pattern_files[i]) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_fuse: pattern file %d is NULL", i);
+        kf_ruleset rs;
+        memset(&rs, 0, sizeof rs);
+        kf_status st = kf_rules_load_file(&rs, o.pattern_files[i]);
+        kf_rules_free(&rs);
+        KF_TRY(st);
+    }
+    for (int i = 0; i < o.ndims; i++)
+        if (!o.dims[i].name || o.dims[i].value < 0)
+            return kf_fail(KF_ERR_INVALID_ARG, "kf_model_fuse: fixed dim %d: a name and a size >= 0", i);
+    kf_status st = fuse(m, &o, report_json);
+    if (st && report_json) {
+        free(*report_json);
+        *report_json = NULL;
+    }
     return st;
 }
 
@@ -185,6 +274,11 @@ kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_o
     kf_tensor *out = kf_calloc((size_t)nout + 1, sizeof(kf_tensor));
     kf_status st = in && out ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
     for (int i = 0; !st && i < nin; i++) st = view(c, i, &inputs[i], true, &in[i]);
+    const char *trace = getenv("KFUSE_TRACE");
+    /* where each input is read from: bindings check they pass memory without a copy */
+    for (int i = 0; !st && trace && strstr(trace, "api") && i < nin; i++)
+        fprintf(stderr, "kfuse: api: kf_run input '%s' read at %p (%zu bytes)\n", kf_compiled_input_name(c, i),
+                in[i].data, (size_t)in[i].numel * kf_dtype_size(in[i].dtype));
     if (!st) st = kf_exec_run(c->x, in, (uint32_t)nin, out);
     for (int o = 0; !st && o < nout; o++) {
         kf_tensor *t = &out[o];

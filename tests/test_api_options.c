@@ -376,3 +376,78 @@ Test(api_options, fixed_dims) {
     kf_compiled_free(c);
     kf_model_free(m);
 }
+
+/* ---- kf_model_fuse --------------------------------------------------------- */
+
+static void *read_all(const char *path, size_t *len) {
+    FILE *f = fopen(path, "rb");
+    cr_assert(f, "cannot open %s", path);
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    void *b = malloc((size_t)n + 1);
+    cr_assert_eq(fread(b, 1, (size_t)n, f), (size_t)n);
+    fclose(f);
+    *len = (size_t)n;
+    return b;
+}
+
+/* kf_model_fuse writes the file `kfuse fuse` writes, byte for byte, for
+ * the same target and dims; its report is the --json one. */
+static void fuse_matches_cli(const char *rel, const char *cli_flags, const kf_compile_options *o) {
+    static char log[1 << 20]; /* the CLI's JSON report and messages */
+    char bin[1024], model[1024], out[256], args[4096];
+    tu_cli_find("api_options", bin, sizeof bin);
+    snprintf(model, sizeof model, "%s/%s", tu_source_dir(), rel);
+    snprintf(out, sizeof out, "%s/cli.onnx", own_dir);
+    snprintf(args, sizeof args, "fuse '%s' -o '%s' %s --json", model, out, cli_flags);
+    cr_assert_eq(tu_cli_run(bin, "", args, log, sizeof log), 0, "%s", log);
+    size_t want_len, got_len;
+    void *want = read_all(out, &want_len), *got = NULL;
+    kf_model *m = NULL;
+    cr_assert_eq(kf_model_load(model, &m), KF_OK, "%s", kf_last_error());
+    char *report = NULL;
+    cr_assert_eq(kf_model_fuse(m, o, &report), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_model_save_memory(m, &got, &got_len), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(got_len, want_len, "%s: %zu bytes, the CLI wrote %zu", rel, got_len, want_len);
+    cr_assert(memcmp(got, want, got_len) == 0, "%s: the bytes differ from the CLI's", rel);
+    cr_assert(report && strstr(report, "\"functions\""), "%s", report ? report : "(none)");
+    size_t n = strlen(report);
+    while (n && report[n - 1] == '\n') report[--n] = 0;
+    cr_assert(strstr(log, report), "%s: the report differs from `kfuse fuse --json`'s", rel);
+    free(report);
+    free(want);
+    free(got);
+    kf_model_free(m);
+}
+
+Test(api_options, fuse_matches_cli) {
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    fuse_matches_cli("bench/models/tiny_cnn.onnx", "", &o);
+    kf_dim dims[2] = {{"batch", 2}, {"seq", 8}};
+    o.target = "h100";
+    o.dims = dims;
+    o.ndims = 2;
+    fuse_matches_cli("bench/models/small/bert/model.onnx", "--target h100 --dim batch=2 --dim seq=8", &o);
+    o.precision = KF_PRECISION_FP16;
+    o.ndims = 1;
+    fuse_matches_cli("bench/models/small/resnet50/model.onnx", "--target h100 --dim batch=2 --precision fp16", &o);
+}
+
+Test(api_options, fuse_errors) {
+    kf_model *m = gt_parse(MODEL);
+    cr_assert_eq(kf_model_fuse(NULL, NULL, NULL), KF_ERR_INVALID_ARG);
+    const char *files[1] = {"/nonexistent/p.kfp"};
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    o.pattern_files = files;
+    o.npattern_files = 1;
+    char *report = (char *)1;
+    cr_assert_eq(kf_model_fuse(m, &o, &report), KF_ERR_IO);
+    cr_assert_null(report);
+    o.npattern_files = 0;
+    o.struct_size = 3;
+    cr_assert_eq(kf_model_fuse(m, &o, NULL), KF_ERR_INVALID_ARG);
+    o.struct_size = sizeof o;
+    cr_assert_eq(kf_model_fuse(m, &o, NULL), KF_OK, "%s", kf_last_error());
+    kf_model_free(m);
+}

@@ -211,6 +211,20 @@ typedef struct kf_compile_options {
  * value. */
 KF_API kf_status kf_compile_ex(const kf_model *m, const kf_compile_options *opts, kf_compiled **out);
 
+/* Rewrites m in place as `kfuse fuse` does: the symbolic dims opts fixes
+ * bound, optimized (built-in rules and opts' pattern files), converted to
+ * 16 bits at precision FP16/BF16, fusion planned for opts' target (its
+ * fusion switch honoured), and each kernel group written as a model-local
+ * function in domain ai.kfuse, so any ONNX runtime still runs the result
+ * (kf_model_save). Backend, device, cache folder, workspace and batching
+ * do not apply. opts NULL: KF_COMPILE_OPTIONS_INIT. report_json (may be
+ * NULL) receives the JSON report `kfuse fuse --json` prints, one line,
+ * malloc'ed: the caller frees it with free(); NULL on failure. Errors as
+ * kf_compile_ex's options checks, pattern files' (before m changes), and
+ * the optimizer's and planner's (m may then be partly rewritten, still a
+ * valid model). */
+KF_API kf_status kf_model_fuse(kf_model *m, const kf_compile_options *opts, char **report_json);
+
 /* The backend c runs on (BEST resolved). */
 KF_API kf_backend kf_compiled_backend(const kf_compiled *c);
 /* Inputs the caller provides (graph inputs without initializer, model
