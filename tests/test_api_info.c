@@ -8,6 +8,7 @@
  */
 #include <criterion/criterion.h>
 #include <dirent.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -175,6 +176,54 @@ Test(api_info, bad_arguments) {
     sy[0] = 5; /* [2,4] + [5] does not broadcast */
     cr_assert_eq(kf_compiled_output_info(c, in, 2, 0, &dtype, &rank, dims), KF_ERR_SHAPE);
     cr_log_info("mismatch: %s", kf_last_error());
+    kf_compiled_free(c);
+    kf_model_free(m);
+}
+
+/* ---- threads ------------------------------------------------------------ */
+
+#define INFO_THREADS 4
+#define INFO_ROUNDS 20 /* enough for the threads' calls to interleave */
+
+typedef struct info_worker {
+    kf_compiled *c;
+    int64_t batch0; /* this thread alternates batch0 and batch0 + 1 */
+    int wrong, failed;
+} info_worker;
+
+static void *info_work(void *arg) {
+    info_worker *w = arg;
+    for (int r = 0; r < INFO_ROUNDS; r++) {
+        int64_t shape[4] = {w->batch0 + r % 2, 3, 8, 8};
+        kf_host_tensor x = {1, 4, shape, NULL};
+        int dtype, rank;
+        int64_t dims[8];
+        if (kf_compiled_output_info(w->c, &x, 1, 0, &dtype, &rank, dims) != KF_OK) w->failed++;
+        else if (dtype != 1 || rank != 2 || dims[0] != shape[0] || dims[1] != 10) w->wrong++;
+    }
+    return NULL;
+}
+
+/* Threads asking for different shapes at once each get their own answer
+ * (the remembered last answer is shared). */
+Test(api_info, threads_get_their_own_shapes) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/bench/models/tiny_cnn.onnx", tu_source_dir());
+    kf_model *m = NULL;
+    cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s", kf_last_error());
+    kf_compiled *c = NULL;
+    cr_assert_eq(kf_compile(m, KF_BACKEND_REF, &c), KF_OK, "%s", kf_last_error());
+    info_worker w[INFO_THREADS];
+    pthread_t th[INFO_THREADS];
+    for (int t = 0; t < INFO_THREADS; t++) {
+        w[t] = (info_worker){c, 1 + 2 * t, 0, 0};
+        cr_assert_eq(pthread_create(&th[t], NULL, info_work, &w[t]), 0);
+    }
+    for (int t = 0; t < INFO_THREADS; t++) {
+        pthread_join(th[t], NULL);
+        cr_expect_eq(w[t].failed, 0, "thread %d: %d calls failed", t, w[t].failed);
+        cr_expect_eq(w[t].wrong, 0, "thread %d: %d answers were another thread's", t, w[t].wrong);
+    }
     kf_compiled_free(c);
     kf_model_free(m);
 }
