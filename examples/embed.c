@@ -1,7 +1,9 @@
 /*
  * embed.c: the smallest program that embeds kfuse. Loads an ONNX model,
- * optimizes it, compiles it on the best backend here, runs it once on
- * random float inputs and prints each output's shape and first values.
+ * optimizes it, compiles it on the best backend here, prints each output's
+ * dtype and shape as known before running (kf_compiled_output_info), runs
+ * it once on random float inputs and prints each output's shape and first
+ * values.
  *   embed MODEL.onnx [SHAPE...]   SHAPE per input, e.g. 2,3,8,8; without
  *                                 them each input takes its declared shape,
  *                                 symbolic dims set to 1
@@ -50,6 +52,14 @@ int main(int argc, char **argv) {
         float *x = malloc((size_t)n * sizeof *x);
         for (int64_t k = 0; x && k < n; k++) x[k] = (float)rand() / RAND_MAX * 2 - 1;
         in[i].data = x;
+    }
+    for (int i = 0; i < nout; i++) { /* what the run will return, known from the input shapes alone */
+        int dtype, rank;
+        int64_t d[8];
+        if ((st = kf_compiled_output_info(c, in, nin, i, &dtype, &rank, d))) return die("output info", st);
+        printf("%s: expected dtype %d [", kf_compiled_output_name(c, i), dtype);
+        for (int k = 0; k < rank; k++) printf(k ? ",%lld" : "%lld", (long long)d[k]); /* -1: KF_DIM_UNKNOWN */
+        printf("]\n");
     }
     kf_output *out = calloc((size_t)nout, sizeof *out);
     if ((st = kf_run(c, in, nin, out, nout))) return die("run", st);

@@ -4,16 +4,25 @@
  * out. Everything here is argument checking and conversion; the work and
  * the thread-safety are kf_exec's.
  */
+#include <pthread.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "kf_exec.h"
+#include "kf_fuse.h"
+#include "kf_memplan.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 
 struct kf_compiled {
     kf_exec *x;
     kf_backend backend;
+    /* kf_compiled_output_info's last answer: a caller asks once per output */
+    pthread_mutex_t mu;
+    kf_type *info_in, *info_out; /* nin and nout types; NULL until the first */
 };
 
 const char *kf_backend_name(kf_backend b) {
@@ -37,57 +46,179 @@ kf_status kf_model_optimize(kf_model *m) {
     return st;
 }
 
+/* The fused file and its JSON report, as `kfuse fuse` makes them
+ * (tools/cmd_fuse.c): fixed dims bound, optimized with the extra rules,
+ * converted at fp16/bf16, planned for the target, groups applied as
+ * ai.kfuse functions. */
+static kf_status fuse(kf_model *m, const kf_exec_options *o, char **report) {
+    kf_fuse_summary sum = {0};
+    for (int i = 0; i < o->ndims; i++) {
+        bool known = false;
+        for (uint32_t y = 1; y < m->graph->nsyms && !known; y++) known = !strcmp(m->graph->syms[y], o->dims[i].name);
+        if (known) KF_TRY(kf_graph_bind_sym(m->graph, o->dims[i].name, o->dims[i].value));
+    }
+    sum.nodes_before = kf_graph_live_nodes(m->graph);
+    kf_opt_options oo;
+    kf_opt_options_default(&oo);
+    oo.pattern_files = o->pattern_files;
+    oo.npattern_files = o->npattern_files;
+    kf_opt_result res;
+    memset(&res, 0, sizeof res);
+    kf_status st = kf_optimize(m, &oo, &res);
+    kf_rules_free(&res.rules);
+    KF_TRY(st);
+    if (o->precision == KF_PRECISION_FP16 || o->precision == KF_PRECISION_BF16)
+        KF_TRY(kf_fuse_precision(m, o->precision == KF_PRECISION_FP16 ? KF_DT_FLOAT16 : KF_DT_BFLOAT16, NULL));
+    sum.nodes_after = kf_graph_live_nodes(m->graph);
+    kf_plan_options po;
+    kf_plan_options_default(&po);
+    if (o->target) po.target = o->target;
+    else if (!po.target) po.target = KF_PLAN_DEFAULT_TARGET;
+    if (o->fusion != KF_SWITCH_DEFAULT) po.disable = o->fusion == KF_SWITCH_OFF;
+    po.math = o->precision == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32;
+    kf_plan *built = NULL, *p = NULL;
+    KF_TRY(kf_plan_build(m, &po, &built));
+    st = kf_fuse_plan_copy(m, built, &p);
+    kf_plan_free(built);
+    KF_TRY(st);
+    kf_memplan mp;
+    sum.arena_bytes = sum.arena_lower_bound = -1;
+    if (kf_memplan_build(m, p, KF_MEMPLAN_ALIGN, &mp) == KF_OK) {
+        sum.arena_bytes = mp.arena_bytes;
+        sum.arena_lower_bound = mp.live_lower_bound;
+        kf_memplan_release(&mp);
+    } else
+        kf_clear_error(); /* sizes unknown while dims are symbolic */
+    kf_fuse_stats fs = {0};
+    st = kf_fuse_apply(m, p, &fs);
+    sum.functions = fs.functions;
+    if (!st && report) {
+        size_t len = 0;
+        FILE *f = open_memstream(report, &len);
+        if (!f) st = kf_fail(KF_ERR_NOMEM, "out of memory for the fusion report");
+        else {
+            kf_fuse_write_json(f, m, p, &sum);
+            if (fclose(f) != 0) st = kf_fail(KF_ERR_NOMEM, "out of memory for the fusion report");
+        }
+    }
+    kf_fuse_simple_plan_free(p);
+    return st;
+}
+
+kf_status kf_model_fuse(kf_model *m, const kf_compile_options *opts, char **report_json) {
+    if (report_json) *report_json = NULL;
+    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_fuse: NULL model");
+    kf_exec_options o;
+    KF_TRY(kf_exec_options_from_public(opts, &o));
+    /* pattern files are read here, before the model changes: a bad one leaves m as it was */
+    for (int i = 0; i < o.npattern_files; i++) {
+        if (!o.pattern_files[i]) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_fuse: pattern file %d is NULL", i);
+        kf_ruleset rs;
+        memset(&rs, 0, sizeof rs);
+        kf_status st = kf_rules_load_file(&rs, o.pattern_files[i]);
+        kf_rules_free(&rs);
+        KF_TRY(st);
+    }
+    for (int i = 0; i < o.ndims; i++)
+        if (!o.dims[i].name || o.dims[i].value < 0)
+            return kf_fail(KF_ERR_INVALID_ARG, "kf_model_fuse: fixed dim %d: a name and a size >= 0", i);
+    kf_status st = fuse(m, &o, report_json);
+    if (st && report_json) {
+        free(*report_json);
+        *report_json = NULL;
+    }
+    return st;
+}
+
 /* The first kf_compile_options: every later one starts with these fields. */
 #define OPTS_V1_SIZE (offsetof(kf_compile_options, precision) + sizeof(kf_precision))
 
-static kf_status compile(const kf_model *m, kf_backend b, const kf_precision *prec, kf_compiled **out) {
-    if (!out) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: out is NULL");
-    *out = NULL;
-    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: NULL model");
+static bool switch_valid(kf_switch s) { return s == KF_SWITCH_DEFAULT || s == KF_SWITCH_ON || s == KF_SWITCH_OFF; }
+
+kf_status kf_exec_options_from_public(const kf_compile_options *opts, kf_exec_options *o) {
+    kf_compile_options p = KF_COMPILE_OPTIONS_INIT;
+    if (opts) {
+        if (opts->struct_size > sizeof p)
+            return kf_fail(KF_ERR_UNSUPPORTED,
+                           "kf_compile_options: struct_size %zu, this kfuse (%s) knows kf_compile_options of %zu bytes",
+                           opts->struct_size, kf_version(), sizeof p);
+        if (opts->struct_size != OPTS_V1_SIZE && opts->struct_size != sizeof p)
+            return kf_fail(KF_ERR_INVALID_ARG,
+                           "kf_compile_options: struct_size %zu, neither the first version's (%zu) nor this one's (%zu)",
+                           opts->struct_size, (size_t)OPTS_V1_SIZE, sizeof p);
+        memcpy(&p, opts, opts->struct_size); /* later fields keep their INIT values */
+    }
+    if ((unsigned)p.precision >= KF_PRECISION_COUNT)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: precision %d (fp32, tf32, fp16, bf16)", (int)p.precision);
+    if (!switch_valid(p.fusion) || !switch_valid(p.batching))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: fusion %d, batching %d (KF_SWITCH_DEFAULT, _ON, _OFF)",
+                       (int)p.fusion, (int)p.batching);
+    if (p.npattern_files < 0 || (p.npattern_files && !p.pattern_files) || p.ndims < 0 || (p.ndims && !p.dims))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: %d pattern files, %d dims (a count needs its array)",
+                       p.npattern_files, p.ndims);
+    kf_backend b = p.backend;
     if (b == KF_BACKEND_BEST)
         b = !kf_cu_unavailable() && !kf_nvrtc_unavailable() ? KF_BACKEND_CUDA
             : !kf_cl_unavailable()                          ? KF_BACKEND_OPENCL
                                                             : KF_BACKEND_REF;
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    if (prec) o.precision = *prec;
+    kf_exec_options_default(o);
     switch (b) {
-    case KF_BACKEND_REF: o.backend = KF_EXEC_REF; break;
-    case KF_BACKEND_OPENCL: o.backend = KF_EXEC_OPENCL; break;
-    case KF_BACKEND_CUDA: o.backend = KF_EXEC_CUDA; break;
-    default: return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: unknown backend %d", (int)b);
+    case KF_BACKEND_REF: o->backend = KF_EXEC_REF; break;
+    case KF_BACKEND_OPENCL: o->backend = KF_EXEC_OPENCL; break;
+    case KF_BACKEND_CUDA: o->backend = KF_EXEC_CUDA; break;
+    default: return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: unknown backend %d", (int)p.backend);
+    }
+    o->precision = p.precision;
+    o->target = p.target;
+    o->device = p.device;
+    o->cache_dir = p.cache_dir;
+    o->pattern_files = p.pattern_files;
+    o->npattern_files = p.npattern_files;
+    o->dims = p.dims;
+    o->ndims = p.ndims;
+    o->lib_workspace = p.workspace_bytes;
+    o->fusion = p.fusion;
+    o->batching = p.batching;
+    return KF_OK;
+}
+
+/* env_precision: kf_compile's KFUSE_PRECISION instead of opts' precision */
+static kf_status compile(const kf_model *m, const kf_compile_options *opts, bool env_precision, kf_compiled **out) {
+    if (!out) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: out is NULL");
+    *out = NULL;
+    if (!m) return kf_fail(KF_ERR_INVALID_ARG, "kf_compile: NULL model");
+    kf_exec_options o;
+    KF_TRY(kf_exec_options_from_public(opts, &o));
+    if (env_precision) {
+        kf_exec_options def;
+        kf_exec_options_default(&def);
+        o.precision = def.precision; /* an unknown name: kf_exec_create says why */
     }
     kf_compiled *c = kf_calloc(1, sizeof *c);
     if (!c) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    c->backend = b;
+    pthread_mutex_init(&c->mu, NULL);
+    c->backend = o.backend == KF_EXEC_CUDA ? KF_BACKEND_CUDA : o.backend == KF_EXEC_OPENCL ? KF_BACKEND_OPENCL : KF_BACKEND_REF;
     kf_status st = kf_exec_create(m, &o, &c->x);
     if (st) {
-        kf_free(c);
+        kf_compiled_free(c);
         return st;
     }
     *out = c;
     return KF_OK;
 }
 
-kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) { return compile(m, b, NULL, out); }
+kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out) {
+    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
+    o.backend = b;
+    return compile(m, &o, true, out);
+}
 
 kf_status kf_compile_ex(const kf_model *m, const kf_compile_options *opts, kf_compiled **out) {
     if (out) *out = NULL;
-    kf_compile_options o = KF_COMPILE_OPTIONS_INIT;
-    if (opts) {
-        if (opts->struct_size < OPTS_V1_SIZE)
-            return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_ex: struct_size %zu, the smallest kf_compile_options is %zu",
-                           opts->struct_size, (size_t)OPTS_V1_SIZE);
-        if (opts->struct_size > sizeof o)
-            return kf_fail(KF_ERR_UNSUPPORTED,
-                           "kf_compile_ex: struct_size %zu, this kfuse (%s) knows kf_compile_options of %zu bytes",
-                           opts->struct_size, kf_version(), sizeof o);
-        memcpy(&o, opts, opts->struct_size);
-    }
-    if ((unsigned)o.precision >= KF_PRECISION_COUNT)
-        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_ex: precision %d (fp32, tf32, fp16, bf16)", (int)o.precision);
-    return compile(m, o.backend, &o.precision, out);
+    return compile(m, opts, false, out);
 }
+
+kf_exec *kf_compiled_exec(const kf_compiled *c) { return c ? c->x : NULL; }
 
 kf_backend kf_compiled_backend(const kf_compiled *c) { return c ? c->backend : KF_BACKEND_BEST; }
 int kf_compiled_num_inputs(const kf_compiled *c) { return c ? (int)kf_exec_num_inputs(c->x) : 0; }
@@ -113,7 +244,7 @@ const char *kf_compiled_output_name(const kf_compiled *c, int i) {
 }
 
 /* A kf_tensor header over the caller's data (not owned; never released). */
-static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, kf_tensor *t) {
+static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, bool with_data, kf_tensor *t) {
     const char *name = kf_compiled_input_name(c, i);
     if (!kf_dtype_valid(h->dtype) || h->dtype == KF_DT_UNDEFINED || h->dtype == KF_DT_STRING)
         return kf_fail(KF_ERR_INVALID_ARG, "input '%s': dtype %d is not a numeric ONNX dtype", name, h->dtype);
@@ -127,7 +258,7 @@ static kf_status view(const kf_compiled *c, int i, const kf_host_tensor *h, kf_t
         t->dims[d] = h->dims[d];
     }
     KF_TRY(kf_shape_numel(t->rank, t->dims, kf_dtype_size(t->dtype), &t->numel));
-    if (t->numel && !h->data) return kf_fail(KF_ERR_INVALID_ARG, "input '%s': data is NULL", name);
+    if (with_data && t->numel && !h->data) return kf_fail(KF_ERR_INVALID_ARG, "input '%s': data is NULL", name);
     t->data = (void *)h->data; /* read only: kf_exec never writes inputs */
     return KF_OK;
 }
@@ -142,7 +273,12 @@ kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_o
     kf_tensor *in = kf_calloc((size_t)nin + 1, sizeof(kf_tensor));
     kf_tensor *out = kf_calloc((size_t)nout + 1, sizeof(kf_tensor));
     kf_status st = in && out ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
-    for (int i = 0; !st && i < nin; i++) st = view(c, i, &inputs[i], &in[i]);
+    for (int i = 0; !st && i < nin; i++) st = view(c, i, &inputs[i], true, &in[i]);
+    const char *trace = getenv("KFUSE_TRACE");
+    /* where each input is read from: bindings check they pass memory without a copy */
+    for (int i = 0; !st && trace && strstr(trace, "api") && i < nin; i++)
+        fprintf(stderr, "kfuse: api: kf_run input '%s' read at %p (%zu bytes)\n", kf_compiled_input_name(c, i),
+                in[i].data, (size_t)in[i].numel * kf_dtype_size(in[i].dtype));
     if (!st) st = kf_exec_run(c->x, in, (uint32_t)nin, out);
     for (int o = 0; !st && o < nout; o++) {
         kf_tensor *t = &out[o];
@@ -170,6 +306,67 @@ kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_o
     return st;
 }
 
+static bool same_types(const kf_type *a, const kf_type *b, int n) {
+    for (int i = 0; i < n; i++) {
+        if (a[i].dtype != b[i].dtype || a[i].rank != b[i].rank) return false;
+        for (int d = 0; d < a[i].rank && d < KF_MAX_RANK; d++)
+            if (a[i].dims[d] != b[i].dims[d]) return false;
+    }
+    return true;
+}
+
+kf_status kf_compiled_output_info(const kf_compiled *cc, const kf_host_tensor *inputs, int ninputs, int i, int *dtype,
+                                  int *rank, int64_t dims[8]) {
+    kf_compiled *c = (kf_compiled *)cc; /* the cache below is the only state it changes, under c->mu */
+    if (!c || !dtype || !rank || !dims || (ninputs && !inputs))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_output_info: NULL argument");
+    int nin = kf_compiled_num_inputs(c), nout = kf_compiled_num_outputs(c);
+    if (i < 0 || i >= nout) return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_output_info: output %d of %d", i, nout);
+    if (ninputs != nin)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_output_info: the model has %d inputs, %d were given", nin, ninputs);
+    kf_tensor *in = kf_calloc((size_t)nin + 1, sizeof(kf_tensor));
+    kf_type *tin = kf_calloc((size_t)nin + 1, sizeof(kf_type)), *tout = kf_calloc((size_t)nout + 1, sizeof(kf_type));
+    kf_status st = in && tin && tout ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int k = 0; !st && k < nin; k++)
+        if (!(st = view(c, k, &inputs[k], false, &in[k]))) kf_type_of_tensor(&tin[k], &in[k]);
+    bool hit = false;
+    if (!st) {
+        pthread_mutex_lock(&c->mu);
+        if ((hit = c->info_in && same_types(c->info_in, tin, nin))) memcpy(tout, c->info_out, (size_t)nout * sizeof *tout);
+        pthread_mutex_unlock(&c->mu);
+    }
+    if (!st && !hit && !(st = kf_exec_output_types(c->x, in, (uint32_t)nin, tout))) {
+        /* remembered for the next output's call; without memory, not at all */
+        kf_type *ci = kf_calloc((size_t)nin + 1, sizeof *ci), *co = kf_calloc((size_t)nout + 1, sizeof *co);
+        if (ci && co) {
+            memcpy(ci, tin, (size_t)nin * sizeof *ci);
+            memcpy(co, tout, (size_t)nout * sizeof *co);
+            pthread_mutex_lock(&c->mu);
+            kf_type *old_in = c->info_in, *old_out = c->info_out;
+            c->info_in = ci, c->info_out = co;
+            pthread_mutex_unlock(&c->mu);
+            ci = old_in, co = old_out;
+        }
+        kf_free(ci);
+        kf_free(co);
+    }
+    if (!st) {
+        const kf_type *t = &tout[i];
+        if (t->rank > 8)
+            st = kf_fail(KF_ERR_INVALID_ARG, "output '%s': rank %d (kf_output holds rank <= 8)", kf_compiled_output_name(c, i),
+                         t->rank);
+        else {
+            *dtype = (int)t->dtype;
+            *rank = t->rank;
+            for (int d = 0; d < t->rank; d++) dims[d] = t->dims[d] < 0 ? KF_DIM_UNKNOWN : t->dims[d];
+        }
+    }
+    kf_free(in);
+    kf_free(tin);
+    kf_free(tout);
+    return st;
+}
+
 void kf_output_release(kf_output *o) {
     if (!o) return;
     free(o->data);
@@ -179,5 +376,8 @@ void kf_output_release(kf_output *o) {
 void kf_compiled_free(kf_compiled *c) {
     if (!c) return;
     kf_exec_free(c->x);
+    pthread_mutex_destroy(&c->mu);
+    kf_free(c->info_in);
+    kf_free(c->info_out);
     kf_free(c);
 }

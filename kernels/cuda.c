@@ -303,7 +303,9 @@ static void dev_close(kf_dev *d) {
 /* Library anchors (kf_libanchor.h): cuBLASLt / cuDNN on this context and stream. */
 static kf_status dev_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *const bufs[5]) {
     KF_TRY(bind(d));
-    if (!a) return kf_culib_prepare(s);
+    /* made before the first call (and before any capture) at the plan's size */
+    KF_TRY(kf_culib_prepare(s, d->lib_workspace));
+    if (!a) return KF_OK;
     if (a->is_conv) return kf_cudnn_conv(s, &a->conv, bufs[0], bufs[1], bufs[3], bufs[4]);
     return kf_cublaslt_gemm(s, &a->gemm, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]);
 }
@@ -315,8 +317,9 @@ static bool dev_lib_has(kf_dev *d, bool conv) {
     return conv ? !kf_cudnn_unavailable() : !kf_cublaslt_unavailable();
 }
 
-kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out) {
+kf_status kf_cu_dev_open(const char *arch, bool compile_only, int device, kf_dev **out) {
     *out = NULL;
+    if (device < 0) return kf_fail(KF_ERR_NO_DEVICE, "no CUDA device %d: ordinals start at 0", device);
     const char *nv = kf_nvrtc_unavailable();
     if (nv) return kf_fail(KF_ERR_NO_DEVICE, "no CUDA device: %s", nv);
     const char *why = compile_only ? NULL : kf_cu_unavailable();
@@ -336,13 +339,18 @@ kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out) {
      * (the H100/H200 this project targets) */
     bool run = !compile_only || kf_cu_unavailable() == NULL;
     if (run) {
-        CUresult r = cu.DeviceGet(&c->dev, 0);
+        int count = 0;
+        if (!cu.DeviceGetCount(&count) && device >= count) {
+            dev_close(d);
+            return kf_fail(KF_ERR_NO_DEVICE, "no CUDA device %d: the driver sees %d (0 to %d)", device, count, count - 1);
+        }
+        CUresult r = cu.DeviceGet(&c->dev, device);
         int major = 0, minor = 0;
         if (!r) r = cu.DeviceGetAttribute(&major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, c->dev);
         if (!r) r = cu.DeviceGetAttribute(&minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, c->dev);
         if (!r && !compile_only) r = cu.PrimaryCtxRetain(&c->ctx, c->dev);
         if (r) {
-            kf_status st = cu_err("device 0 setup", r);
+            kf_status st = cu_err("device setup", r);
             dev_close(d);
             return compile_only ? st : kf_fail(KF_ERR_NO_DEVICE, "no CUDA device: %s", kf_last_error());
         }

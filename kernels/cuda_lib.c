@@ -98,6 +98,7 @@ static struct {
     bool looked;
     void *stream[LT_MAX_STREAMS];
     unsigned long long ptr[LT_MAX_STREAMS];
+    size_t bytes[LT_MAX_STREAMS];
     int n;
 } ws = {.mu = PTHREAD_MUTEX_INITIALIZER};
 
@@ -144,8 +145,11 @@ const char *kf_cublaslt_unavailable(void) {
     return lt.why;
 }
 
-/* The workspace of stream s (allocated at its first call), or 0. */
-static unsigned long long workspace(void *s) {
+/* The workspace of stream s, or 0; *bytes its size. Allocated at the
+ * stream's first call, of want bytes (0: LT_WORKSPACE_BYTES); a later
+ * want does not resize it. */
+static unsigned long long workspace(void *s, size_t want, size_t *bytes) {
+    *bytes = 0;
     unsigned long long p = 0;
     pthread_mutex_lock(&ws.mu);
     if (!ws.looked) {
@@ -159,17 +163,20 @@ static unsigned long long workspace(void *s) {
         }
     }
     for (int i = 0; i < ws.n && !p; i++)
-        if (ws.stream[i] == s) p = ws.ptr[i];
-    if (!p && ws.MemAlloc && ws.n < LT_MAX_STREAMS && ws.MemAlloc(&p, LT_WORKSPACE_BYTES) == 0) {
+        if (ws.stream[i] == s) p = ws.ptr[i], *bytes = ws.bytes[i];
+    if (!want) want = LT_WORKSPACE_BYTES;
+    if (!p && ws.MemAlloc && ws.n < LT_MAX_STREAMS && ws.MemAlloc(&p, want) == 0) {
         ws.stream[ws.n] = s;
+        ws.bytes[ws.n] = *bytes = want;
         ws.ptr[ws.n++] = p;
     }
     pthread_mutex_unlock(&ws.mu);
     return p;
 }
 
-kf_status kf_culib_prepare(void *stream) {
-    (void)workspace(stream);
+kf_status kf_culib_prepare(void *stream, size_t bytes) {
+    size_t got;
+    (void)workspace(stream, bytes, &got);
     return KF_OK;
 }
 
@@ -181,6 +188,7 @@ void kf_culib_release(void *stream) {
             ws.n--;
             ws.stream[i] = ws.stream[ws.n];
             ws.ptr[i] = ws.ptr[ws.n];
+            ws.bytes[i] = ws.bytes[ws.n];
             break;
         }
     pthread_mutex_unlock(&ws.mu);
@@ -231,8 +239,8 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
         if (!r) r = layout(&ld, type, g->m, g->n, g->ldd, g->batch, g->stride_d);
         if (!r) r = g->c ? layout(&lc, type, g->m, g->n, g->ldc, g->batch, g->stride_c) : 0;
     }
-    unsigned long long ws = r ? 0 : workspace(stream);
-    size_t wsb = ws ? LT_WORKSPACE_BYTES : 0;
+    size_t wsb = 0;
+    unsigned long long ws = r ? 0 : workspace(stream, 0, &wsb);
     cublasLtMatmulHeuristicResult_t res;
     memset(&res, 0, sizeof res);
     int found = 0;
@@ -435,8 +443,8 @@ kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const 
     bool fused = c->bias || c->act != KF_LA_ACT_NONE;
     if (!r && fused && (what = "activation descriptor", !(r = dnn.CreateAct(&ac))))
         r = dnn.SetAct(ac, c->act == KF_LA_ACT_RELU ? DNN_ACTIVATION_RELU : DNN_ACTIVATION_IDENTITY, DNN_NOT_PROPAGATE_NAN, 0.0);
-    unsigned long long wsp = r ? 0 : workspace(stream);
-    size_t wsb = wsp ? LT_WORKSPACE_BYTES : 0;
+    size_t wsb = 0;
+    unsigned long long wsp = r ? 0 : workspace(stream, 0, &wsb);
     int algo = DNN_FWD_ALGO_IMPLICIT_PRECOMP_GEMM;
     if (!r && !(fused && c->act == KF_LA_ACT_NONE)) {
         cudnnConvolutionFwdAlgoPerf_t perf[DNN_ALGOS];

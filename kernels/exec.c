@@ -78,6 +78,8 @@ typedef struct spec {
 struct kf_exec {
     kf_exec_options o;
     char target[256];  /* o.target, owned: specs are planned after create returns */
+    char **patterns;   /* o.pattern_files, owned (o.npattern_files of them) */
+    int64_t *fixed;    /* per input, KF_MAX_RANK dims: the size o.dims fixed, else -1 */
     void *base_bytes;  /* the optimized model serialised: each spec loads a copy */
     size_t base_len;
     char *base_dir;
@@ -398,7 +400,8 @@ static bool batchable(const kf_plan *p, const step *st) {
  * compile. KFUSE_DISABLE_BATCHING=1 turns it off (bisecting, benchmarks). */
 static kf_status batch_steps(kf_exec *e, spec *s) {
     const char *off = getenv("KFUSE_DISABLE_BATCHING");
-    if (!e->dev || (off && off[0] && strcmp(off, "0"))) return KF_OK;
+    bool disabled = e->o.batching == KF_SWITCH_DEFAULT ? off && off[0] && strcmp(off, "0") : e->o.batching == KF_SWITCH_OFF;
+    if (!e->dev || disabled) return KF_OK;
     const kf_plan *p = s->p;
     /* room for a new text per batch (at most one per two steps) while the
      * members' own texts are still listed */
@@ -657,6 +660,41 @@ static kf_status upload_weights(kf_exec *e, spec *s) {
     return st;
 }
 
+/* A copy of the model specialised to input types t (per exec input; rank
+ * -1 = as declared) and optimized; *out is the caller's. Specialised
+ * first, then optimized: with static input dims, Shape and the arithmetic
+ * on it fold away and every shape is known. */
+static kf_status specialise(const kf_exec *e, const kf_type *t, kf_model **out) {
+    kf_model *m = NULL;
+    KF_TRY(kf_model_load_memory(e->base_bytes, e->base_len, e->base_dir, &m));
+    kf_graph *g = m->graph;
+    for (uint32_t i = 0; i < e->nin; i++) {
+        kf_id v = e->in_ids[i];
+        if (v && t[i].rank >= 0) g->values[v].type = t[i];
+    }
+    kf_status st = KF_OK;
+    if (e->o.optimize) {
+        kf_opt_options oo;
+        kf_opt_options_default(&oo);
+        oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
+        oo.pattern_files = (const char *const *)e->patterns;
+        oo.npattern_files = e->o.npattern_files;
+        kf_opt_result res;
+        memset(&res, 0, sizeof res);
+        st = kf_optimize(m, &oo, &res);
+        kf_rules_free(&res.rules);
+        if (!st && m->graph->noutputs != e->nout)
+            st = kf_fail(KF_ERR_INTERNAL, "the optimizer changed the graph outputs (%u -> %u)", e->nout,
+                         m->graph->noutputs);
+    }
+    if (st) {
+        kf_model_free(m);
+        return st;
+    }
+    *out = m;
+    return KF_OK;
+}
+
 /* Builds the spec for input types t (per exec input; rank -1 = as declared). */
 static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
     spec *s = kf_calloc(1, sizeof *s);
@@ -664,28 +702,10 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
     kf_status st = KF_OK;
     if (!(s->in_types = kf_calloc((size_t)e->nin + 1, sizeof(kf_type)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st) memcpy(s->in_types, t, e->nin * sizeof(kf_type));
-    if (!st) st = kf_model_load_memory(e->base_bytes, e->base_len, e->base_dir, &s->m);
+    if (!st) st = specialise(e, t, &s->m);
     if (!st && !(s->in_ids = kf_calloc((size_t)e->nin + 1, sizeof(kf_id)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st) {
-        /* specialise first, then optimize: with static input dims, Shape
-         * and the arithmetic on it fold away and every shape is known */
-        kf_graph *g = s->m->graph;
-        for (uint32_t i = 0; i < e->nin; i++) {
-            kf_id v = e->in_ids[i];
-            if (v && t[i].rank >= 0) g->values[v].type = t[i];
-        }
-        if (e->o.optimize) {
-            kf_opt_options oo;
-            kf_opt_options_default(&oo);
-            oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
-            kf_opt_result res;
-            memset(&res, 0, sizeof res);
-            st = kf_optimize(s->m, &oo, &res);
-            kf_rules_free(&res.rules);
-            g = s->m->graph;
-            if (!st && g->noutputs != e->nout)
-                st = kf_fail(KF_ERR_INTERNAL, "the optimizer changed the graph outputs (%u -> %u)", e->nout, g->noutputs);
-        }
+        const kf_graph *g = s->m->graph;
         for (uint32_t i = 0; !st && i < e->nin; i++) {
             /* the optimizer may drop an unused input; ids differ after loading */
             kf_id v = e->in_ids[i] ? kf_graph_find(g, e->in_names[i]) : 0;
@@ -708,6 +728,7 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
         kf_plan_options_default(&po);
         if (e->o.target) po.target = e->o.target;
         else if (!po.target) po.target = KF_PLAN_DEFAULT_TARGET;
+        if (e->o.fusion != KF_SWITCH_DEFAULT) po.disable = e->o.fusion == KF_SWITCH_OFF;
         po.math = e->o.precision == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32;
         st = kf_plan_build(s->m, &po, &s->p);
     }
@@ -804,6 +825,58 @@ static bool host_lib_has(kf_dev *d, bool conv) {
     return true;
 }
 
+/* Owned copies of o's pattern files, each loaded once now so that a bad
+ * file fails the compile (specs load them again when they are made). */
+static kf_status copy_patterns(const kf_exec_options *o, kf_exec *e) {
+    e->o.pattern_files = NULL;
+    if (o->npattern_files < 0 || (o->npattern_files && !o->pattern_files))
+        return kf_fail(KF_ERR_INVALID_ARG, "%d pattern files at %p", o->npattern_files, (const void *)o->pattern_files);
+    if (!o->npattern_files) return KF_OK;
+    if (!(e->patterns = kf_calloc((size_t)o->npattern_files, sizeof(char *)))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    e->o.npattern_files = 0; /* counts the copies, for kf_exec_free */
+    for (int i = 0; i < o->npattern_files; i++) {
+        if (!o->pattern_files[i]) return kf_fail(KF_ERR_INVALID_ARG, "pattern file %d is NULL", i);
+        if (!(e->patterns[i] = kf_strdup(o->pattern_files[i]))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        e->o.npattern_files = i + 1;
+        kf_ruleset rs;
+        memset(&rs, 0, sizeof rs);
+        kf_status st = kf_rules_load_file(&rs, e->patterns[i]);
+        kf_rules_free(&rs);
+        KF_TRY(st);
+    }
+    return KF_OK;
+}
+
+/* o's fixed dims bound in the base copy, and recorded per input so runs
+ * are checked against them (e->fixed). Names the model lacks are ignored. */
+static kf_status fix_dims(const kf_exec_options *o, kf_exec *e) {
+    e->o.dims = NULL;
+    if (o->ndims < 0 || (o->ndims && !o->dims))
+        return kf_fail(KF_ERR_INVALID_ARG, "%d fixed dims at %p", o->ndims, (const void *)o->dims);
+    if (!o->ndims) return KF_OK;
+    kf_graph *g = e->base->graph;
+    if (!(e->fixed = kf_calloc((size_t)e->nin * KF_MAX_RANK + 1, sizeof(int64_t))))
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (size_t k = 0; k < (size_t)e->nin * KF_MAX_RANK; k++) e->fixed[k] = -1;
+    for (int b = 0; b < o->ndims; b++) {
+        const kf_dim *d = &o->dims[b];
+        if (!d->name || d->value < 0)
+            return kf_fail(KF_ERR_INVALID_ARG, "fixed dim %d: %s=%lld (a name and a size >= 0)", b,
+                           d->name ? d->name : "(NULL)", (long long)d->value);
+        uint32_t sym = 0;
+        for (uint32_t y = 1; y < g->nsyms && !sym; y++)
+            if (!strcmp(g->syms[y], d->name)) sym = y;
+        if (!sym) continue;
+        for (uint32_t i = 0; i < e->nin; i++) {
+            const kf_type *t = e->in_ids[i] ? &g->values[e->in_ids[i]].type : NULL;
+            for (int k = 0; t && k < t->rank && k < KF_MAX_RANK; k++)
+                if (t->dims[k] < 0 && t->syms[k] == sym) e->fixed[(size_t)i * KF_MAX_RANK + k] = d->value;
+        }
+        KF_TRY(kf_graph_bind_sym(g, d->name, d->value));
+    }
+    return KF_OK;
+}
+
 static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e) {
     e->o = *o;
     if (o->target) {
@@ -812,15 +885,17 @@ static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e)
         memcpy(e->target, o->target, strlen(o->target) + 1);
         e->o.target = e->target;
     }
+    KF_TRY(copy_patterns(o, e));
     if ((unsigned)o->precision >= KF_PRECISION_COUNT) {
         kf_precision p;
         KF_TRY(kf_precision_from_env(&p)); /* the environment's bad value, named */
         return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16)", (int)o->precision);
     }
-    if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(&e->dev));
-    else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, &e->dev));
+    if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(o->device, &e->dev));
+    else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, o->device, &e->dev));
     else if (o->backend != KF_EXEC_REF) return kf_fail(KF_ERR_INVALID_ARG, "unknown backend %d", (int)o->backend);
     if (e->dev && o->compile_only) e->dev->can_run = false; /* nothing is loaded or uploaded */
+    if (e->dev) e->dev->lib_workspace = o->lib_workspace;
     /* the host model of the library call (tests, bisecting): it downloads
      * and syncs, so never on a device whose runs are captured */
     if (e->dev && !e->dev->lib && !e->dev->capture_begin && env_has("KFUSE_LIBANCHOR_HOST", "1"))
@@ -849,6 +924,7 @@ static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e)
     KF_TRY(copy_names(g, g->outputs, g->noutputs, &e->out_names));
     if (!(e->in_ids = kf_calloc((size_t)e->nin + 1, sizeof(kf_id)))) return kf_fail(KF_ERR_NOMEM, "out of memory");
     for (uint32_t i = 0; i < e->nin; i++) e->in_ids[i] = kf_graph_find(g, e->in_names[i]);
+    KF_TRY(fix_dims(o, e));
     kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
     if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
     spec *s;
@@ -883,6 +959,9 @@ void kf_exec_free(kf_exec *e) {
     kf_free(e->in_names);
     kf_free(e->out_names);
     kf_free(e->in_ids);
+    for (int i = 0; e->patterns && i < e->o.npattern_files; i++) kf_free(e->patterns[i]);
+    kf_free(e->patterns);
+    kf_free(e->fixed);
     free(e->base_bytes);
     kf_free(e->base_dir);
     kf_model_free(e->base);
@@ -1139,26 +1218,67 @@ kf_status kf_exec_run(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_
     return kf_exec_run_timed(e, inputs, ninputs, outputs, NULL);
 }
 
+/* The types of inputs (e->nin of them) into t, checked against the
+ * declared dtypes and the dims the options fixed; with_data: each needs
+ * its data. */
+static kf_status input_types(const kf_exec *e, const kf_tensor *inputs, bool with_data, kf_type *t) {
+    const kf_graph *bg = e->base->graph;
+    for (uint32_t i = 0; i < e->nin; i++) {
+        t[i].rank = -1;
+        kf_id v = e->in_ids[i];
+        if (!v) continue;
+        if (with_data && !inputs[i].data && inputs[i].numel)
+            return kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no data", e->in_names[i]);
+        if (inputs[i].dtype != bg->values[v].type.dtype)
+            return kf_fail(KF_ERR_INVALID_ARG, "input '%s' is %s, the model declares %s", e->in_names[i],
+                           kf_dtype_name(inputs[i].dtype), kf_dtype_name(bg->values[v].type.dtype));
+        kf_type_of_tensor(&t[i], &inputs[i]);
+        for (int d = 0; e->fixed && d < inputs[i].rank && d < KF_MAX_RANK; d++) {
+            int64_t want = e->fixed[(size_t)i * KF_MAX_RANK + d];
+            if (want >= 0 && inputs[i].dims[d] != want)
+                return kf_fail(KF_ERR_SHAPE, "input '%s': dim %d is %lld, the compile options fixed it at %lld",
+                               e->in_names[i], d, (long long)inputs[i].dims[d], (long long)want);
+        }
+    }
+    return KF_OK;
+}
+
+kf_status kf_exec_output_types(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_type *out) {
+    if (!e || (ninputs && !inputs) || !out) return kf_fail(KF_ERR_INVALID_ARG, "kf_exec_output_types: NULL argument");
+    if (ninputs != e->nin) return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u were given", e->nin, ninputs);
+    kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = input_types(e, inputs, false, t);
+    /* a specialisation made for these shapes already knows */
+    bool found = false;
+    pthread_mutex_lock(&e->mu);
+    for (uint32_t i = 0; !st && i < e->nspecs && !found; i++) {
+        const spec *s = e->specs[i];
+        if (!types_equal(s->in_types, t, e->nin)) continue;
+        const kf_graph *g = s->m->graph;
+        for (uint32_t o = 0; o < e->nout; o++) out[o] = g->values[g->outputs[o]].type;
+        found = true;
+    }
+    pthread_mutex_unlock(&e->mu);
+    kf_model *m = NULL;
+    /* else the copy a plan would start from (specialised, optimized: its
+     * shape arithmetic folded), inferred; no kernel is made */
+    if (!st && !found) st = specialise(e, t, &m);
+    if (!st && !found) st = kf_infer_shapes(m);
+    for (uint32_t o = 0; !st && !found && o < e->nout; o++) out[o] = m->graph->values[m->graph->outputs[o]].type;
+    kf_model_free(m);
+    kf_free(t);
+    return st;
+}
+
 kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs,
                             double *device_s) {
     if (device_s) *device_s = -1;
     if (!e || (ninputs && !inputs) || !outputs) return kf_fail(KF_ERR_INVALID_ARG, "kf_exec_run: NULL argument");
     if (ninputs != e->nin) return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u were given", e->nin, ninputs);
-    const kf_graph *bg = e->base->graph;
     kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
     if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    kf_status st = KF_OK;
-    for (uint32_t i = 0; i < e->nin && !st; i++) {
-        t[i].rank = -1;
-        kf_id v = e->in_ids[i];
-        if (!v) continue;
-        if (!inputs[i].data && inputs[i].numel) st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' has no data", e->in_names[i]);
-        else if (inputs[i].dtype != bg->values[v].type.dtype)
-            st = kf_fail(KF_ERR_INVALID_ARG, "input '%s' is %s, the model declares %s", e->in_names[i],
-                         kf_dtype_name(inputs[i].dtype), kf_dtype_name(bg->values[v].type.dtype));
-        else
-            kf_type_of_tensor(&t[i], &inputs[i]);
-    }
+    kf_status st = input_types(e, inputs, true, t);
     spec *s = NULL;
     if (!st) st = spec_get(e, t, &s);
     kf_free(t);

@@ -70,7 +70,29 @@ typedef struct kf_exec_options {
                             * legal merge, no cost model */
     kf_precision precision;/* KF_PRECISION_*; fp16/bf16 convert the model's float32 values
                             * (kf_fuse_precision) before planning */
+    int device;            /* ordinal of the OpenCL or CUDA device (0: the first) */
+    const char *const *pattern_files; /* extra .kfp rules the optimizer applies with the
+                            * built-in ones; each is loaded (and its errors returned) by
+                            * kf_exec_create; the paths are copied */
+    int npattern_files;
+    const kf_dim *dims;    /* symbolic dims fixed (kf_graph_bind_sym on the plan's copy): the
+                            * declared input types become static, runs must match them;
+                            * names the model lacks are ignored; copied */
+    int ndims;
+    size_t lib_workspace;  /* cuda: bytes of each run slot's cuBLASLt/cuDNN workspace; 0: default */
+    kf_switch fusion;      /* OFF: one group per node (KFUSE_DISABLE_FUSION=1); DEFAULT: the variable */
+    kf_switch batching;    /* OFF: no horizontal launches (KFUSE_DISABLE_BATCHING=1); DEFAULT: the variable */
 } kf_exec_options;
+
+/* Fills o from the public options (kfuse.h; struct_size checked, fields
+ * past it at their KF_COMPILE_OPTIONS_INIT values): backend BEST
+ * resolved, everything else of o from kf_exec_options_default. The one
+ * path from kf_compile_options to a plan, for kf_compile_ex and the CLI.
+ * o points into opts (strings, arrays) until kf_exec_create copies them.
+ * Errors: KF_ERR_INVALID_ARG (struct_size, backend, precision, ...),
+ * KF_ERR_UNSUPPORTED (a struct_size past this library's). */
+kf_status kf_exec_options_from_public(const kf_compile_options *opts, kf_exec_options *o);
+
 
 /* backend opencl, optimize on, threads 0, precision from KFUSE_PRECISION
  * (fp32 when unset; a value it does not name makes kf_exec_create fail
@@ -93,6 +115,9 @@ typedef struct kf_exec_stats {
 } kf_exec_stats;
 
 typedef struct kf_exec kf_exec;
+
+/* The plan behind a public kf_compiled (tests and tools: statistics). */
+kf_exec *kf_compiled_exec(const kf_compiled *c);
 
 /* Makes a compiled plan of m for o->backend. m is copied (not retained,
  * not changed). When every graph input has static dims, the specialisation
@@ -117,6 +142,15 @@ kf_exec_backend kf_exec_get_backend(const kf_exec *e);
 /* Compiles the specialisation for inputs of these types (dims of input i:
  * types[i]) without running, e.g. for `kfuse compile --dim`. Memoised. */
 kf_status kf_exec_prepare(kf_exec *e, const kf_type *types, uint32_t ntypes, kf_exec_stats *st);
+
+/* The types of e's outputs (kf_exec_num_outputs of them, into out) for
+ * inputs of these dtypes and shapes (their data is not read; ninputs as
+ * for kf_exec_run): shape inference on the copy a plan starts from
+ * (specialised to them, optimized), or the plan already made for them. A dim that depends on input values
+ * (NonZero, a Reshape whose shape is an input) is -1, a rank unknown
+ * until a run -1. Errors as kf_exec_run's checks of its inputs, and
+ * inference's KF_ERR_SHAPE naming the node where they do not fit. */
+kf_status kf_exec_output_types(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_type *out);
 
 /* Runs e. inputs[i] in kf_exec_input_name order (ninputs of them);
  * outputs[o] (kf_exec_num_outputs of them) are released and refilled; the
@@ -156,6 +190,7 @@ typedef struct kf_dev {
     char options[128];   /* cache key "options" */
     kf_cg_target target;
     size_t align;        /* sub-buffer offsets must be multiples of this */
+    size_t lib_workspace;/* bytes of each stream's library workspace (lib); 0: the default */
     bool can_run;        /* false for compile-only cuda without a driver */
     void *state;
     /* source -> binary (malloc'ed *bin, caller free()); on failure
@@ -197,13 +232,16 @@ typedef struct kf_dev {
     bool (*lib_has)(struct kf_dev *d, bool conv);
 } kf_dev;
 
-/* Opens the first OpenCL device. KF_ERR_NO_DEVICE with the reason. */
-kf_status kf_cl_dev_open(kf_dev **out);
-/* Opens CUDA device 0 through the driver loaded at run time (dlopen of
- * libcuda.so.1). compile_only: no driver needed; arch then defaults to
- * sm_90. arch NULL: the device's compute capability. KF_ERR_NO_DEVICE
- * "no CUDA device: <reason>" without driver or device. */
-kf_status kf_cu_dev_open(const char *arch, bool compile_only, kf_dev **out);
+/* Opens OpenCL device number `device` (0: the first; devices counted
+ * across platforms in the loader's order). KF_ERR_NO_DEVICE with the
+ * reason, naming the count when the number is past it. */
+kf_status kf_cl_dev_open(int device, kf_dev **out);
+/* Opens CUDA device `device` (an ordinal, 0 the first) through the driver
+ * loaded at run time (dlopen of libcuda.so.1). compile_only: no driver
+ * needed; arch then defaults to sm_90. arch NULL: the device's compute
+ * capability. KF_ERR_NO_DEVICE "no CUDA device: <reason>" without driver
+ * or device, "no CUDA device N: ..." for an ordinal past the count. */
+kf_status kf_cu_dev_open(const char *arch, bool compile_only, int device, kf_dev **out);
 /* Run-time loading of the CUDA libraries (cuda.c, cuda_lib.c): one symbol
  * and the function-pointer slot it fills. */
 typedef struct kf_dl_sym {

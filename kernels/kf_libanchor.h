@@ -172,10 +172,12 @@ kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt);
  * "cuBLASLt: no CUDA device: ...". Thread-safe; decided once. */
 const char *kf_cublaslt_unavailable(void);
 
-/* Makes stream's library workspace now (a capture may follow). KF_OK
- * also when none could be made: cuBLASLt then runs without one (slower,
- * correct), cuDNN with an algorithm that needs none. */
-kf_status kf_culib_prepare(void *stream);
+/* Makes stream's library workspace now (a capture may follow), of bytes
+ * bytes (0: 32 MiB, what cuBLAS recommends for Hopper); a stream that
+ * has one keeps it. KF_OK also when none could be made: cuBLASLt then
+ * runs without one (slower, correct), cuDNN with an algorithm that needs
+ * none. The calls below use the stream's workspace, whatever its size. */
+kf_status kf_culib_prepare(void *stream, size_t bytes);
 /* Frees stream's workspace, if it has one; call with the stream idle,
  * before destroying it (a new stream may get the same handle). */
 void kf_culib_release(void *stream);

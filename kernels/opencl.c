@@ -22,7 +22,8 @@ kf_status kf_cl_run_kernel(const kf_cg_kernel *k, const kf_tensor *const *in, kf
     return kf_fail(KF_ERR_NO_DEVICE, "%s", kf_cl_unavailable());
 }
 
-kf_status kf_cl_dev_open(kf_dev **out) {
+kf_status kf_cl_dev_open(int device, kf_dev **out) {
+    (void)device;
     *out = NULL;
     return kf_fail(KF_ERR_NO_DEVICE, "no OpenCL device: %s", kf_cl_unavailable());
 }
@@ -33,19 +34,33 @@ kf_status kf_cl_dev_open(kf_dev **out) {
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
-/* The first platform with any device, and that device; false when none. */
-static bool pick_device(cl_platform_id *pf, cl_device_id *dev) {
+/* Devices counted across platforms in the order the ICD loader lists them;
+ * device number `ordinal` (0: the first) and its platform. false, with
+ * *count the devices there are, when there is no such device. */
+static bool pick_device_at(int ordinal, cl_platform_id *pf, cl_device_id *dev, int *count) {
     cl_platform_id ids[16]; /* 16: more ICDs than any machine installs */
     cl_uint n = 0;
-    if (clGetPlatformIDs(16, ids, &n) != CL_SUCCESS) return false;
+    *count = 0;
+    if (ordinal < 0 || clGetPlatformIDs(16, ids, &n) != CL_SUCCESS) return false;
     for (cl_uint i = 0; i < n && i < 16; i++) {
+        cl_device_id devs[64]; /* 64: more devices than one platform exposes */
         cl_uint nd = 0;
-        if (clGetDeviceIDs(ids[i], CL_DEVICE_TYPE_ALL, 1, dev, &nd) == CL_SUCCESS && nd > 0) {
+        if (clGetDeviceIDs(ids[i], CL_DEVICE_TYPE_ALL, 64, devs, &nd) != CL_SUCCESS) continue;
+        if (nd > 64) nd = 64;
+        if (ordinal < *count + (int)nd) {
             *pf = ids[i];
+            *dev = devs[ordinal - *count];
             return true;
         }
+        *count += (int)nd;
     }
     return false;
+}
+
+/* The first platform with any device, and that device; false when none. */
+static bool pick_device(cl_platform_id *pf, cl_device_id *dev) {
+    int count;
+    return pick_device_at(0, pf, dev, &count);
 }
 
 const char *kf_cl_unavailable(void) {
@@ -343,7 +358,7 @@ static void dev_close(kf_dev *d) {
     kf_free(d);
 }
 
-kf_status kf_cl_dev_open(kf_dev **out) {
+kf_status kf_cl_dev_open(int device, kf_dev **out) {
     *out = NULL;
     kf_dev *d = kf_calloc(1, sizeof *d);
     cl_state *c = kf_calloc(1, sizeof *c);
@@ -352,8 +367,12 @@ kf_status kf_cl_dev_open(kf_dev **out) {
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
     d->state = c;
-    if (!pick_device(&c->pf, &c->dev)) {
+    int count = 0;
+    if (!pick_device_at(device, &c->pf, &c->dev, &count)) {
         dev_close(d);
+        if (count > 0 || device < 0)
+            return kf_fail(KF_ERR_NO_DEVICE, "no OpenCL device %d: there %s %d (0 to %d)", device,
+                           count == 1 ? "is" : "are", count, count - 1);
         return kf_fail(KF_ERR_NO_DEVICE, "no OpenCL device: %s", kf_cl_unavailable());
     }
     cl_int e = CL_SUCCESS;

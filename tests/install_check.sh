@@ -44,13 +44,15 @@ case $SONAME in libkfuse.so.[0-9]*) echo "ok   SONAME $SONAME" ;; *) fail "SONAM
 "$PREFIX/bin/kfuse" info "$MODEL" >/dev/null || fail "installed kfuse CLI does not run"
 echo "ok   bin/kfuse info runs"
 
-# Runs an embed binary on the model; its output must name the output probs[2,10].
+# Runs an embed binary on the model; its output must name the output probs[2,10], known
+# before the run (kf_compiled_output_info) and returned by it.
 run_embed() {
     name=$1
     shift
     out=$("$@" "$MODEL" "$SHAPE") || fail "$name: embed exited $?"
     printf '%s\n' "$out" | sed "s/^/     $name: /"
     printf '%s\n' "$out" | grep -q '^probs: dtype 1 \[2,10\]' || fail "$name: unexpected output"
+    printf '%s\n' "$out" | grep -q '^probs: expected dtype 1 \[2,10\]' || fail "$name: no output info before the run"
 }
 # A static build must not need libkfuse.so at run time.
 not_shared() { if ldd "$1" | grep -q 'libkfuse\.so'; then fail "$1 links libkfuse.so"; fi; }

@@ -4,7 +4,8 @@
 # conformance on the reference evaluator and on generated OpenCL kernels,
 # the bundled models on OpenCL against ref, CUDA kernels compiled by NVRTC
 # (no GPU needed), the memory-bound kernels' SASS (nvcc + cuobjdump: 128-bit
-# access, no spills), install + embedding, the same tests under ASan+UBSan,
+# access, no spills), install + embedding, the Python module (pip install . in a fresh
+# venv, tested against ONNX Runtime), the same tests under ASan+UBSan,
 # the thread tests under TSan, the fuzz regression corpus, and 60 seconds
 # of fuzzing per target. Exits non-zero if any stage fails.
 set -uo pipefail
@@ -127,6 +128,35 @@ stage "cuda kernels compile (NVRTC, sm_80 + sm_90)" bash -c "'$root/build/tools/
 stage "emitted kernels compile on their own (nvcc, OpenCL)" "$root/tests/emit_check.sh" "$root/build"
 stage "SASS of the memory-bound kernels: 128-bit access, rows read once, no spills" "$root/bench/sass/check.sh" "$root/build"
 stage "install + embed example" "$root/tests/install_check.sh" "$root/build-install"
+python_module() { # `pip install .` into a fresh venv (scikit-build-core builds the C library once
+  # more and ships libkfuse.so and the CLI inside the package), then python/tests: bert and
+  # ResNet-50 against ONNX Runtime, errors as exceptions, inputs read in place. Anything
+  # missing fails the stage with the reason; the checkout is left as it was.
+  local py; py=$(command -v python3) || { echo "python module: no python3 on PATH"; return 1; }
+  "$py" -c 'import venv, ensurepip' 2>/dev/null ||
+    { echo "python module: $py cannot make a venv with pip (Debian: apt-get install python3-venv)"; return 1; }
+  local tmp rc=0 before after; tmp=$(mktemp -d /tmp/kfuse_python.XXXXXX)
+  before=$(git -C "$root" status --porcelain --untracked-files=all 2>&1)
+  local vpy="$tmp/venv/bin/python"
+  if ! "$py" -m venv "$tmp/venv"; then echo "python module: '$py -m venv' failed"; rc=1
+  elif ! "$vpy" -m pip install -q --disable-pip-version-check numpy onnxruntime pytest >"$tmp/pip.log" 2>&1; then
+    echo "python module: pip could not install numpy, onnxruntime and pytest:"; tail -n 20 "$tmp/pip.log"; rc=1
+  elif ! CMAKE_BUILD_PARALLEL_LEVEL=2 "$vpy" -m pip install -q --disable-pip-version-check "$root" >"$tmp/pip.log" 2>&1; then
+    echo "python module: 'pip install .' failed:"; tail -n 40 "$tmp/pip.log"; rc=1
+  else
+    # from outside the checkout, so `import kfuse` is the installed package; no caches written
+    # (a skipped test fails here: ONNX Runtime and an OpenCL device are required)
+    (cd "$tmp" && PYTHONDONTWRITEBYTECODE=1 KFUSE_CACHE_DIR="$tmp/cache" KFUSE_TEST_NO_SKIP=1 \
+       "$vpy" -m pytest -q -rs -p no:cacheprovider "$root/python/tests") || rc=1
+  fi
+  after=$(git -C "$root" status --porcelain --untracked-files=all 2>&1)
+  if [ "$before" != "$after" ]; then
+    echo "python module: the build or the tests changed the checkout:"; diff <(echo "$before") <(echo "$after"); rc=1
+  fi
+  rm -rf "$tmp"
+  return "$rc"
+}
+stage "python module" python_module
 stage "fuzz corpus replay" "$root/tests/fuzz/replay.sh" "$root/build"
 stage "build (asan+ubsan)" build "$root/build-asan" -DCMAKE_BUILD_TYPE=Debug -DKF_SANITIZE=ON -DKF_TESTS=ON
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=1 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

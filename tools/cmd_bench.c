@@ -36,6 +36,7 @@ static double quantile(const double *v, int n, double q) {
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kfuse bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N]...\n"
                "                  [--seed N] [--threads N] [--precision fp32|tf32|fp16|bf16]\n"
+               "                  [--target NAME|FILE] [--device N] [--patterns F.kfp]...\n"
                "  p50/p99 latency of host-to-host runs after warm-up (defaults 10 and 100),\n"
                "  kernels launched per run, arena bytes against the live lower bound\n");
 }
@@ -62,13 +63,11 @@ int kfuse_cmd_bench(int argc, char **argv) {
     if (!st && !(ins = calloc(n + 1, sizeof(kf_tensor)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st) st = kfuse_tool_inputs(m, types, n, a.seed, ins);
     double t0 = now_ms();
+    kf_exec_options o;
+    if (!st) st = kfuse_tool_exec_options(&a, b, prec, &o);
     if (!st) {
-        kf_exec_options o;
-        kf_exec_options_default(&o);
-        o.backend = b;
         o.arch = a.arch;
         o.threads = a.threads;
-        o.precision = prec;
         o.host_steps = stderr;
         st = kf_exec_create(m, &o, &x);
     }

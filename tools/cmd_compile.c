@@ -75,6 +75,10 @@ bool kfuse_tool_parse(kfuse_tool_args *a, int argc, char **argv) {
         if (!strcmp(o, "--backend") && more) a->backend = argv[++i];
         else if (!strcmp(o, "--arch") && more) a->arch = argv[++i];
         else if (!strcmp(o, "--precision") && more) a->precision = argv[++i];
+        else if (!strcmp(o, "--target") && more) a->target = argv[++i];
+        else if (!strcmp(o, "--device") && more) a->device = atoi(argv[++i]);
+        else if (!strcmp(o, "--patterns") && more && a->npatterns < KFUSE_TOOL_MAX_PATTERNS)
+            a->patterns[a->npatterns++] = argv[++i];
         else if (!strcmp(o, "--warmup") && more) a->warmup = atoi(argv[++i]);
         else if (!strcmp(o, "--iters") && more) a->iters = atoi(argv[++i]);
         else if (!strcmp(o, "--threads") && more) a->threads = atoi(argv[++i]);
@@ -105,6 +109,20 @@ bool kfuse_tool_precision(const char *flag, kf_precision *p) {
     if (kf_precision_from_env(p) == KF_OK) return true;
     fprintf(stderr, "kfuse: %s\n", kf_last_error());
     return false;
+}
+
+kf_status kfuse_tool_exec_options(kfuse_tool_args *a, kf_exec_backend b, kf_precision prec, kf_exec_options *o) {
+    kf_compile_options c = KF_COMPILE_OPTIONS_INIT;
+    c.backend = b == KF_EXEC_CUDA ? KF_BACKEND_CUDA : b == KF_EXEC_OPENCL ? KF_BACKEND_OPENCL : KF_BACKEND_REF;
+    c.precision = prec;
+    c.target = a->target;
+    c.device = a->device;
+    c.pattern_files = a->patterns;
+    c.npattern_files = a->npatterns;
+    for (int i = 0; i < a->dims.n; i++) a->fixed[i] = (kf_dim){a->dims.names[i], a->dims.values[i]};
+    c.dims = a->fixed;
+    c.ndims = a->dims.n;
+    return kf_exec_options_from_public(&c, o);
 }
 
 /* The concrete type of real input v: symbolic dims from --dim, else 1. */
@@ -171,6 +189,7 @@ kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n,
 
 static void compile_usage(FILE *f) {
     fprintf(f, "usage: kfuse compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N]... [--threads N]\n"
+               "                     [--target NAME|FILE] [--device N] [--patterns F.kfp]...\n"
                "                      [--precision fp32|tf32|fp16|bf16]\n"
                "  compiles every kernel of the fusion plan into the kernel cache ($KFUSE_CACHE_DIR);\n"
                "  cuda needs NVRTC only (no GPU); --arch defaults to the device's, else sm_90.\n"
@@ -194,16 +213,14 @@ int kfuse_cmd_compile(int argc, char **argv) {
     kf_status st = kfuse_tool_load(a.model, &m);
     if (!st) st = kfuse_tool_apply_dims(m, &a.dims, false);
     if (!st) st = kfuse_tool_types(m, &a.dims, &types, &n);
+    kf_exec_options o;
+    if (!st) st = kfuse_tool_exec_options(&a, b, prec, &o);
     if (!st) {
-        kf_exec_options o;
-        kf_exec_options_default(&o);
-        o.backend = b;
         o.arch = a.arch;
         o.compile_only = true;
         o.threads = a.threads;
         const char *tr = getenv("KFUSE_TRACE");
         o.trace = tr && strstr(tr, "backend") ? stderr : NULL;
-        o.precision = prec;
         st = kf_exec_create(m, &o, &x);
     }
     if (!st) st = kf_exec_prepare(x, types, n, &s);

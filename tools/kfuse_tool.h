@@ -17,12 +17,20 @@ typedef struct kfuse_tool_dims {
     int n;
 } kfuse_tool_dims;
 
+/* --patterns files at most (as `kfuse opt`) */
+#define KFUSE_TOOL_MAX_PATTERNS 64
+
 typedef struct kfuse_tool_args {
     const char *model, *backend, *arch;
     const char *precision; /* --precision, NULL when absent */
+    const char *target;    /* --target, NULL when absent (KFUSE_TARGET, else h200) */
+    int device;            /* --device N */
+    const char *patterns[KFUSE_TOOL_MAX_PATTERNS]; /* --patterns F */
+    int npatterns;
     int warmup, iters, threads;
     uint64_t seed;
     kfuse_tool_dims dims;
+    kf_dim fixed[KFUSE_TOOL_MAX_DIMS]; /* dims as kf_compile_options takes them */
 } kfuse_tool_args;
 
 /* kf_model_load, then the loader's warnings (what it read leniently) on
@@ -45,6 +53,11 @@ bool kfuse_tool_backend(const char *name, kf_exec_backend *b);
 /* The precision --precision names (flag), else KFUSE_PRECISION's, else
  * fp32. false after printing why on stderr (a usage error: exit 2). */
 bool kfuse_tool_precision(const char *flag, kf_precision *p);
+/* The plan options of a, through the library's own path from
+ * kf_compile_options (kf_exec_options_from_public): backend b, precision
+ * prec, --target, --device, --patterns and --dim; the CLI-only fields
+ * (arch, threads, tracing) are the caller's to set. o points into a. */
+kf_status kfuse_tool_exec_options(kfuse_tool_args *a, kf_exec_backend b, kf_precision prec, kf_exec_options *o);
 /* prints the status and last error; returns exit code 3 */
 int kfuse_tool_fail(kf_status st);
 /* Concrete types of m's real inputs (symbolic dims bound by --dim, else 1);

@@ -134,24 +134,96 @@ typedef struct kf_compiled kf_compiled;
  * device: ...") when b names a backend that cannot run here,
  * KF_ERR_COMPILE (a kernel's log in the message), model errors. */
 KF_API kf_status kf_compile(const kf_model *m, kf_backend b, kf_compiled **out);
+/* A symbolic input dimension fixed to a size (kf_compile_options.dims):
+ * what `kfuse run|compile|bench --dim NAME=N` does. */
+typedef struct kf_dim {
+    const char *name; /* the dim's name in the model ("batch", "N") */
+    int64_t value;    /* >= 0 */
+} kf_dim;
+
+/* An on/off option whose default comes from the environment. Numbers
+ * never shift. */
+typedef enum kf_switch {
+    KF_SWITCH_DEFAULT = 0, /* as the environment variable named at the field says */
+    KF_SWITCH_ON = 1,
+    KF_SWITCH_OFF = 2
+} kf_switch;
+
 /* Options of kf_compile_ex. struct_size is the caller's
  * sizeof(kf_compile_options): fields are only ever appended, so a program
  * built against this header keeps working with later libraries. Start
- * from KF_COMPILE_OPTIONS_INIT. */
+ * from KF_COMPILE_OPTIONS_INIT. The sizes this library takes are the
+ * first version's (struct_size through precision: every field after it
+ * then keeps its INIT value) and its own; fields left at their INIT value
+ * take the default the comment names, often an environment variable's.
+ * Pointers (strings, arrays) are read by kf_compile_ex only: they may be
+ * freed when it returns. */
 typedef struct kf_compile_options {
     size_t struct_size;     /* sizeof(kf_compile_options) */
     kf_backend backend;     /* as kf_compile's b */
     kf_precision precision; /* taken as given (KFUSE_PRECISION is not read) */
+    /* ---- after the first version ---- */
+    /* Device profile fusion is planned for (what `kfuse fuse --target`
+     * takes): "h200", "h100", "a100", a .target file, or "none" (every
+     * legal merge, no cost model). NULL: KFUSE_TARGET, else "h200". */
+    const char *target;
+    /* Ordinal of the device of backend OPENCL or CUDA (0: the first;
+     * OpenCL devices counted across platforms). One past the last is
+     * KF_ERR_NO_DEVICE. BEST resolves the backend on device 0's presence. */
+    int device;
+    /* Kernel cache folder (created when missing). NULL: KFUSE_CACHE_DIR,
+     * else $XDG_CACHE_HOME/kfuse, else ~/.cache/kfuse. */
+    const char *cache_dir;
+    /* Extra rewrite rules: .kfp files applied with the built-in ones, as
+     * `kfuse opt --patterns F`. A file that does not parse fails the
+     * compile (KF_ERR_IO, KF_ERR_BAD_MODEL with the line). */
+    const char *const *pattern_files;
+    int npattern_files;
+    /* Symbolic input dims fixed to sizes: the inputs' declared shapes
+     * (kf_compiled_input_info) become static, kernels are compiled now, and
+     * kf_run of another size for such a dim is KF_ERR_SHAPE. A name the
+     * model lacks is ignored (one option set may serve several models). */
+    const kf_dim *dims;
+    int ndims;
+    /* Scratch memory of each concurrent run's vendor-library calls
+     * (cuBLASLt, cuDNN) in bytes; smaller rules out some algorithms.
+     * 0: 32 MiB. Only the CUDA backend has such calls. */
+    size_t workspace_bytes;
+    /* OFF: one kernel per node (KFUSE_DISABLE_FUSION=1). */
+    kf_switch fusion;
+    /* OFF: every kernel group its own launch, no horizontal batching
+     * (KFUSE_DISABLE_BATCHING=1). */
+    kf_switch batching;
 } kf_compile_options;
-#define KF_COMPILE_OPTIONS_INIT {sizeof(kf_compile_options), KF_BACKEND_BEST, KF_PRECISION_FP32}
+#define KF_COMPILE_OPTIONS_INIT                                                                                   \
+    {sizeof(kf_compile_options), KF_BACKEND_BEST, KF_PRECISION_FP32, NULL, 0, NULL, NULL, 0, NULL, 0, 0,         \
+     KF_SWITCH_DEFAULT, KF_SWITCH_DEFAULT}
 /* kf_compile with options. opts NULL: KF_COMPILE_OPTIONS_INIT. Errors as
- * kf_compile's, and KF_ERR_INVALID_ARG for a struct_size below the first
- * version's (a caller that did not set it) or an unknown precision or
- * backend, KF_ERR_UNSUPPORTED for a struct_size above this library's
- * (options of a later kfuse it cannot honour). kf_compile(m, b, out) is
- * kf_compile_ex with backend b and precision KFUSE_PRECISION (fp32 when
- * unset). */
+ * kf_compile's, and KF_ERR_INVALID_ARG for a struct_size that is neither
+ * the first version's nor this header's (below: a caller that did not
+ * set it), an unknown precision, backend or switch, a negative count or
+ * a NULL array with a count, a fixed dim without a name or with a
+ * negative size; KF_ERR_UNSUPPORTED for a struct_size above this
+ * library's (options of a later kfuse it cannot honour);
+ * KF_ERR_NO_DEVICE for a device ordinal past the backend's devices.
+ * kf_compile(m, b, out) is kf_compile_ex with backend b and precision
+ * KFUSE_PRECISION (fp32 when unset), every other field at its INIT
+ * value. */
 KF_API kf_status kf_compile_ex(const kf_model *m, const kf_compile_options *opts, kf_compiled **out);
+
+/* Rewrites m in place as `kfuse fuse` does: the symbolic dims opts fixes
+ * bound, optimized (built-in rules and opts' pattern files), converted to
+ * 16 bits at precision FP16/BF16, fusion planned for opts' target (its
+ * fusion switch honoured), and each kernel group written as a model-local
+ * function in domain ai.kfuse, so any ONNX runtime still runs the result
+ * (kf_model_save). Backend, device, cache folder, workspace and batching
+ * do not apply. opts NULL: KF_COMPILE_OPTIONS_INIT. report_json (may be
+ * NULL) receives the JSON report `kfuse fuse --json` prints, one line,
+ * malloc'ed: the caller frees it with free(); NULL on failure. Errors as
+ * kf_compile_ex's options checks, pattern files' (before m changes), and
+ * the optimizer's and planner's (m may then be partly rewritten, still a
+ * valid model). */
+KF_API kf_status kf_model_fuse(kf_model *m, const kf_compile_options *opts, char **report_json);
 
 /* The backend c runs on (BEST resolved). */
 KF_API kf_backend kf_compiled_backend(const kf_compiled *c);
@@ -166,6 +238,26 @@ KF_API const char *kf_compiled_input_name(const kf_compiled *c, int i);
 KF_API kf_status kf_compiled_input_info(const kf_compiled *c, int i, int *dtype, int *rank, int64_t dims[8]);
 KF_API int kf_compiled_num_outputs(const kf_compiled *c);
 KF_API const char *kf_compiled_output_name(const kf_compiled *c, int i);
+
+/* A dim of kf_compiled_output_info that only a run can tell. */
+#define KF_DIM_UNKNOWN (-1)
+/* Output i's dtype (ONNX number) and shape for a run on inputs of these
+ * dtypes and shapes, before running it: inputs as kf_run takes them
+ * (ninputs, kf_compiled_input_name order), but their data is not read
+ * and may be NULL. Shape inference on the concrete input shapes (on the
+ * optimized copy of the model a plan starts from; no kernel is compiled),
+ * or the plan kf_run already made for them. A dim that depends on input
+ * values rather than shapes (NonZero, Unique, a Reshape, Expand or
+ * ConstantOfShape whose shape is an input, TopK with k an input) is
+ * KF_DIM_UNKNOWN, and *rank is -1 where even the rank is (dims then
+ * untouched): kf_run's kf_output tells. The result is what kf_run
+ * returns for such inputs. Asking for every i with the same inputs
+ * infers once. Thread-safe like kf_run. Errors: KF_ERR_INVALID_ARG
+ * (NULL pointer, counts, i out of range, an input's dtype not the
+ * declared one, rank above 8), KF_ERR_SHAPE (shapes the model cannot
+ * take, naming the node; a dim kf_compile_options.dims fixed otherwise). */
+KF_API kf_status kf_compiled_output_info(const kf_compiled *c, const kf_host_tensor *inputs, int ninputs, int i,
+                                         int *dtype, int *rank, int64_t dims[8]);
 
 /* An output tensor: data (nbytes, row-major) is owned by the caller and
  * freed by kf_output_release. dtype numbers are ONNX's. */
