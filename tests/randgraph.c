@@ -1489,6 +1489,51 @@ static bool motif_softmax(gen *G) {
     return true;
 }
 
+static bool rank3_ok(const gen *G, const val *x) { (void)G; return x->rank >= 3; }
+
+/* Attention as exporters write it: MatMul(q, Transpose(k)) scaled by
+ * 1/sqrt(d), an additive mask now and then (a constant over the keys, 0 or
+ * down to -4), Softmax over the keys, MatMul with v. q, k and v are one
+ * value or fresh inputs of its shape (self- or cross-attention over the same
+ * lengths); the planner makes it one group, codegen the streaming kernel. */
+static bool motif_attention(gen *G) {
+    val *x = pick(G, rank3_ok);
+    if (!x || G->nodes + 6 > G->target) return false;
+    val q = *x;
+    int r = q.rank;
+    int64_t s = q.dims[r - 2], d = q.dims[r - 1];
+    int64_t sd[MAX_R];
+    memcpy(sd, q.dims, sizeof sd);
+    sd[r - 1] = s; /* scores [.., s, s] */
+    if (numel(r, sd) > MAX_NUMEL) return false;
+    val k = q, v = q, *f;
+    if (chance(&G->r, 0.5) && (f = finput(G, r, q.dims))) k = *f;
+    if (chance(&G->r, 0.5) && (f = finput(G, r, q.dims))) v = *f;
+    double scale = 1 / sqrt((double)d), bound = (double)d * vmax(&q) * vmax(&k) * scale;
+    if (!bounded(G, -bound - 4, bound)) return false;
+    int64_t perm[MAX_R];
+    for (int i = 0; i < r; i++) perm[i] = i;
+    perm[r - 2] = r - 1, perm[r - 1] = r - 2;
+    kf_id kt;
+    kf_node *tn = mk(G, "Transpose", &k.id, 1, &kt);
+    attr_ints(tn, "perm", r, perm);
+    kf_id m = bin(G, "MatMul", q.id, kt, false);
+    kf_id a = bin(G, "Mul", m, fscalar(G, scale, false), chance(&G->r, 0.3));
+    if (chance(&G->r, 0.6)) {
+        int64_t md[MAX_R];
+        for (int i = 0; i < r; i++) md[i] = 1;
+        md[r - 1] = s;
+        val mk_ = *fconst(G, r, md, -4, 0, false);
+        a = bin(G, "Add", a, mk_.id, chance(&G->r, 0.3));
+    }
+    kf_id p;
+    kf_node *sm = mk(G, "Softmax", &a, 1, &p);
+    if (G->opset < 13 || chance(&G->r, 0.5)) attr_i(sm, "axis", -1); /* before 13 the default is 1 */
+    kf_id o = bin(G, "MatMul", p, v.id, false);
+    push(G, o, r, q.dims, -vmax(&v), vmax(&v), false);
+    return true;
+}
+
 /* A graph input without size-1 or symbolic dims: Squeeze without axes
  * keeps it as it is. (Any dim derived from a symbolic one may be 1 as far
  * as the model says, so the squeezed rank would be unknown to inference;
@@ -1567,7 +1612,7 @@ static const emitter emitters[] = {
     {emit_transpose, 4}, {emit_reshape, 4},   {emit_squeeze, 4},   {emit_concat, 3},  {emit_slice, 4},
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
-    {emit_pool, 3},      {emit_batchnorm, 1},
+    {emit_pool, 3},      {emit_batchnorm, 1}, {motif_attention, 2},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17

@@ -7,7 +7,8 @@ pkgs=(cmake make gcc pkg-config
       libcriterion-dev                                   # unit tests
       libonnx-testdata                                   # ONNX backend conformance data
       clang libclang-rt-14-dev                           # libFuzzer targets
-      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers) # OpenCL on the CPU (PoCL) for generated kernels
+      pocl-opencl-icd ocl-icd-opencl-dev opencl-headers  # OpenCL on the CPU (PoCL) for generated kernels
+      python3 python3-venv)                              # the Python module stage (pip install . in a venv)
 missing=()
 for p in "${pkgs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
