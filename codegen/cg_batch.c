@@ -239,6 +239,9 @@ kf_status kf_cg_batch_kernels(const kf_cg_kernel *members, uint32_t n, kf_cg_ker
         if (!shareable(mk))
             return kf_fail(KF_ERR_UNSUPPORTED, "batch member %u (%s) needs a launch of its own work-group size", m,
                            mk->name ? mk->name : "?");
+        if (mk->nchecks) /* its kf_err codes are its own (kf_cg_check) */
+            return kf_fail(KF_ERR_UNSUPPORTED, "batch member %u (%s) checks indices read from data: launched alone", m,
+                           mk->name ? mk->name : "?");
         if (!mk->body || !cut(mk->body, &parts[m]))
             return kf_fail(KF_ERR_UNSUPPORTED, "batch member %u: kernel text is not one kernel function", m);
         if (mk->block > block) block = mk->block;

@@ -228,6 +228,9 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "__device__ inline float kf_quad_sum(float v) { v += __shfl_xor_sync(0xffffffffu, v, 1); "
                       "return v + __shfl_xor_sync(0xffffffffu, v, 2); }\n"
                       "#define KF_QUAD_MAX(v, s) kf_quad_max(v)\n"
+                      /* a bad index read from data (kf_cg_check): the first writes its code and value */
+                      "__device__ inline void kf_index_fail(int *e, int code, long long v) { "
+                      "if (atomicCAS(e, 0, code) == 0) { e[1] = (int)(unsigned)(v & 0xffffffffLL); e[2] = (int)(v >> 32); } }\n"
                       "#define KF_QUAD_SUM(v, s) kf_quad_sum(v)\n"
                       "#define KF_DEF_SEG(name, OP) \\\n"
                       "__device__ float name(float v, float *s, int seg, int n) { \\\n"
@@ -355,6 +358,8 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "barrier(CLK_LOCAL_MEM_FENCE); s[t] = v; barrier(CLK_LOCAL_MEM_FENCE); const int b = t & ~3; "
                       "return (s[b] + s[b + 1]) + (s[b + 2] + s[b + 3]); }\n"
                       "#define KF_QUAD_MAX(v, s) kf_quad_max((v), (s))\n"
+                      "void kf_index_fail(__global int *e, int code, long v) { "
+                      "if (atomic_cmpxchg((volatile __global int *)e, 0, code) == 0) { e[1] = (int)(v & 0xffffffffL); e[2] = (int)(v >> 32); } }\n"
                       "#define KF_QUAD_SUM(v, s) kf_quad_sum((v), (s))\n"
                       "#define KF_DEF_SEG(name, OP) \\\n"
                       "float name(float v, __local float *s, int seg, int n) { \\\n"
@@ -1049,10 +1054,24 @@ static bool emit_concat(gen *st, const kf_node *n, kf_id v, const ix *at, char *
     return ok || fail(st, "node '%s': Concat has no elements", kf_node_label(n));
 }
 
+/* The code of node n's index check in this kernel (kf_cg_check), added
+ * on first use; -1 when out of memory. */
+static int check_code(gen *st, const kf_node *n, int64_t dim) {
+    kf_id id = (kf_id)(n - st->g->nodes);
+    for (uint32_t i = 0; i < st->k->nchecks; i++)
+        if (st->k->checks[i].node == id && st->k->checks[i].dim == dim) return (int)i + 1;
+    kf_cg_check *c = kf_realloc(st->k->checks, (st->k->nchecks + 1) * sizeof *c);
+    if (!c) return -1;
+    st->k->checks = c;
+    c[st->k->nchecks++] = (kf_cg_check){id, dim};
+    return (int)st->k->nchecks;
+}
+
 /* Gather along axis with a runtime or constant index tensor. A negative
  * index counts from the end; an index still out of range is clamped to the
- * nearest element (a defined result, never a read out of bounds; the
- * reference evaluator reports such an index as an error). */
+ * nearest element (never a read out of bounds) and reported through
+ * kf_err (kf_cg_check), so the run fails as the reference's does; constant
+ * indices out of range decline the group (the reference reports them). */
 static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
     const kf_type *dt = &st->g->values[n->in[0]].type, *it = &st->g->values[n->in[1]].type;
     int r = dt->rank, q = it->rank;
@@ -1063,10 +1082,25 @@ static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
         return fail(st, "node '%s': Gather indices are %s", kf_node_label(n), kf_dtype_name(it->dtype));
     ix ia = {.rank = q};
     for (int d = 0; d < q; d++) snprintf(ia.c[d], NAMELEN, "%s", at->c[axis + d]);
-    char idx[NAMELEN], e[128]; /* a cast and a compare of one name */
-    if (!emit(st, n->in[1], &ia, idx)) return false;
+    char idx[NAMELEN], e[128], t[NAMELEN]; /* a cast and a compare of one name */
     int64_t dim = dt->dims[axis];
+    const kf_tensor *ci = st->g->values[n->in[1]].init;
+    for (int64_t i = 0; ci && i < ci->numel; i++) { /* constant indices: checked now, the reference reports them */
+        int64_t x = kf_get_i64(ci, i);
+        if (x < -dim || x >= dim)
+            return fail(st, "node '%s': index %lld is out of range for a dimension of size %lld", kf_node_label(n),
+                        (long long)x, (long long)dim);
+    }
+    if (!emit(st, n->in[1], &ia, idx)) return false;
     snprintf(e, sizeof e, "(%s)(%s < 0 ? %s + %lld : %s)", st->ity, idx, idx, (long long)dim, idx);
+    if (!ci && dim > 1) { /* indices from data: a bad one is reported (kf_cg_check) */
+        int code = check_code(st, n, dim);
+        if (code < 0) return fail_oom(st);
+        bind(st, t, e);
+        kf_cg_printf(st->s, "%sif (%s < 0 || %s >= %lld) kf_index_fail(kf_err, %d, (kf_i64)%s);\n", st->ind, t, t,
+                     (long long)dim, code, idx);
+        snprintf(e, sizeof e, "%s", t);
+    }
     ix a = {.rank = r};
     for (int d = 0; d < r; d++) {
         if (d < axis) snprintf(a.c[d], NAMELEN, "%s", at->c[d]);
@@ -1474,6 +1508,7 @@ static void header(gen *st, kf_cg_str *s, const char *what) {
         kf_cg_printf(s, "%sconst KF_GLOBAL %s *KF_RESTRICT in%u", i ? ", " : "", mtype(st->k->ins[i].dtype), i);
     for (uint32_t o = 0; o < st->k->nouts; o++)
         kf_cg_printf(s, "%sKF_GLOBAL %s *KF_RESTRICT out%u", st->k->nins || o ? ", " : "", mtype(st->k->outs[o].dtype), o);
+    if (st->k->nchecks) kf_cg_puts(s, ", KF_GLOBAL int *KF_RESTRICT kf_err");
     kf_cg_puts(s, ")\n{\n");
 }
 
@@ -2253,6 +2288,7 @@ static void set_param(kf_cg_param *pr, const kf_graph *g, kf_id v) {
 }
 
 void kf_cg_kernel_release(kf_cg_kernel *k) {
+    kf_free(k->checks);
     kf_free(k->name);
     kf_free(k->body);
     kf_free(k->ins);

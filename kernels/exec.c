@@ -55,6 +55,7 @@ typedef struct slot {
     bool *own;      /* bufs[v] was allocated, not a view */
     void *graph;    /* a captured CUDA Graph of all launches, or NULL */
     bool graph_failed;
+    void **errb;    /* per step: the kf_err ints of a kernel that checks indices (kf_cg_check), or NULL */
 } slot;
 
 typedef struct spec {
@@ -186,6 +187,9 @@ static void slot_free(kf_dev *d, const spec *s, slot *sl) {
     for (uint32_t v = 0; sl->bufs && v <= nv; v++)
         if (sl->bufs[v]) (sl->own[v] ? d->free : d->view_free)(d, sl->bufs[v]);
     if (sl->graph) d->graph_free(d, sl->graph);
+    for (uint32_t i = 0; sl->errb && i < s->nsteps; i++)
+        if (sl->errb[i]) d->free(d, sl->errb[i]);
+    kf_free(sl->errb);
     if (sl->arena) d->free(d, sl->arena);
     if (sl->stream) d->stream_free(d, sl->stream);
     kf_free(sl->bufs);
@@ -385,7 +389,8 @@ static bool view_aliases(const spec *s, const kf_group *gr) {
 static bool batchable(const kf_plan *p, const step *st) {
     if (st->kern < 0) return false;
     const kf_group *gr = &p->groups[st->group];
-    return gr->launch != UINT32_MAX && (gr->kind == KF_GROUP_ELEMWISE || gr->kind == KF_GROUP_REDUCTION);
+    return gr->launch != UINT32_MAX && (gr->kind == KF_GROUP_ELEMWISE || gr->kind == KF_GROUP_REDUCTION) &&
+           !st->k.nchecks; /* its kf_err is its own (kf_cg_check codes are per kernel) */
 }
 
 /* Horizontal launches: the generated steps of one plan launch (same level
@@ -1030,6 +1035,11 @@ static kf_status slot_get(kf_exec *e, spec *s, slot **out) {
         }
         kf_status st = d->stream_new(d, &sl->stream);
         if (!st && s->mp.offset) st = d->alloc(d, (size_t)s->mp.arena_bytes, &sl->arena);
+        for (uint32_t i = 0; !st && i < s->nsteps; i++) {
+            if (s->steps[i].kern < 0 || !s->steps[i].k.nchecks) continue;
+            if (!sl->errb && !(sl->errb = kf_calloc(s->nsteps, sizeof(void *)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+            else st = d->alloc(d, KF_CG_ERR_INTS * sizeof(int32_t), &sl->errb[i]);
+        }
         if (st) {
             slot_free(d, s, sl);
             return st;
@@ -1102,16 +1112,46 @@ static kf_status launch(run *r, const step *st) {
         KF_TRY(d->lib(d, r->sl->stream, st->lib, lb));
         if (st->kern < 0) return KF_OK;
     }
-    void *bufs[KF_CG_MAX_PARAMS];
+    void *bufs[KF_CG_MAX_PARAMS + 1];
     const kf_cg_kernel *k = &st->k;
-    if (k->nins + k->nouts > sizeof bufs / sizeof bufs[0])
+    if (k->nins + k->nouts > KF_CG_MAX_PARAMS)
         return kf_fail(KF_ERR_INTERNAL, "kernel %s has %u parameters", k->name, k->nins + k->nouts);
     if (k->min_block && k->block < k->min_block)
         return kf_fail(KF_ERR_INTERNAL, "kernel %s launched with %u work-items, its body needs %u", k->name, k->block,
                        k->min_block);
     for (uint32_t i = 0; i < k->nins; i++) KF_TRY(buf_of(r, k->ins[i].value, &bufs[i]));
     for (uint32_t o = 0; o < k->nouts; o++) KF_TRY(buf_of(r, k->outs[o].value, &bufs[k->nins + o]));
-    return d->launch(d, r->sl->stream, r->s->kerns[st->kern].handle, bufs, k->nins + k->nouts, k->numel, k->block);
+    uint32_t nb = k->nins + k->nouts;
+    if (k->nchecks) bufs[nb++] = r->sl->errb[st - r->s->steps];
+    return d->launch(d, r->sl->stream, r->s->kerns[st->kern].handle, bufs, nb, k->numel, k->block);
+}
+
+/* Before a run: every index-checking kernel's kf_err zeroed (on the run's
+ * stream, ahead of its launches). */
+static kf_status errs_clear(run *r) {
+    static const int32_t zero[KF_CG_ERR_INTS];
+    for (uint32_t i = 0; r->sl->errb && i < r->s->nsteps; i++)
+        if (r->sl->errb[i]) KF_TRY(r->e->dev->upload(r->e->dev, r->sl->stream, r->sl->errb[i], zero, sizeof zero));
+    return KF_OK;
+}
+
+/* After a run: the first bad index a kernel met fails the run as the
+ * reference evaluator does, naming the node (kf_cg_check). */
+static kf_status errs_check(run *r) {
+    for (uint32_t i = 0; r->sl->errb && i < r->s->nsteps; i++) {
+        if (!r->sl->errb[i]) continue;
+        int32_t e[KF_CG_ERR_INTS];
+        KF_TRY(r->e->dev->download(r->e->dev, r->sl->stream, r->sl->errb[i], e, sizeof e));
+        if (!e[0]) continue;
+        const kf_cg_kernel *k = &r->s->steps[i].k;
+        if (e[0] < 0 || (uint32_t)e[0] > k->nchecks)
+            return kf_fail(KF_ERR_INTERNAL, "kernel %s reported index check %d of %u", k->name, e[0], k->nchecks);
+        const kf_cg_check *c = &k->checks[e[0] - 1];
+        int64_t v = (int64_t)(((uint64_t)(uint32_t)e[2] << 32) | (uint32_t)e[1]);
+        return kf_node_fail(&r->s->m->graph->nodes[c->node], KF_ERR_RUNTIME,
+                            "index %lld is out of range for a dimension of size %lld", (long long)v, (long long)c->dim);
+    }
+    return KF_OK;
 }
 
 /* Every step in order, moving data where it is needed. */
@@ -1294,6 +1334,7 @@ kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninput
     /* the caller's inputs are read in place: a shallow copy, never released */
     for (uint32_t i = 0; !st && i < e->nin; i++)
         if (s->in_ids[i]) r.vals[s->in_ids[i]] = inputs[i];
+    if (!st && r.sl) st = errs_clear(&r);
     if (!st) {
         if (s->stats.cuda_graph && !r.sl->graph_failed) {
             st = run_graph(&r);
@@ -1309,6 +1350,7 @@ kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninput
         st = run_steps(&r);
     }
 outputs:
+    if (!st && r.sl) st = errs_check(&r);
     for (uint32_t o = 0; !st && o < g->noutputs; o++) {
         kf_id v = g->outputs[o];
         if ((st = to_host(&r, v))) break;

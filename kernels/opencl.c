@@ -160,6 +160,14 @@ static kf_status run_kernel(run *r, const kf_cg_kernel *k, const kf_tensor *cons
         if ((e = clSetKernelArg(r->kern, i, sizeof(cl_mem), &r->bufs[i])) != CL_SUCCESS)
             return cl_err("clSetKernelArg", e);
     }
+    int32_t err[KF_CG_ERR_INTS] = {0};
+    if (k->nchecks) { /* kf_err (kf_cg_check) */
+        r->bufs[r->nbufs] = clCreateBuffer(r->ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof err, err, &e);
+        if (!r->bufs[r->nbufs]) return cl_err("clCreateBuffer", e);
+        if ((e = clSetKernelArg(r->kern, r->nbufs, sizeof(cl_mem), &r->bufs[r->nbufs])) != CL_SUCCESS)
+            return cl_err("clSetKernelArg", e);
+        r->nbufs++;
+    }
     if (k->numel > 0) {
         size_t global = k->numel < KF_CL_MAX_GLOBAL ? (size_t)k->numel : KF_CL_MAX_GLOBAL;
         size_t local = k->block; /* codegen's preferred work-group size; numel is a multiple */
@@ -176,6 +184,14 @@ static kf_status run_kernel(run *r, const kf_cg_kernel *k, const kf_tensor *cons
         if (e != CL_SUCCESS) return cl_err("clEnqueueReadBuffer", e);
     }
     if ((e = clFinish(r->q)) != CL_SUCCESS) return cl_err("clFinish", e);
+    if (k->nchecks) {
+        e = clEnqueueReadBuffer(r->q, r->bufs[r->nbufs - 1], CL_TRUE, 0, sizeof err, err, 0, NULL, NULL);
+        if (e != CL_SUCCESS) return cl_err("clEnqueueReadBuffer", e);
+        if (err[0] > 0 && (uint32_t)err[0] <= k->nchecks)
+            return kf_fail(KF_ERR_RUNTIME, "kernel %s: index %lld is out of range for a dimension of size %lld", k->name,
+                           (long long)(int64_t)(((uint64_t)(uint32_t)err[2] << 32) | (uint32_t)err[1]),
+                           (long long)k->checks[err[0] - 1].dim);
+    }
     return KF_OK;
 }
 

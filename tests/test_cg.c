@@ -429,8 +429,9 @@ Test(cg, vector_path_with_scalar_tail_on_opencl) {
 }
 
 Test(cg, index_maps_never_read_out_of_bounds) {
-    /* an index out of range is clamped, never read past the buffer: the text
-     * clamps every Gather index (the reference rejects such an index) */
+    /* an index out of range is clamped, never read past the buffer (the text
+     * clamps every Gather index), and reported: the launch fails as the
+     * reference does (kf_cg_check) */
     kf_model *m = gt_parse("opset 13\ninput x float[6, 4]\ninput i int64[3]\ng = Gather(x, i)\noutput g\n");
     kf_plan *p = cgu_plan(m);
     kf_cg_kernel k;
@@ -438,6 +439,10 @@ Test(cg, index_maps_never_read_out_of_bounds) {
                  "%s", kf_last_error());
     cr_assert_not_null(strstr(k.body, "> 5 ? 5 :"), "no upper clamp:\n%s", k.body);
     cr_assert_not_null(strstr(k.body, "< 0 ? 0 :"), "no lower clamp:\n%s", k.body);
+    cr_assert_not_null(strstr(k.body, "kf_index_fail(kf_err, 1,"), "no report:\n%s", k.body);
+    cr_assert_eq(k.nchecks, 1);
+    cr_assert_eq(k.checks[0].dim, 6);
+    cr_assert_str_eq(m->graph->nodes[k.checks[0].node].op_type, "Gather");
     if (!kf_cl_unavailable()) {
         kf_tensor x = tu_rand(KF_DT_FLOAT, 2, (int64_t[]){6, 4}, -1, 1), idx = {0};
         cr_assert_eq(kf_tensor_alloc(&idx, KF_DT_INT64, 1, (int64_t[]){3}), KF_OK);
@@ -446,6 +451,11 @@ Test(cg, index_maps_never_read_out_of_bounds) {
         const kf_tensor *ins[2] = {&x, &idx};
         if (k.ins[0].dtype != KF_DT_FLOAT) ins[0] = &idx, ins[1] = &x;
         kf_tensor out[1] = {0};
+        cr_assert_eq(kf_cl_run_kernel(&k, ins, out), KF_ERR_RUNTIME);
+        cr_assert(strstr(kf_last_error(), "index 1000 is out of range for a dimension of size 6") ||
+                      strstr(kf_last_error(), "index -1000 is out of range for a dimension of size 6"),
+                  "%s", kf_last_error());
+        iv[0] = 5, iv[1] = -6, iv[2] = -1;
         cr_assert_eq(kf_cl_run_kernel(&k, ins, out), KF_OK, "%s", kf_last_error());
         const float *xv = x.data, *ov = out[0].data;
         for (int c = 0; c < 4; c++) {

@@ -245,3 +245,39 @@ Test(run_opencl, onnx_node_tests, .timeout = 600) {
     cr_expect_eq(failed, 0, "a model ref runs must also run on opencl");
     cr_expect_gt(generated, 0);
 }
+
+/* Indices read from data: a bad one fails the run on OpenCL as on ref
+ * (KF_ERR_RUNTIME naming the Gather and the index), in an elementwise
+ * kernel and in a reduction's prologue; good ones (negative included)
+ * run generated and match ref. */
+Test(run_opencl, bad_gather_index_fails_the_run_naming_the_node) {
+    need_cl();
+    static const char *texts[] = {
+        "opset 13\ninput x float[4, 3]\ninput i int64[2]\ng = Gather(x, i) {axis=0}\ny = Relu(g)\noutput y\n",
+        "opset 13\ninput x float[5, 40]\ninput i int32[3]\ng = Gather(x, i) {axis=0}\ne = Exp(g)\n"
+        "y = ReduceMax(e) {axes=[1], keepdims=0}\noutput y\n",
+    };
+    static const int64_t bad[][3] = {{1, 99, 0}, {0, -6, 2}}, good[][3] = {{-4, 3, 0}, {-5, 4, 0}};
+    static const char *want[] = {"index 99 is out of range for a dimension of size 4",
+                                 "index -6 is out of range for a dimension of size 5"};
+    for (int c = 0; c < 2; c++) {
+        kf_model *m = gt_parse(texts[c]);
+        kf_tensor *ins;
+        uint32_t nins;
+        gt_random_inputs(m, &ins, &nins);
+        cr_assert_eq(nins, 2);
+        for (int64_t j = 0; j < ins[1].numel; j++) kf_set_f64(&ins[1], j, (double)bad[c][j]);
+        kf_tensor out[1] = {0};
+        kf_run_summary s;
+        kf_status st = kf_run_opencl(m, ins, (int)nins, out, NULL, &s);
+        cr_expect_eq(st, KF_ERR_RUNTIME, "case %d: status %d: %s", c, st, kf_last_error());
+        cr_expect(strstr(kf_last_error(), want[c]) && strstr(kf_last_error(), "Gather"), "case %d: %s", c,
+                  kf_last_error());
+        kf_tensor_release(&out[0]);
+        for (int64_t j = 0; j < ins[1].numel; j++) kf_set_f64(&ins[1], j, (double)good[c][j]);
+        s = run_checked(m, ins, nins);
+        cr_expect_eq(s.groups_ref, 0, "case %d: every group runs generated", c);
+        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+        free(ins);
+    }
+}
