@@ -30,7 +30,21 @@
 
 #define ATT_SMEM (46 * 1024) /* shared bytes a work-group may take (CUDA's static 48 KiB, less the quad scratch) */
 
+/* An Attention node (opset 23+) run as the kernel by itself: its layout
+ * and what its bias holds. */
+typedef struct attop {
+    const kf_node *n;
+    int rank;                   /* of Q, K, V: 3 (batch, seq, heads * size) or 4 (batch, heads, seq, size) */
+    int64_t B, Hq, Hkv, Sq, T, D, Dv;
+    int pq, pk, pv, pm;         /* parameters of Q, K, V and the mask (-1: none) */
+    kf_dtype mt;                /* the mask's type */
+    int64_t mstride[4], mkeys;  /* mask strides over (B, Hq, Sq, keys), 0 broadcasts; keys it covers */
+    bool causal;
+    double scale, cap;          /* cap 0: no softcap */
+} attop;
+
 typedef struct attn {
+    const attop *op;    /* NULL: a back-to-back group of graph nodes */
     int w, bk;          /* warps (16 query rows each), keys per tile */
     int64_t d16, dv8;   /* head sizes rounded up to the MMA's k (16) and n (8) */
     int64_t ldq, ldk, ldv, ldp; /* shared row strides, elements */
@@ -126,13 +140,84 @@ static bool att_load(gen *st, const attn *a, const kf_node *m, const gemm *gm, i
     return true;
 }
 
+/* The element expression of parameter pi (dtype dt) at offset off, as float. */
+static void att_read(kf_cg_str *b, kf_dtype dt, int pi, const char *off) {
+    if (dt == KF_DT_FLOAT16) kf_cg_printf(b, "KF_LOAD_HALF(in%d, %s)", pi, off);
+    else if (dt == KF_DT_BFLOAT16) kf_cg_printf(b, "KF_LOAD_BF16(in%d, %s)", pi, off);
+    else kf_cg_printf(b, "(float)in%d[%s]", pi, off);
+}
+
+/* The Attention node's tile loads: which 0 (Q rows from rbase, head size
+ * columns), 1 (K: keys from rbase) or 2 (V: keys from rbase, value head
+ * size columns; stored transposed) into arr. */
+static void att_op_load(gen *st, const attn *a, int which, int64_t rows, int64_t cols, const char *rbase,
+                        const char *arr, int64_t ld) {
+    const attop *op = a->op;
+    kf_cg_str *b = st->s;
+    const char *I = st->ity;
+    int64_t seq = which ? op->T : op->Sq, size = which == 2 ? op->Dv : op->D, heads = which ? op->Hkv : op->Hq;
+    int pi = which == 0 ? op->pq : which == 1 ? op->pk : op->pv;
+    kf_dtype dt = st->k->ins[pi].dtype;
+    const char *head = which ? "hk" : "h";
+    kf_cg_printf(b, "            for (int e = KF_LOCAL_ID; e < %lld; e += KF_LOCAL_SIZE) {\n", (long long)(rows * cols));
+    kf_cg_printf(b, "                const int er = e / %lld, ec = e %% %lld;\n", (long long)cols, (long long)cols);
+    kf_cg_printf(b, "                const %s gr = %s + er;\n", I, rbase);
+    kf_cg_puts(b, "                float x = 0.0f;\n");
+    char off[160];
+    if (op->rank == 4)
+        snprintf(off, sizeof off, "((b * %lld + %s) * %lld + gr) * %lld + ec", (long long)heads, head, (long long)seq,
+                 (long long)size);
+    else
+        snprintf(off, sizeof off, "(b * %lld + gr) * %lld + %s * %lld + ec", (long long)seq, (long long)(heads * size),
+                 head, (long long)size);
+    kf_cg_printf(b, "                if (gr < %lld && ec < %lld) x = ", (long long)seq, (long long)size);
+    att_read(b, dt, pi, off);
+    kf_cg_puts(b, ";\n");
+    st->ind = "                ";
+    char idx[96];
+    snprintf(idx, sizeof idx, which == 2 ? "ec * %lld + er" : "er * %lld + ec", (long long)ld);
+    att_put(st, a, arr, idx, "x");
+    kf_cg_puts(b, "            }\n");
+}
+
+/* The Attention node's bias on score sv at (query gm, key gn): softcap,
+ * mask (boolean: False -> -inf; else added; keys past its last -inf),
+ * causal (a key after the query -inf), as the reference orders them. */
+static void att_op_bias(gen *st, const attn *a) {
+    const attop *op = a->op;
+    kf_cg_str *b = st->s;
+    if (op->cap > 0) {
+        kf_cg_puts(b, "                    sv = ");
+        put_float(b, op->cap);
+        kf_cg_puts(b, " * KF_TANH(sv / ");
+        put_float(b, op->cap);
+        kf_cg_puts(b, ");\n");
+    }
+    if (op->pm >= 0) {
+        char off[200];
+        snprintf(off, sizeof off, "b * %lld + h * %lld + gm * %lld + gn * %lld", (long long)op->mstride[0],
+                 (long long)op->mstride[1], (long long)op->mstride[2], (long long)op->mstride[3]);
+        kf_cg_printf(b, "                    if (gn >= %lld) sv = -KF_INF;\n", (long long)op->mkeys);
+        if (op->mt == KF_DT_BOOL) kf_cg_printf(b, "                    else if (!in%d[%s]) sv = -KF_INF;\n", op->pm, off);
+        else {
+            kf_cg_puts(b, "                    else sv += ");
+            att_read(b, op->mt, op->pm, off);
+            kf_cg_puts(b, ";\n");
+        }
+    }
+    if (op->causal) kf_cg_puts(b, "                    if (gn > gm) sv = -KF_INF;\n");
+}
+
 static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm1, const gemm *gm2,
                           const attn *a) {
     const char *I = st->ity;
     const kf_node *r = st->red;
+    const attop *op = a->op;
     const kf_type *ot = &st->g->values[n->out[0]].type;
     int64_t BQ = 16 * a->w, tm = (gm1->M + BQ - 1) / BQ, nbatch = 1;
-    for (int d = 0; d < gm1->nb; d++) nbatch *= ot->dims[d];
+    if (op) nbatch = op->B * op->Hq;
+    else
+        for (int d = 0; d < gm1->nb; d++) nbatch *= ot->dims[d];
     int64_t ntiles = nbatch * tm, nt = a->bk / 8, on = a->dv8 / 8;
     if (ntiles > INT32_MAX / (32 * a->w))
         return fail(st, "node '%s': %lld query tiles (not generated)", kf_node_label(n), (long long)ntiles);
@@ -146,13 +231,20 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     st->s = &body;
     st->ind = "        ";
     kf_cg_printf(&body, "        const %s tm = tile %% %lld;\n", I, (long long)tm);
-    if (gm1->nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)tm);
-    batch_names(st, gm1, ot);
+    if (op) { /* batch b, query head h, its key/value head hk */
+        kf_cg_printf(&body, "        const %s b = tile / %lld, h = tile / %lld %% %lld, hk = h / %lld;\n", I,
+                     (long long)(tm * op->Hq), (long long)tm, (long long)op->Hq, (long long)(op->Hq / op->Hkv));
+    } else {
+        if (gm1->nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)tm);
+        batch_names(st, gm1, ot);
+    }
     char base[48];
     snprintf(base, sizeof base, "tm * %lld", (long long)BQ);
     kf_cg_puts(&body, "        KF_BARRIER;\n");
     /* Q: BQ rows x d16, once */
-    bool ok = att_load(st, a, n, gm1, 0, BQ, a->d16, "gm", base, "gk", "0", "kf_q", a->ldq, false);
+    bool ok = true;
+    if (op) att_op_load(st, a, 0, BQ, a->d16, base, "kf_q", a->ldq);
+    else ok = att_load(st, a, n, gm1, 0, BQ, a->d16, "gm", base, "gk", "0", "kf_q", a->ldq, false);
     kf_cg_printf(&body, "        float m0 = -KF_INF, m1 = -KF_INF, l0 = 0.0f, l1 = 0.0f;\n"
                         "        float oc[%lld][4];\n"
                         "        KF_UNROLL for (int j = 0; j < %lld; j++) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.0f;\n",
@@ -160,8 +252,13 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     kf_cg_printf(&body, "        for (%s kt = 0; kt < %lld; kt += %d) {\n", I, (long long)gm1->N, a->bk);
     kf_cg_puts(&body, "            KF_BARRIER;\n");
     /* K' (the first MatMul's B, [k = head dim][n = key]) as kf_k[key][d]; V ([k = key][n = dv]) as kf_v[dv][key] */
-    ok = ok && att_load(st, a, n, gm1, 1, a->bk, a->d16, "gn", "kt", "gk", "0", "kf_k", a->ldk, false);
-    ok = ok && att_load(st, a, n2, gm2, 1, a->bk, a->dv8, "gk", "kt", "gn", "0", "kf_v", a->ldv, true);
+    if (op) {
+        att_op_load(st, a, 1, a->bk, a->d16, "kt", "kf_k", a->ldk);
+        att_op_load(st, a, 2, a->bk, a->dv8, "kt", "kf_v", a->ldv);
+    } else {
+        ok = ok && att_load(st, a, n, gm1, 1, a->bk, a->d16, "gn", "kt", "gk", "0", "kf_k", a->ldk, false);
+        ok = ok && att_load(st, a, n2, gm2, 1, a->bk, a->dv8, "gk", "kt", "gn", "0", "kf_v", a->ldv, true);
+    }
     kf_cg_printf(&body, "            KF_BARRIER;\n"
                         "            float sc[%lld][4];\n"
                         "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
@@ -182,7 +279,13 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     ix oi;
     kf_cg_str rhs = {0};
     uint32_t mark = st->nmemo;
-    ok = ok && anchor_value(st, n, gm1, "sc[e / 4][e % 4]", &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, "sv");
+    if (op) {
+        kf_cg_puts(&body, "                    sv = sc[e / 4][e % 4] * ");
+        put_float(&body, op->scale);
+        kf_cg_puts(&body, ";\n");
+        att_op_bias(st, a);
+    } else
+        ok = ok && anchor_value(st, n, gm1, "sc[e / 4][e % 4]", &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, "sv");
     st->nmemo = mark;
     kf_cg_str_release(&rhs);
     kf_cg_puts(&body, "                }\n"
@@ -232,13 +335,30 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
                  (long long)BQ);
     kf_cg_printf(&body, "            const %s gn = e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n", I);
     kf_cg_printf(&body, "            if (gm < %lld && gn < %lld) {\n", (long long)gm2->M, (long long)gm2->N);
-    kf_cg_puts(&body, "                const float kf_o = oc[e / 4][e % 4] / (e % 4 >= 2 ? l1 : l0);\n");
+    kf_cg_puts(&body, "                const float kf_l = e % 4 >= 2 ? l1 : l0;\n");
+    /* a query that may attend no key: 0/0 as the unfused Softmax gives; the
+     * Attention op gives zeros */
+    if (op) kf_cg_puts(&body, "                const float kf_o = kf_l > 0.0f ? oc[e / 4][e % 4] / kf_l : 0.0f;\n");
+    else kf_cg_puts(&body, "                const float kf_o = oc[e / 4][e % 4] / kf_l;\n");
     st->ind = "                ";
     st->red = NULL;
     kf_cg_str rhs2 = {0};
     ix oi2;
     mark = st->nmemo;
-    ok = ok && anchor_value(st, n2, gm2, "kf_o", &oi2, &rhs2) && epilogue(st, n2->out[0], &oi2, rhs2.p, NULL);
+    if (op) {
+        char off[160];
+        if (op->rank == 4)
+            snprintf(off, sizeof off, "((b * %lld + h) * %lld + gm) * %lld + gn", (long long)op->Hq, (long long)op->Sq,
+                     (long long)op->Dv);
+        else
+            snprintf(off, sizeof off, "(b * %lld + gm) * %lld + h * %lld + gn", (long long)op->Sq,
+                     (long long)(op->Hq * op->Dv), (long long)op->Dv);
+        kf_dtype yt = st->k->outs[0].dtype;
+        if (yt == KF_DT_FLOAT16) kf_cg_printf(&body, "                KF_STORE_HALF(out0, %s, kf_o);\n", off);
+        else if (yt == KF_DT_BFLOAT16) kf_cg_printf(&body, "                KF_STORE_BF16(out0, %s, kf_o);\n", off);
+        else kf_cg_printf(&body, "                out0[%s] = kf_o;\n", off);
+    } else
+        ok = ok && anchor_value(st, n2, gm2, "kf_o", &oi2, &rhs2) && epilogue(st, n2->out[0], &oi2, rhs2.p, NULL);
     st->nmemo = mark;
     st->red = r;
     kf_cg_str_release(&rhs2);
@@ -262,6 +382,77 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     return ok;
 }
 
+/* An Attention node (opset 23+) as the streaming kernel: Q, K, V of one
+ * floating type, 3-D or 4-D, grouped key/value heads, an optional mask
+ * (boolean or additive, broadcast, possibly shorter than the keys),
+ * is_causal, scale, softcap; only Y is used. Declined (the reference runs
+ * it): a past key/value cache, nonpad_kv_seqlen, a sliding window, the
+ * present or qk_matmul_output outputs read, head sizes over 128. */
+static bool gen_attention_op(gen *st, kf_cg_str *s, const kf_node *n) {
+    const char *why = NULL;
+    for (int i = 4; i < n->nin && !why; i++)
+        if (n->in[i]) why = i < 6 ? "a past key/value cache" : "nonpad_kv_seqlen";
+    for (int j = 1; j < n->nout && !why; j++)
+        if (n->out[j] && (st->g->values[n->out[j]].nusers || st->g->values[n->out[j]].is_output))
+            why = "its present or qk_matmul_output output is read";
+    if (!why && (kf_attr_i(n, "left_window_size", -1) >= 0 || kf_attr_i(n, "right_window_size", -1) >= 0))
+        why = "a sliding window";
+    if (!why && (st->k->nouts != 1 || st->k->outs[0].value != n->out[0])) why = "an output other than Y";
+    if (why) return fail(st, "node '%s': Attention with %s is not generated", kf_node_label(n), why);
+    const kf_type *q = &st->g->values[n->in[0]].type, *k = &st->g->values[n->in[1]].type,
+                  *v = &st->g->values[n->in[2]].type, *mt = n->nin > 3 && n->in[3] ? &st->g->values[n->in[3]].type : NULL;
+    if (!kf_type_is_static(q) || !kf_type_is_static(k) || !kf_type_is_static(v) || (mt && !kf_type_is_static(mt)))
+        return fail(st, "node '%s': shapes are not static", kf_node_label(n));
+    if (q->dtype != k->dtype || q->dtype != v->dtype || !is_real(q->dtype) || q->dtype == KF_DT_DOUBLE ||
+        (mt && mt->dtype != KF_DT_BOOL && !is_real(mt->dtype)))
+        return fail(st, "node '%s': Attention over %s is not generated", kf_node_label(n), kf_dtype_name(q->dtype));
+    attop op = {.n = n, .rank = q->rank, .pm = -1};
+    if (q->rank == 4) {
+        op.B = q->dims[0], op.Hq = q->dims[1], op.Sq = q->dims[2], op.D = q->dims[3];
+        op.Hkv = k->dims[1], op.T = k->dims[2], op.Dv = v->dims[3];
+    } else if (q->rank == 3) {
+        op.Hq = kf_attr_i(n, "q_num_heads", 0), op.Hkv = kf_attr_i(n, "kv_num_heads", 0);
+        if (op.Hq <= 0 || op.Hkv <= 0 || q->dims[2] % op.Hq || k->dims[2] % op.Hkv || v->dims[2] % op.Hkv)
+            return fail(st, "node '%s': Attention head counts do not divide the hidden sizes", kf_node_label(n));
+        op.B = q->dims[0], op.Sq = q->dims[1], op.D = q->dims[2] / op.Hq;
+        op.T = k->dims[1], op.Dv = v->dims[2] / op.Hkv;
+    } else return fail(st, "node '%s': Attention of rank %d", kf_node_label(n), q->rank);
+    if (op.Hkv <= 0 || op.Hq % op.Hkv || op.B <= 0 || op.Sq <= 0 || op.T <= 0 || op.D <= 0 || op.Dv <= 0)
+        return fail(st, "node '%s': Attention shapes are not generated (empty, or heads that do not group)", kf_node_label(n));
+    op.pq = param_of(st, n->in[0]), op.pk = param_of(st, n->in[1]), op.pv = param_of(st, n->in[2]);
+    if (mt) {
+        op.pm = param_of(st, n->in[3]);
+        op.mt = mt->dtype;
+        if (mt->rank < 1 || mt->rank > 4) return fail(st, "node '%s': attn_mask of rank %d", kf_node_label(n), mt->rank);
+        int64_t stride = 1;
+        for (int d = mt->rank - 1; d >= 0; d--) {
+            if (mt->dims[d] != 1 || d == mt->rank - 1) op.mstride[4 - mt->rank + d] = stride;
+            stride *= mt->dims[d];
+        }
+        op.mkeys = mt->dims[mt->rank - 1];
+    }
+    if (op.pq < 0 || op.pk < 0 || op.pv < 0 || (mt && op.pm < 0))
+        return fail(st, "node '%s': Attention inputs are not kernel parameters (internal)", kf_node_label(n));
+    op.causal = kf_attr_i(n, "is_causal", 0) != 0;
+    op.scale = kf_attr_find(n, "scale") ? kf_attr_f(n, "scale", 1.0f) : 1.0 / sqrt((double)op.D);
+    op.cap = kf_attr_f(n, "softcap", 0.0f);
+    if (!(op.scale > 0) || !isfinite(op.scale) || !(op.cap >= 0) || !isfinite(op.cap))
+        return fail(st, "node '%s': Attention scale or softcap is not valid", kf_node_label(n));
+    attn a;
+    char kind = q->dtype == KF_DT_FLOAT16 ? 'H' : q->dtype == KF_DT_BFLOAT16 ? 'B' : 'F';
+    if (op.D > 128 || op.Dv > 128 || !att_tiles(op.Sq, op.T, op.D, op.Dv, kind, &a))
+        return fail(st, "node '%s': Attention head sizes %lld/%lld are over 128 (not generated)", kf_node_label(n),
+                    (long long)op.D, (long long)op.Dv);
+    a.op = &op;
+    gemm g1 = {.M = op.Sq, .N = op.T, .K = op.D, .has_m = true, .has_n = true};
+    gemm g2 = {.M = op.Sq, .N = op.Dv, .K = op.T, .has_m = true, .has_n = true};
+    const kf_node *red = st->red;
+    st->red = NULL;
+    bool ok = gen_attention(st, s, n, n, &g1, &g2, &a);
+    st->red = red;
+    return ok;
+}
+
 /* The streaming form for back-to-back group n -> n2 when it is attention
  * (att_shape) and its tiles fit; *taken false leaves the group to the
  * whole-row form. */
@@ -270,6 +461,7 @@ static bool att_try(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, 
     char kind;
     attn a;
     *taken = att_shape(st, n, st->red, n2, &kind) && att_tiles(gm->M, gm->N, gm->K, gm2->N, kind, &a);
+    a.op = NULL;
     return !*taken || gen_attention(st, s, n, n2, gm, gm2, &a);
 }
 

@@ -30,6 +30,7 @@ static void pool_attr_flags(const kf_node *n, bool *use_dil, bool *use_ceil) {
 static bool gen_pool(gen *st, kf_cg_str *s) {
     const kf_group *grp = st->grp;
     const kf_node *n = &st->g->nodes[grp->nodes[0]];
+    if (grp->nnodes == 1 && !strcmp(n->op_type, "Attention") && (!n->domain || !n->domain[0])) return gen_attention_op(st, s, n);
     if (grp->nnodes != 1 || (n->op != KF_OP_MAXPOOL && n->op != KF_OP_AVERAGEPOOL && n->op != KF_OP_LPPOOL))
         return fail(st, "node '%s': opaque op %s is not generated (it runs on the reference evaluator)",
                     kf_node_label(n), n->op_type);

@@ -128,3 +128,59 @@ Test(cg_attention, cuda_text_compiles_with_nvrtc_sm80_sm90) {
         cr_assert_eq(cgu_nvrtc_check_text(text, 1u << KF_GROUP_ANCHOR), 1, "%s", text);
     }
 }
+
+/* The opset-23 Attention node run as the same kernel by itself, against
+ * the reference evaluator's Attention: 4-D and 3-D layouts, grouped
+ * key/value heads, boolean and additive masks (broadcast, or covering
+ * fewer keys than there are), is_causal, scale, softcap, 16-bit types. */
+Test(cg_attention, attention_op) {
+    cgu_need_opencl();
+    static const char *const texts[] = {
+        /* 4-D, 8 query heads over 2 kv heads, additive mask over batch and keys */
+        "opset 23\ninput q float[2, 8, 19, 32]\ninput k float[2, 2, 23, 32]\ninput v float[2, 2, 23, 16]\n"
+        "input m float[2, 1, 1, 23]\ny = Attention(q, k, v, m)\noutput y\n",
+        /* 3-D with head counts, causal, softcap, scale */
+        "opset 23\ninput q float[1, 40, 128]\ninput k float[1, 40, 64]\ninput v float[1, 40, 64]\n"
+        "y = Attention(q, k, v) {q_num_heads=4, kv_num_heads=2, is_causal=1, softcap=5.0, scale=0.2}\noutput y\n",
+        /* boolean mask [Sq, T] */
+        "opset 23\ninput q float[1, 2, 33, 64]\ninput k float[1, 2, 33, 64]\ninput v float[1, 2, 33, 64]\n"
+        "input m bool[33, 33]\ny = Attention(q, k, v, m)\noutput y\n",
+        /* a mask shorter than the keys: the rest masked */
+        "opset 23\ninput q float[1, 1, 5, 32]\ninput k float[1, 1, 70, 32]\ninput v float[1, 1, 70, 32]\n"
+        "input m float[1, 1, 5, 50]\ny = Attention(q, k, v, m)\noutput y\n",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        att_seen seen = {0, 'F'};
+        cgu_run_opts o = {1u << KF_GROUP_OPAQUE, "kf_attention", cgu_dot_atol(70), 1e-4, 2.5e-3, 1e-3, seen_attention, &seen};
+        cr_assert_eq(cgu_run_groups(texts[i], &o), 1, "%s", texts[i]);
+        cr_assert_eq(seen.attention, 1, "%s", texts[i]);
+    }
+    static const char *const dts[] = {"float16", "bfloat16"};
+    for (int d = 0; d < 2; d++) {
+        char text[512];
+        snprintf(text, sizeof text,
+                 "opset 23\ninput q %s[1, 12, 128, 64]\ninput k %s[1, 12, 128, 64]\ninput v %s[1, 12, 128, 64]\n"
+                 "input m %s[1, 1, 1, 128]\ny = Attention(q, k, v, m)\noutput y\n",
+                 dts[d], dts[d], dts[d], dts[d]);
+        att_seen seen = {0, d ? 'B' : 'H'};
+        cgu_run_opts o = {1u << KF_GROUP_OPAQUE, "kf_attention", 1e-5, 1e-4, d ? 2e-2 : 2.5e-3, d ? 1e-2 : 1e-3,
+                          seen_attention, &seen};
+        cr_assert_eq(cgu_run_groups(text, &o), 1, "%s", text);
+        cr_assert_eq(seen.attention, 1, "%s", text);
+    }
+}
+
+/* What the kernel does not take is declined with the reason, naming the
+ * node: a past key/value cache (the reference runs it). */
+Test(cg_attention, attention_op_with_a_cache_is_declined) {
+    kf_model *m = gt_parse("opset 23\ninput q float[1, 2, 4, 32]\ninput k float[1, 2, 4, 32]\ninput v float[1, 2, 4, 32]\n"
+                           "input pk float[1, 2, 6, 32]\ninput pv float[1, 2, 6, 32]\n"
+                           "y, ck, cv = Attention(q, k, v, , pk, pv)\noutput y\noutput ck\noutput cv\n");
+    kf_plan *p = cgu_plan(m);
+    uint32_t g = p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer];
+    char why[512];
+    cr_assert_not_null(kf_cg_unsupported(m, p, g, why, sizeof why));
+    cr_assert(strstr(why, "past key/value cache") || strstr(why, "present"), "%s", why);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
