@@ -22,6 +22,10 @@
 enum { IN_Q, IN_K, IN_V, IN_MASK, IN_PAST_K, IN_PAST_V, IN_NONPAD, IN_COUNT };
 enum { OUT_Y, OUT_PRESENT_K, OUT_PRESENT_V, OUT_QK, OUT_COUNT };
 
+/* Elements of the double rows the kernel keeps per kv head and per query
+ * (keys x head size, scores at each stage): one tensor's worth. */
+#define ATT_MAX_ROW (KF_MAX_TENSOR_BYTES / (int64_t)sizeof(double))
+
 /* What qk_matmul_output holds. */
 enum { QK_RAW, QK_SOFTCAP, QK_BIAS, QK_SOFTMAX };
 
@@ -536,18 +540,23 @@ kf_status kf_nn_attention_eval(const kf_node *n, int nin, const kf_tensor *const
     for (int j = 0; j < OUT_COUNT && !st; j++)
         if (want[j]) st = kf_output_prepare(n, want[j], otypes[j].dtype, otypes[j].rank, otypes[j].dims);
 
-    int64_t T1 = r.T > 0 ? r.T : 1;
+    /* the key rows of one kv head and the score rows of one query are held
+     * in double: each must fit what one tensor may hold (an empty K may
+     * declare any sequence length) */
+    int64_t T1 = r.T > 0 ? r.T : 1, kn = 0, vn = 0, rn = 0;
+    if (!st && (!kf_mul_ok(T1, r.D + 1, &kn) || !kf_mul_ok(T1, r.Dv + 1, &vn) || !kf_mul_ok(T1, 5, &rn) ||
+                kn > ATT_MAX_ROW || vn > ATT_MAX_ROW || rn > ATT_MAX_ROW || r.D > ATT_MAX_ROW))
+        st = kf_nn_fail(n, KF_ERR_SHAPE, "%lld keys of head sizes %lld and %lld do not fit in memory",
+                        (long long)r.T, (long long)r.D, (long long)r.Dv);
     double *ks = NULL, *vs = NULL, *rows = NULL;
-    if (!st) {
-        int64_t kn = 0, vn = 0;
-        if (!kf_mul_ok(T1, r.D, &kn) || !kf_mul_ok(T1, r.Dv, &vn))
-            st = kf_nn_fail(n, KF_ERR_SHAPE, "key/value cache too large");
-        ks = kf_calloc((size_t)kn + 1, sizeof(double));
-        vs = kf_calloc((size_t)vn + 1, sizeof(double));
-        rows = kf_calloc((size_t)(5 * T1 + r.D + 1), sizeof(double));
-        if (!st && (!ks || !vs || !rows)) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    bool work = r.B > 0 && r.Hkv > 0; /* else every output is empty */
+    if (!st && work) {
+        ks = kf_calloc((size_t)kn, sizeof(double));
+        vs = kf_calloc((size_t)vn, sizeof(double));
+        rows = kf_calloc((size_t)(rn + r.D + 1), sizeof(double));
+        if (!ks || !vs || !rows) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     }
-    if (!st) {
+    if (!st && work) {
         att_rows w = {rows, rows + T1, rows + 2 * T1, rows + 3 * T1, rows + 4 * T1, rows + 5 * T1};
         int64_t group = r.Hq / r.Hkv; /* query heads per kv head, kv head h / group serves head h */
         for (int64_t b = 0; b < r.B; b++)

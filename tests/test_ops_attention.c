@@ -609,6 +609,20 @@ Test(attention, rejects_bad_inputs) {
     free_inputs(&y);
 }
 
+/* An empty K may declare any sequence length (its element count is 0):
+ * the kernel refuses to hold such a row of scores instead of trying. */
+Test(attention, empty_cache_of_huge_length_is_refused) {
+    int64_t qd[4] = {1, 1, 1, 0}, kd[4] = {1, 1, (int64_t)1 << 40, 0};
+    kf_tensor q = tu_rand(KF_DT_FLOAT, 4, qd, -1, 1), k = tu_rand(KF_DT_FLOAT, 4, kd, -1, 1);
+    kf_node *n = mk("Attention", 3, 4, 23);
+    n->out[3] = 0; /* qk_matmul_output would be refused as too large before the kernel runs */
+    const kf_tensor *in[3] = {&q, &k, &k};
+    expect_fail(n, 3, in, KF_ERR_SHAPE, "do not fit");
+    tu_node_free(n);
+    kf_tensor_release(&q);
+    kf_tensor_release(&k);
+}
+
 /* ---- RotaryEmbedding ---------------------------------------------------------- */
 
 typedef struct rot_case {
