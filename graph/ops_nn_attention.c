@@ -26,7 +26,10 @@ enum { OUT_Y, OUT_PRESENT_K, OUT_PRESENT_V, OUT_QK, OUT_COUNT };
  * (keys x head size, scores at each stage): one tensor's worth. */
 #define ATT_MAX_ROW (KF_MAX_TENSOR_BYTES / (int64_t)sizeof(double))
 
-/* What qk_matmul_output holds. */
+/* What qk_matmul_output holds. QK_RAW is the product before softcap, as
+ * the spec and the op's function body define it; the Python reference of
+ * onnx 1.23 returns the softcapped value there (no node test covers a
+ * softcap in mode 0). */
 enum { QK_RAW, QK_SOFTCAP, QK_BIAS, QK_SOFTMAX };
 
 typedef struct att_attrs {
@@ -408,26 +411,20 @@ static void bias_row(const att_run *r, const kf_tensor *mask, int64_t b, int64_t
     }
 }
 
-/* Present key and value of batch b, kv head hk: past rows then K/V rows,
- * key/value j at ks[j * D] / vs[j * Dv]; keys scaled by qk_scale. Writes
- * the present outputs when wanted. */
-static void load_kv(const att_run *r, const kf_tensor *const *in, int64_t b, int64_t hk, double *ks, double *vs,
-                    kf_tensor *pk_out, kf_tensor *pv_out) {
-    const kf_tensor *pk = in[IN_PAST_K], *pv = in[IN_PAST_V], *k = in[IN_K], *v = in[IN_V];
+/* The present cache of one kind for batch b, kv head hk: the past rows
+ * then those of now (K or V), row j of `size` values at dst[j * size],
+ * multiplied by mult and rounded to now's type (keys take sqrt(scale),
+ * values 1). Copied unscaled into present when the node has that output. */
+static void load_cache(const att_run *r, const kf_tensor *past, const kf_tensor *now, int64_t size, double mult,
+                       int64_t b, int64_t hk, double *dst, kf_tensor *present) {
     for (int64_t j = 0; j < r->T; j++) {
-        bool past = j < r->P;
-        int64_t s = past ? j : j - r->P;
-        for (int64_t d = 0; d < r->D; d++) {
-            double x = past ? kf_get_f64(pk, ((b * r->Hkv + hk) * r->P + s) * r->D + d)
-                            : kf_get_f64(k, at4(r->g.rank, b, hk, s, d, r->Hkv, r->Skv, r->D));
-            if (pk_out) kf_set_f64(pk_out, ((b * r->Hkv + hk) * r->T + j) * r->D + d, x);
-            ks[j * r->D + d] = kf_nn_round_to(r->t, x * r->qk_scale);
-        }
-        for (int64_t d = 0; d < r->Dv; d++) {
-            double x = past ? kf_get_f64(pv, ((b * r->Hkv + hk) * r->P + s) * r->Dv + d)
-                            : kf_get_f64(v, at4(r->g.rank, b, hk, s, d, r->Hkv, r->Skv, r->Dv));
-            if (pv_out) kf_set_f64(pv_out, ((b * r->Hkv + hk) * r->T + j) * r->Dv + d, x);
-            vs[j * r->Dv + d] = x;
+        bool in_past = j < r->P;
+        int64_t s = in_past ? j : j - r->P;
+        for (int64_t d = 0; d < size; d++) {
+            double x = in_past ? kf_get_f64(past, ((b * r->Hkv + hk) * r->P + s) * size + d)
+                               : kf_get_f64(now, at4(r->g.rank, b, hk, s, d, r->Hkv, r->Skv, size));
+            if (present) kf_set_f64(present, ((b * r->Hkv + hk) * r->T + j) * size + d, x);
+            dst[j * size + d] = kf_nn_round_to(now->dtype, x * mult);
         }
     }
 }
@@ -438,7 +435,12 @@ typedef struct att_rows {
 } att_rows;
 
 /* Query i of head h in batch b against the keys ks and values vs of its
- * kv head: writes its row of Y and of qk_matmul_output (when qk). */
+ * kv head: writes its row of Y and of qk_matmul_output (when qk). Every
+ * arrow rounds to Q's type; the softmax runs in softmax_precision:
+ *
+ *   (q*sqrt(scale)).(k*sqrt(scale)) -> raw -> softcap -> capped -> + bias -> biased -> softmax -> prob -> prob.V -> Y
+ *                                 mode 0               mode 1             mode 2                mode 3
+ */
 static void attend(const att_run *r, const kf_tensor *const *in, int64_t b, int64_t h, int64_t i, const double *ks,
                    const double *vs, att_rows *w, kf_tensor *y, kf_tensor *qk) {
     const kf_tensor *q = in[IN_Q];
@@ -513,6 +515,10 @@ static kf_status prepare_run(att_run *r, const kf_tensor *const *in, int64_t **n
     return KF_OK;
 }
 
+/* Y and whichever of present_key, present_value and qk_matmul_output the
+ * node has. Errors name the node: inconsistent shapes or attributes (as the
+ * shape function judges them), nonpad_kv_seqlen values outside 0..keys
+ * (KF_ERR_RUNTIME), rows of keys too large to hold. */
 kf_status kf_nn_attention_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
     att_run r = {.n = n};
     KF_TRY(read_attrs(n, &r.a));
@@ -561,7 +567,8 @@ kf_status kf_nn_attention_eval(const kf_node *n, int nin, const kf_tensor *const
         int64_t group = r.Hq / r.Hkv; /* query heads per kv head, kv head h / group serves head h */
         for (int64_t b = 0; b < r.B; b++)
             for (int64_t hk = 0; hk < r.Hkv; hk++) {
-                load_kv(&r, ins, b, hk, ks, vs, want[OUT_PRESENT_K], want[OUT_PRESENT_V]);
+                load_cache(&r, ins[IN_PAST_K], ins[IN_K], r.D, r.qk_scale, b, hk, ks, want[OUT_PRESENT_K]);
+                load_cache(&r, ins[IN_PAST_V], ins[IN_V], r.Dv, 1, b, hk, vs, want[OUT_PRESENT_V]);
                 for (int64_t h = hk * group; h < (hk + 1) * group; h++)
                     for (int64_t i = 0; i < r.Sq; i++) attend(&r, ins, b, h, i, ks, vs, &w, want[OUT_Y], want[OUT_QK]);
             }

@@ -110,6 +110,9 @@ kf_status kf_nn_rotary_shape(const kf_node *n, int nin, const kf_type *const *in
     return KF_OK;
 }
 
+/* Y like X. Errors name the node: bad ranks, head counts, rotary dims or
+ * cache shapes (as the shape function judges them), and position ids
+ * outside the caches (KF_ERR_RUNTIME). */
 kf_status kf_nn_rotary_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
     (void)nout;
     const kf_tensor *x = in[0], *cosc = in[1], *sinc = in[2], *pos = nin > 3 ? in[3] : NULL;
