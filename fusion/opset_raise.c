@@ -66,6 +66,7 @@ static const history histories[] = {
     {"NegativeLogLikelihoodLoss", "12 13 22"}, {"SoftmaxCrossEntropyLoss", "12 13"}, {"RNN", "1X 7 14 22"},
     {"GRU", "1X 3X 7 14 22"}, {"LSTM", "1X 7 14 22"}, {"MaxUnpool", "9 11 22"}, {"MaxRoiPool", "1 22"},
     {"Col2Im", "18"}, {"CenterCropPad", "18"}, {"AffineGrid", "20"}, {"RMSNormalization", "23"},
+    {"RotaryEmbedding", "23"}, {"Attention", "23 24 25C"},
 };
 
 /* The IR version an opset needs at least (ONNX docs/Versioning.md). */
@@ -456,6 +457,15 @@ static const char *convert_step(raise_ctx *c, kf_id id, const char *op, int v, i
     if (!strcmp(op, "RoiAlign") && v == 16) {
         if (!kf_attr_find(n, "coordinate_transformation_mode"))
             EDIT(set_attr_s(n, "coordinate_transformation_mode", "output_half_pixel"));
+        return NULL;
+    }
+    if (!strcmp(op, "Attention") && v == 25) {
+        /* 24 added an optional input, 25 window attributes whose defaults keep
+         * the old behaviour; but from 25 head counts given for 4-D inputs are
+         * an error */
+        const kf_type *q = in_type(g, n, 0);
+        bool heads = kf_attr_find(n, "q_num_heads") || kf_attr_find(n, "kv_num_heads");
+        if (heads && (!q || q->rank != 3)) DECLINE("q_num_heads/kv_num_heads are refused for 4-D inputs from opset 25");
         return NULL;
     }
     if (!strcmp(op, "GridSample") && v == 20) {

@@ -407,6 +407,15 @@ double kf_nn_round_even(double v) {
     return r;
 }
 
+double kf_nn_round_to(kf_dtype dt, double v) {
+    switch (dt) {
+    case KF_DT_FLOAT: return (float)v;
+    case KF_DT_FLOAT16: return kf_half_to_float(kf_float_to_half((float)v));
+    case KF_DT_BFLOAT16: return kf_bf16_to_float(kf_float_to_bf16((float)v));
+    default: return v;
+    }
+}
+
 void kf_nn_int_range(kf_dtype dt, double *lo, double *hi) {
     switch (dt) {
     case KF_DT_INT8:

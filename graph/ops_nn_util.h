@@ -113,6 +113,12 @@ kf_status kf_nn_expand_param_i64(const kf_node *n, const kf_tensor *p, const cha
 
 /* Round half to even (the ONNX quantisation rounding). */
 double kf_nn_round_even(double v);
+/* v as an element of float dtype dt holds it (float16 and bfloat16 through
+ * float32, as numpy-style arithmetic that computes 16-bit types in float32
+ * rounds them); other dtypes return v unchanged. Kernels that must agree
+ * with the ONNX reference bit for bit in 16-bit types round after every
+ * step it rounds. */
+double kf_nn_round_to(kf_dtype dt, double v);
 /* Smallest/largest value of an integer dtype as double. */
 void kf_nn_int_range(kf_dtype dt, double *lo, double *hi);
 

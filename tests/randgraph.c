@@ -1296,6 +1296,207 @@ static bool emit_batchnorm(gen *G) {
     return true;
 }
 
+/* ---- attention and rotary embeddings (opset 23) ---------------------------- */
+
+/* Q of an Attention: a value every path computes bit for bit (an input, a
+ * constant or data movement of those). The op runs on the host in every
+ * path, so it then sees the same operands everywhere; fed a value computed
+ * differently by each path, its softmax over scores of up to ~20 would turn
+ * rounding noise into differences past the float32 tolerance. */
+static bool attn_ok(const gen *G, const val *x) {
+    (void)G;
+    return (x->rank == 3 || x->rank == 4) && x->exact && vmax(x) <= 3;
+}
+
+/* A random divisor of n (n >= 1) up to 16. */
+static int64_t divisor(gen *G, int64_t n) {
+    int64_t d[16];
+    int k = 0;
+    for (int64_t i = 1; i <= n && i <= 16; i++)
+        if (n % i == 0) d[k++] = i;
+    return d[irand(&G->r, k)];
+}
+
+/* K, V or a past cache: a constant, now and then a graph input. */
+static val attn_operand(gen *G, int rank, const int64_t *dims) {
+    if (chance(&G->r, 0.25)) {
+        val *x = finput(G, rank, dims);
+        if (x) return *x;
+    }
+    return *fconst(G, rank, dims, -2, 2, false);
+}
+
+/* A node with nout outputs, all present. */
+static kf_node *mk_multi(gen *G, const char *op, const kf_id *in, int nin, kf_id *outs, int nout) {
+    for (int o = 0; o < nout; o++) outs[o] = new_value(G, 'v');
+    char nm[32];
+    snprintf(nm, sizeof nm, "n%d", G->nodes);
+    kf_id nid;
+    need(kf_graph_add_node(G->g, op, "", nm, in, nin, outs, nout, &nid));
+    kf_node *n = &G->g->nodes[nid];
+    n->op = kf_op_lookup("", op);
+    n->opset = G->opset;
+    G->nodes++;
+    return n;
+}
+
+/* Attention over a 3-D or 4-D Q with small random K and V (grouped heads,
+ * value head size of its own), sometimes a past cache with the present
+ * outputs, a boolean or additive mask (broadcast, or covering fewer keys),
+ * causal, scale, softcap and the qk_matmul_output. */
+static bool emit_attention(gen *G) {
+    if (G->opset < 23) return false;
+    val *x = pick(G, attn_ok);
+    if (!x) return false;
+    val q = *x;
+    int rank = q.rank;
+    int64_t B = q.dims[0], Hq, Sq, D;
+    if (rank == 4) {
+        Hq = q.dims[1], Sq = q.dims[2], D = q.dims[3];
+    } else {
+        Sq = q.dims[1], Hq = divisor(G, q.dims[2]), D = q.dims[2] / Hq;
+        if (q.dims[2] % Hq) return false;
+    }
+    if (D > 16) return false;
+    int64_t Hkv = divisor(G, Hq), Skv = 1 + irand(&G->r, 5), Dv = 1 + irand(&G->r, 4);
+    if (Hq % Hkv) return false;
+    int64_t P = chance(&G->r, 0.3) ? 1 + irand(&G->r, 3) : 0, T = P + Skv;
+    int64_t kd[4] = {B, Hkv, Skv, D}, vd[4] = {B, Hkv, Skv, Dv}, yd[4] = {B, Hq, Sq, Dv};
+    if (rank == 3) {
+        int64_t k3[3] = {B, Skv, Hkv * D}, v3[3] = {B, Skv, Hkv * Dv}, y3[3] = {B, Sq, Hq * Dv};
+        memcpy(kd, k3, sizeof k3);
+        memcpy(vd, v3, sizeof v3);
+        memcpy(yd, y3, sizeof y3);
+    }
+    int64_t pkd[4] = {B, Hkv, T, D}, pvd[4] = {B, Hkv, T, Dv}, qkd[4] = {B, Hq, Sq, T};
+    if (numel(rank, yd) > MAX_NUMEL || numel(4, pkd) > MAX_NUMEL || numel(4, pvd) > MAX_NUMEL ||
+        numel(4, qkd) > MAX_NUMEL)
+        return false;
+    val k = attn_operand(G, rank, kd), v = attn_operand(G, rank, vd);
+    kf_id in[6] = {q.id, k.id, v.id, 0, 0, 0};
+    int nin = 3;
+    bool causal = chance(&G->r, 0.4), neginf = causal;
+    int mask = irand(&G->r, 3); /* none, boolean, additive */
+    if (mask) {
+        int64_t md[4];
+        int mr = 1 + irand(&G->r, 4);
+        int64_t full[4] = {B, Hq, Sq, T};
+        for (int d = 0; d < mr; d++) md[d] = chance(&G->r, 0.4) ? 1 : full[4 - mr + d];
+        md[mr - 1] = T;
+        if (T > 1 && chance(&G->r, 0.2)) md[mr - 1] = T - 1; /* the last key is masked */
+        neginf = neginf || mask == 1 || md[mr - 1] < T;
+        if (mask == 1) {
+            kf_tensor *t = kf_tensor_new();
+            if (!t) need(KF_ERR_NOMEM);
+            need(kf_tensor_alloc(t, KF_DT_BOOL, mr, md));
+            for (int64_t i = 0; i < t->numel; i++) kf_set_i64(t, i, chance(&G->r, 0.75));
+            kf_id id = new_value(G, 'c');
+            G->g->values[id].init = t;
+            kf_type_of_tensor(&G->g->values[id].type, t);
+            in[3] = id;
+        } else {
+            in[3] = fconst(G, mr, md, -1, 1, false)->id;
+        }
+        nin = 4;
+    }
+    val pk = {0}, pv = {0};
+    if (P) {
+        int64_t pd[4] = {B, Hkv, P, D}, pvdd[4] = {B, Hkv, P, Dv};
+        pk = attn_operand(G, 4, pd);
+        pv = attn_operand(G, 4, pvdd);
+        in[4] = pk.id, in[5] = pv.id;
+        nin = 6;
+    }
+    double scale = chance(&G->r, 0.3) ? unif(&G->r, 0.1, 0.5) : 0;
+    double softcap = chance(&G->r, 0.25) ? unif(&G->r, 2, 5) : 0;
+    int nout = P && chance(&G->r, 0.6) ? 3 : 1;
+    if (chance(&G->r, 0.3)) nout = 4;
+    int mode = irand(&G->r, 4);
+    if (mode == 2 && neginf) mode = 3; /* scores + -inf are not a value to compute on */
+    double kmax = fmax(vmax(&k), P ? vmax(&pk) : 0);
+    double raw = (scale ? scale : 1 / sqrt((double)D)) * (double)D * vmax(&q) * kmax, qk_lo = -raw, qk_hi = raw;
+    if (softcap && mode != 0) qk_lo = fmax(qk_lo, -softcap), qk_hi = fmin(qk_hi, softcap);
+    if (mode == 2) qk_lo -= 1, qk_hi += 1;
+    if (mode == 3) qk_lo = 0, qk_hi = 1;
+    if (nout == 4 && !bounded(G, qk_lo, qk_hi)) nout = 3;
+    kf_id outs[4];
+    kf_node *n = mk_multi(G, "Attention", in, nin, outs, nout);
+    if (rank == 3) {
+        attr_i(n, "q_num_heads", Hq);
+        attr_i(n, "kv_num_heads", Hkv);
+    }
+    if (causal) attr_i(n, "is_causal", 1);
+    if (scale) attr_f(n, "scale", (float)scale);
+    if (softcap) attr_f(n, "softcap", (float)softcap);
+    if (nout == 4 && (mode || chance(&G->r, 0.3))) attr_i(n, "qk_matmul_output_mode", mode);
+    /* Y mixes value rows (a row that may attend nothing is 0) */
+    double vlo = fmin(v.lo, P ? pv.lo : v.lo), vhi = fmax(v.hi, P ? pv.hi : v.hi);
+    push(G, outs[0], rank, yd, fmin(vlo, 0), fmax(vhi, 0), false);
+    if (nout >= 3) {
+        bool exact = k.exact && v.exact && (!P || (pk.exact && pv.exact));
+        push(G, outs[1], 4, pkd, fmin(k.lo, P ? pk.lo : k.lo), fmax(k.hi, P ? pk.hi : k.hi), exact);
+        push(G, outs[2], 4, pvd, vlo, vhi, exact);
+    }
+    if (nout == 4) push(G, outs[3], 4, qkd, qk_lo, qk_hi, false);
+    return true;
+}
+
+/* X of a RotaryEmbedding: rank 3 or 4 with an even last dim, small enough
+ * that a rotation (|pair| grows by up to sqrt 2 per element) stays bounded. */
+static bool rope_ok(const gen *G, const val *x) {
+    return (x->rank == 3 || x->rank == 4) && x->dims[x->rank - 1] % 2 == 0 && 1.5 * vmax(x) <= G->mag;
+}
+
+/* RotaryEmbedding with caches of cos/sin of random angles, by position_ids
+ * or per (batch, position), halves or interleaved pairs, sometimes only part
+ * of each head rotated. */
+static bool emit_rotary(gen *G) {
+    if (G->opset < 23) return false;
+    val *x = pick(G, rope_ok);
+    if (!x) return false;
+    val xx = *x;
+    int64_t B = xx.dims[0], H, S, D;
+    if (xx.rank == 4) {
+        H = xx.dims[1], S = xx.dims[2], D = xx.dims[3];
+    } else {
+        S = xx.dims[1];
+        H = divisor(G, xx.dims[2]);
+        if (xx.dims[2] % H || (xx.dims[2] / H) % 2) H = 1;
+        D = xx.dims[2] / H;
+    }
+    int64_t dim = D;
+    if (D >= 4 && chance(&G->r, 0.4)) dim = 2 * (1 + irand(&G->r, (int)(D / 2) - 1));
+    int64_t half = dim / 2, npos = S + irand(&G->r, 4);
+    bool by_pos = chance(&G->r, 0.6);
+    int64_t cd[3] = {B, S, half}, cd2[2] = {npos, half};
+    int crank = by_pos ? 2 : 3;
+    const int64_t *cdims = by_pos ? cd2 : cd;
+    if (numel(crank, cdims) > MAX_NUMEL) return false;
+    kf_id cs[2];
+    for (int c = 0; c < 2; c++) cs[c] = fconst(G, crank, cdims, -1, 1, false)->id;
+    kf_tensor *ct = G->g->values[cs[0]].init, *st = G->g->values[cs[1]].init;
+    for (int64_t i = 0; i < ct->numel; i++) {
+        double theta = unif(&G->r, -3.14159, 3.14159);
+        kf_set_f64(ct, i, cos(theta));
+        kf_set_f64(st, i, sin(theta));
+    }
+    kf_id in[4] = {xx.id, cs[0], cs[1], 0}, out;
+    int nin = 3;
+    if (by_pos) {
+        int64_t pd[2] = {B, S}, ids[MAX_NUMEL];
+        if (B * S > MAX_NUMEL) return false;
+        for (int64_t i = 0; i < B * S; i++) ids[i] = irand(&G->r, (int)npos);
+        in[nin++] = iconst(G, 2, pd, ids);
+    }
+    kf_node *n = mk(G, "RotaryEmbedding", in, nin, &out);
+    if (xx.rank == 3) attr_i(n, "num_heads", H);
+    if (chance(&G->r, 0.5)) attr_i(n, "interleaved", 1);
+    if (dim != D || chance(&G->r, 0.2)) attr_i(n, "rotary_embedding_dim", dim);
+    double m = 1.5 * vmax(&xx);
+    push(G, out, xx.rank, xx.dims, -m, m, false);
+    return true;
+}
+
 /* ---- motifs: decompositions as exporters write them ------------------------ */
 
 static kf_id bin(gen *G, const char *op, kf_id a, kf_id b, bool swap) {
@@ -1612,7 +1813,7 @@ static const emitter emitters[] = {
     {emit_transpose, 4}, {emit_reshape, 4},   {emit_squeeze, 4},   {emit_concat, 3},  {emit_slice, 4},
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
-    {emit_pool, 3},      {emit_batchnorm, 1}, {motif_attention, 2},
+    {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17
@@ -1633,9 +1834,10 @@ kf_model *rg_generate(uint64_t seed) {
     m->nopsets = 1;
     m->ir_version = 8;
     /* 17 mostly (LayerNormalization); 18 moves every reduction's axes to an
-     * input; 20 has Gelu; 11-13 have Softmax over a 2-D coercion (before
-     * 13) and the older Split/Squeeze/ReduceSum attribute forms */
-    static const int64_t opsets[] = {17, 17, 17, 17, 17, 18, 18, 20, 13, 12, 11};
+     * input; 20 has Gelu; 23 Attention and RotaryEmbedding; 11-13 have
+     * Softmax over a 2-D coercion (before 13) and the older
+     * Split/Squeeze/ReduceSum attribute forms */
+    static const int64_t opsets[] = {17, 17, 17, 17, 17, 18, 18, 20, 23, 23, 13, 12, 11};
     G->opset = opsets[irand(&G->r, (int)(sizeof opsets / sizeof *opsets))];
     m->opsets[0].version = G->opset;
     bool fp16 = chance(&G->r, 0.15);

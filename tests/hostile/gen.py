@@ -149,6 +149,18 @@ g = numpy_helper.from_array(np.array([1, 3], dtype=np.int64), "G")
 m = base(nodes=[helper.make_node("Gather", ["X", "G"], ["Y"], name="n_gather", axis=1)], inits=[g])
 save_model("gather_out_of_range.onnx", m, 0, 3, "n_gather")
 
+# Attention: 3 key/value heads cannot serve 2 query heads
+kv = numpy_helper.from_array(np.arange(36, dtype=np.float32).reshape(1, 3, 3, 4) * 0.05, "KV")
+g = helper.make_graph(
+    [helper.make_node("Attention", ["X", "KV", "KV"], ["Y"], name="n_attention")],
+    "hostile",
+    [helper.make_tensor_value_info("X", TensorProto.FLOAT, [1, 2, 3, 4])],
+    [helper.make_tensor_value_info("Y", TensorProto.FLOAT, None)],
+    initializer=[kv],
+)
+m = helper.make_model(g, opset_imports=[helper.make_opsetid("", 23)], ir_version=10)
+save_model("attention_heads_not_dividing.onnx", m, 0, 3, "node 'n_attention' (Attention): 2 query heads")
+
 # nesting: If inside If ... 40 graphs deep (protobuf-c would recurse 120
 # levels). Python's protobuf refuses such depth itself, so bytes by hand.
 def varint(v):
