@@ -27,10 +27,17 @@ static void pool_attr_flags(const kf_node *n, bool *use_dil, bool *use_ceil) {
     else *use_dil = *use_ceil = latest || n->opset >= 18;
 }
 
+static bool is_attention(const kf_node *n) { return !strcmp(n->op_type, "Attention") && (!n->domain || !n->domain[0]); }
+
+/* Opaque ops with a kernel: the pools here, and Attention (cg_attention.c). */
+static bool opaque_has_kernel(const kf_node *n) {
+    return n->op == KF_OP_MAXPOOL || n->op == KF_OP_AVERAGEPOOL || n->op == KF_OP_LPPOOL || is_attention(n);
+}
+
 static bool gen_pool(gen *st, kf_cg_str *s) {
     const kf_group *grp = st->grp;
     const kf_node *n = &st->g->nodes[grp->nodes[0]];
-    if (grp->nnodes == 1 && !strcmp(n->op_type, "Attention") && (!n->domain || !n->domain[0])) return gen_attention_op(st, s, n);
+    if (grp->nnodes == 1 && is_attention(n)) return gen_attention_op(st, s, n);
     if (grp->nnodes != 1 || (n->op != KF_OP_MAXPOOL && n->op != KF_OP_AVERAGEPOOL && n->op != KF_OP_LPPOOL))
         return fail(st, "node '%s': opaque op %s is not generated (it runs on the reference evaluator)",
                     kf_node_label(n), n->op_type);

@@ -2366,7 +2366,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
     }
     if (g->kind == KF_GROUP_OPAQUE) {
         const kf_node *n = &gr->nodes[g->nodes[0]];
-        if (g->nnodes != 1 || (n->op != KF_OP_MAXPOOL && n->op != KF_OP_AVERAGEPOOL && n->op != KF_OP_LPPOOL)) {
+        if (g->nnodes != 1 || !opaque_has_kernel(n)) {
             snprintf(why, whylen, "node '%s': opaque op %s is not generated (it runs on the reference evaluator)",
                      kf_node_label(n), n->op_type);
             return KF_ERR_UNSUPPORTED;

@@ -9,12 +9,15 @@
  * goes through NVRTC for sm_80 and sm_90 with 0 spills.
  */
 #include <criterion/criterion.h>
+#include <criterion/logging.h>
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
 #include "cg_util.h"
 #include "graph_text.h"
 #include "kf_kernels.h"
+#include "test_util.h"
 
 typedef enum { MASK_NONE, MASK_ADD, MASK_CAUSAL } mask_kind;
 
@@ -127,6 +130,12 @@ Test(cg_attention, cuda_text_compiles_with_nvrtc_sm80_sm90) {
         att_text(&cases[i], text, sizeof text);
         cr_assert_eq(cgu_nvrtc_check_text(text, 1u << KF_GROUP_ANCHOR), 1, "%s", text);
     }
+    /* the Attention node: grouped heads, causal, softcap, 16-bit */
+    cr_assert_eq(cgu_nvrtc_check_text("opset 23\ninput q float16[1, 40, 512]\ninput k float16[1, 40, 128]\n"
+                                      "input v float16[1, 40, 128]\ny = Attention(q, k, v) {q_num_heads=8, "
+                                      "kv_num_heads=2, is_causal=1, softcap=30.0}\noutput y\n",
+                                      1u << KF_GROUP_OPAQUE),
+                 1);
 }
 
 /* The opset-23 Attention node run as the same kernel by itself, against
@@ -155,18 +164,63 @@ Test(cg_attention, attention_op) {
         cr_assert_eq(cgu_run_groups(texts[i], &o), 1, "%s", texts[i]);
         cr_assert_eq(seen.attention, 1, "%s", texts[i]);
     }
-    static const char *const dts[] = {"float16", "bfloat16"};
+    /* 16-bit: the reference evaluator rounds every step to the type as the
+     * ONNX reference does (scaled q and k, scores, biased scores, softmax,
+     * probabilities), which moves bfloat16 results up to 0.09 from the exact
+     * ones at this size; the kernel keeps float32 between its loads and its
+     * store. So the 16-bit kernels are held to DESIGN.md's tolerances
+     * against attention computed in double in this test. */
+    static const kf_dtype dts[] = {KF_DT_FLOAT16, KF_DT_BFLOAT16};
     for (int d = 0; d < 2; d++) {
+        const char *dn = d ? "bfloat16" : "float16";
         char text[512];
         snprintf(text, sizeof text,
                  "opset 23\ninput q %s[1, 12, 128, 64]\ninput k %s[1, 12, 128, 64]\ninput v %s[1, 12, 128, 64]\n"
-                 "input m %s[1, 1, 1, 128]\ny = Attention(q, k, v, m)\noutput y\n",
-                 dts[d], dts[d], dts[d], dts[d]);
-        att_seen seen = {0, d ? 'B' : 'H'};
-        cgu_run_opts o = {1u << KF_GROUP_OPAQUE, "kf_attention", 1e-5, 1e-4, d ? 2e-2 : 2.5e-3, d ? 1e-2 : 1e-3,
-                          seen_attention, &seen};
-        cr_assert_eq(cgu_run_groups(text, &o), 1, "%s", text);
-        cr_assert_eq(seen.attention, 1, "%s", text);
+                 "input m %s[1, 1, 1, 128]\ny = Attention(q, k, v, m)\noutput y\n", dn, dn, dn, dn);
+        kf_model *m = gt_parse(text);
+        kf_plan *p = cgu_plan(m);
+        kf_cg_kernel k;
+        cr_assert_eq(kf_cg_group(m, p, p->group_of[m->graph->values[kf_graph_find(m->graph, "y")].producer], &k), KF_OK,
+                     "%s", kf_last_error());
+        cr_assert_str_eq(k.name, "kf_attention");
+        cr_assert_not_null(strstr(k.body, d ? "KF_MMA_B(" : "KF_MMA_H("), "%s", k.body);
+        const int64_t qd[4] = {1, 12, 128, 64}, md[4] = {1, 1, 1, 128};
+        kf_tensor t[4] = {tu_rand(dts[d], 4, qd, -2, 2), tu_rand(dts[d], 4, qd, -2, 2), tu_rand(dts[d], 4, qd, -2, 2),
+                          tu_rand(dts[d], 4, md, -2, 2)};
+        const kf_tensor *ins[4];
+        for (uint32_t i = 0; i < k.nins; i++) /* parameters in group input order */
+            for (int j = 0; j < 4; j++)
+                if (k.ins[i].value == m->graph->nodes[m->graph->values[k.outs[0].value].producer].in[j]) ins[i] = &t[j];
+        kf_tensor out[1] = {0};
+        cr_assert_eq(kf_cl_run_kernel(&k, ins, out), KF_OK, "%s", kf_last_error());
+        double worst = 0, row[128];
+        for (int64_t h = 0; h < 12; h++)
+            for (int64_t i = 0; i < 128; i++) {
+                double mx = -INFINITY, sum = 0;
+                for (int64_t j = 0; j < 128; j++) {
+                    double dot = 0;
+                    for (int64_t c = 0; c < 64; c++)
+                        dot += kf_get_f64(&t[0], (h * 128 + i) * 64 + c) * kf_get_f64(&t[1], (h * 128 + j) * 64 + c);
+                    row[j] = dot / 8 + kf_get_f64(&t[3], j);
+                    if (row[j] > mx) mx = row[j];
+                }
+                for (int64_t j = 0; j < 128; j++) sum += row[j] = exp(row[j] - mx);
+                for (int64_t c = 0; c < 64; c++) {
+                    double want = 0;
+                    for (int64_t j = 0; j < 128; j++) want += row[j] / sum * kf_get_f64(&t[2], (h * 128 + j) * 64 + c);
+                    double got = kf_get_f64(&out[0], (h * 128 + i) * 64 + c), err = fabs(got - want);
+                    double tol = d ? 2e-2 + 1e-2 * fabs(want) : 2.5e-3 + 1e-3 * fabs(want);
+                    if (err / tol > worst) worst = err / tol;
+                    cr_assert_leq(err, tol, "%s: head %lld query %lld col %lld: %g, want %g", dn, (long long)h,
+                                  (long long)i, (long long)c, got, want);
+                }
+            }
+        cr_log_info("%s attention op: worst error %.2f of the tolerance", dn, worst);
+        kf_tensor_release(&out[0]);
+        for (int j = 0; j < 4; j++) kf_tensor_release(&t[j]);
+        kf_cg_kernel_release(&k);
+        kf_plan_free(p);
+        kf_model_free(m);
     }
 }
 
