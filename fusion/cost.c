@@ -316,14 +316,38 @@ static double gemm_rate(const kf_target *t, double outs) {
     return t->gemm_blk_base + t->gemm_blk_per_out * outs;
 }
 
-/* The streaming attention kernel (codegen/cg_attention.c) for a
- * back-to-back group MatMul -> Softmax -> MatMul (d: the first MatMul's
- * shape, d.n the keys): a block of 4 warps (2 for float32 head dims over
- * 64) per 64 (32) query rows of one head, keys and values streamed through
- * shared memory, every block reading its head's K and V (from L2 after the
+/* The streaming attention kernel (codegen/cg_attention.c): batch x heads
+ * of m queries against n keys, head sizes k (queries, keys) and nv
+ * (values): a block of 4 warps (2 for float32 head sizes over 64) per 64
+ * (32) query rows of one head, keys and values streamed through shared
+ * memory, every block reading its head's K and V (from L2 after the
  * first). On a busy SM it reaches attn_tc_frac of the tensor-core peak
- * (16-bit tiles) or attn_fma_frac of the FMA peak (float32). False: not
- * that shape (the whole-row form is estimated instead). */
+ * (16-bit tiles) or attn_fma_frac of the FMA peak (float32). */
+static void attention_kernel(const kf_target *t, const kf_cost_group *cg, bool narrow, int64_t batch, int64_t m,
+                             int64_t n, int64_t k, int64_t nv, double flops, kf_cost *c) {
+    int64_t esz = narrow ? 2 : 4, bq = !narrow && k > 64 ? 32 : 64, bk = !narrow && k > 64 ? 16 : narrow ? 64 : 32;
+    int64_t blocks = ceil_div(m, bq) * batch;
+    int64_t smem = esz * (bq * (k + 8) + bk * (k + 8) + nv * (bk + 8) + bq * (bk + 8)) + 4 * bq * 2;
+    double peak = narrow && t->tc_tflops_fp16 > 0 ? sm_peak(t, t->tc_tflops_fp16) * t->attn_tc_frac
+                                                  : sm_peak(t, t->fma_tflops_fp32) * t->attn_fma_frac;
+    c->known = true;
+    c->form = "attention";
+    c->blocks = blocks;
+    c->resident = anchor_resident(t, smem);
+    double sms = blocks < t->sms ? (double)blocks : (double)t->sms;
+    double comp = flops / (sms * peak) * 1e6;
+    double mm = mem_us(t, (double)bytes_of(cg), (double)blocks / t->sms);
+    double l2 = (double)blocks * (double)n * (double)(k + nv) * (double)esz / (t->l2_gbs * 1e9) * 1e6;
+    double body = comp;
+    c->bound = "compute";
+    if (mm > body) body = mm, c->bound = "memory";
+    if (l2 > body) body = l2, c->bound = "l2";
+    finish(t, c, body, t->kernel_min_us);
+}
+
+/* A back-to-back group MatMul -> Softmax -> MatMul (d: the first MatMul's
+ * shape, d.n the keys) as the attention kernel; false: not that shape (the
+ * whole-row form is estimated instead). */
 static bool attention(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, const kf_node *a,
                       const gemm_dims *d, kf_cost *c) {
     const kf_node *r = &g->nodes[cg->reduction], *b = &g->nodes[cg->anchor2];
@@ -332,24 +356,28 @@ static bool attention(const kf_target *t, const kf_graph *g, const kf_cost_group
         d->k > 128 || d2.n > 128)
         return false;
     kf_dtype dt = g->values[a->in[0]].type.dtype;
-    bool narrow = dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16;
-    int64_t esz = narrow ? 2 : 4, bq = !narrow && d->k > 64 ? 32 : 64, bk = !narrow && d->k > 64 ? 16 : narrow ? 64 : 32;
-    int64_t blocks = ceil_div(d->m, bq) * d->batch;
-    int64_t smem = esz * (bq * (d->k + 8) + bk * (d->k + 8) + d2.n * (bk + 8) + bq * (bk + 8)) + 4 * bq * 2;
-    double peak = narrow && t->tc_tflops_fp16 > 0 ? sm_peak(t, t->tc_tflops_fp16) * t->attn_tc_frac
-                                                  : sm_peak(t, t->fma_tflops_fp32) * t->attn_fma_frac;
-    c->form = "attention";
-    c->blocks = blocks;
-    c->resident = anchor_resident(t, smem);
-    double sms = blocks < t->sms ? (double)blocks : (double)t->sms;
-    double comp = (double)(cg->flops > 0 ? cg->flops : 0) / (sms * peak) * 1e6;
-    double m = mem_us(t, (double)bytes_of(cg), (double)blocks / t->sms);
-    double l2 = (double)blocks * (double)d->n * (double)(d->k + d2.n) * (double)esz / (t->l2_gbs * 1e9) * 1e6;
-    double body = comp;
-    c->bound = "compute";
-    if (m > body) body = m, c->bound = "memory";
-    if (l2 > body) body = l2, c->bound = "l2";
-    finish(t, c, body, t->kernel_min_us);
+    attention_kernel(t, cg, dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16, d->batch, d->m, d->n, d->k, d2.n,
+                     (double)(cg->flops > 0 ? cg->flops : 0), c);
+    return true;
+}
+
+/* An Attention node (opset 23+) alone in its group, from its shapes: false
+ * when the shapes are not known. */
+static bool attention_node(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
+    kf_id p = cg->space ? g->values[cg->space].producer : 0;
+    if (!p || strcmp(g->nodes[p].op_type, "Attention") || g->nodes[p].nin < 3) return false;
+    const kf_node *n = &g->nodes[p];
+    const kf_type *q = &g->values[n->in[0]].type, *k = &g->values[n->in[1]].type, *v = &g->values[n->in[2]].type;
+    if (!kf_type_is_static(q) || !kf_type_is_static(k) || !kf_type_is_static(v) || q->rank != k->rank ||
+        (q->rank != 3 && q->rank != 4))
+        return false;
+    int64_t hq = q->rank == 4 ? q->dims[1] : kf_attr_i(n, "q_num_heads", 1);
+    int64_t hkv = k->rank == 4 ? k->dims[1] : kf_attr_i(n, "kv_num_heads", 1);
+    if (hq <= 0 || hkv <= 0) return false;
+    int64_t b = q->dims[0], sq = q->dims[q->rank - 2], tk = k->dims[k->rank - 2];
+    int64_t dq = q->rank == 4 ? q->dims[3] : q->dims[2] / hq, dv = v->rank == 4 ? v->dims[3] : v->dims[2] / hkv;
+    double flops = 2.0 * (double)b * (double)hq * (double)sq * (double)tk * (double)(dq + dv);
+    attention_kernel(t, cg, q->dtype == KF_DT_FLOAT16 || q->dtype == KF_DT_BFLOAT16, b * hq, sq, tk, dq, dv, flops, c);
     return true;
 }
 
@@ -575,13 +603,15 @@ void kf_cost_estimate(const kf_target *t, kf_cost_math math, const kf_graph *g, 
         return;
     }
     switch (cg->kind) {
-    case KF_GROUP_ELEMWISE:
-    case KF_GROUP_OPAQUE: elementwise(t, g, cg, c); break;
+    case KF_GROUP_ELEMWISE: elementwise(t, g, cg, c); break;
+    case KF_GROUP_OPAQUE:
+        if (!attention_node(t, g, cg, c)) elementwise(t, g, cg, c);
+        break;
     case KF_GROUP_REDUCTION: reduction(t, g, cg, c); break;
     case KF_GROUP_ANCHOR: anchor(t, math, g, cg, c); break;
     default: break;
     }
-    if (cg->kind == KF_GROUP_OPAQUE) c->form = "opaque";
+    if (cg->kind == KF_GROUP_OPAQUE && strcmp(c->form, "attention")) c->form = "opaque";
     if (!c->known) {
         c->bound = "launch";
         c->us = t->kernel_min_us + t->launch_us;
