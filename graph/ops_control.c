@@ -204,10 +204,20 @@ kf_status kf_control_if_shape(const kf_node *n, int nin, const kf_type *const *i
     if (!res) return kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_status st = KF_OK;
     bool first = true;
+    int failed = 0; /* branches whose shapes contradict themselves */
     for (int br = 0; br < 2 && !st; br++) {
         if (pick >= 0 && br != pick) continue;
         bool ok;
-        if ((st = infer_body(n, in, names[br], NULL, res, nout, &ok)) || !ok) {
+        st = infer_body(n, in, names[br], NULL, res, nout, &ok);
+        if (st == KF_ERR_SHAPE && pick < 0 && !failed++) {
+            /* A branch that cannot run for these inputs is one the
+             * condition never picks (models choose between a 2-D and a 3-D
+             * branch this way): the other branch decides the shapes. */
+            kf_clear_error();
+            st = KF_OK;
+            continue;
+        }
+        if (st || !ok) {
             for (int j = 0; j < nout; j++) kf_type_unknown(&out[j]);
             break;
         }

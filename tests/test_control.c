@@ -367,6 +367,29 @@ Test(control, shapes_come_from_the_bodies) {
     kf_model_free(m);
     onnx__model_proto__free_unpacked(mp, NULL);
 
+    /* a branch whose shapes cannot work for these inputs is never taken:
+     * the other one decides, and the model runs */
+    mp = bu_proto("opset 13\ninput c bool[]\ninput a float[2, 3]\nconst k float[4] = random\n"
+                  "y = If(c)\nkeep = Neg(k)\noutput y\n");
+    bu_drop_node(mp->graph, "Neg");
+    static const char *const ako[] = {"a", "k"};
+    n = bu_node(mp->graph, "If");
+    bu_attach(n, "then_branch", bu_body("input a float[2, 3]\ninput k float[4]\nt = Add(a, k)\noutput t\n", ako, 2));
+    bu_attach(n, "else_branch", bu_body("input a float[2, 3]\ne = Neg(a)\noutput e\n", ao, 1));
+    m = bu_load(mp);
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    y = type_of(m, "y");
+    cr_assert(y->rank == 2 && y->dims[0] == 2 && y->dims[1] == 3);
+    int64_t d23[2] = {2, 3};
+    kf_tensor in[2] = {tu_tensor(KF_DT_BOOL, 0, NULL, (double[]){0}), tu_rand(KF_DT_FLOAT, 2, d23, -1, 1)};
+    kf_tensor got = {0};
+    cr_assert_eq(run(m, in, 2, &got), KF_OK, "%s", kf_last_error());
+    for (int i = 0; i < 6; i++) cr_assert_eq(f32(&got)[i], -f32(&in[1])[i]);
+    kf_tensor_release(&got);
+    release(in, 2);
+    kf_model_free(m);
+    onnx__model_proto__free_unpacked(mp, NULL);
+
     /* a constant trip count and no condition: the scan output's length */
     mp = loop_sum_model("const trip int64[] = 6");
     m = bu_load(mp);
