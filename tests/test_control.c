@@ -15,6 +15,7 @@
 #include "body_util.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 #include "kf_run.h"
 #include "test_util.h"
 
@@ -606,4 +607,44 @@ Test(control, opencl_runs_control_flow_on_the_host) {
         kf_model_free(m);
         onnx__model_proto__free_unpacked(mp, NULL);
     }
+}
+
+/* The fp16 pass keeps control flow in float32: a branch multiplies by a
+ * float32 constant of its own, which a float16 operand would not match. */
+Test(control, fp16_pass_leaves_bodies_in_float32) {
+    kf_model *m = gt_parse("opset 17\n"
+                           "input x float[2, 3]\n"
+                           "input c bool[]\n"
+                           "a = Relu(x)\n"
+                           "graph neg\n"
+                           "  t = Neg(a)\n"
+                           "  output t\n"
+                           "end\n"
+                           "graph scale\n"
+                           "  const k float[] = 0.5\n"
+                           "  e = Mul(a, k)\n"
+                           "  output e\n"
+                           "end\n"
+                           "y = If(c) {then_branch=@neg, else_branch=@scale}\n"
+                           "z = Sigmoid(y)\n"
+                           "output z\n");
+    kf_model *h = gt_copy(m);
+    cr_assert_eq(kf_fuse_precision(h, KF_DT_FLOAT16, NULL), KF_OK, "%s", kf_last_error());
+    kf_id y = kf_graph_find(h->graph, "y");
+    cr_assert(y && h->graph->values[y].type.dtype == KF_DT_FLOAT, "the If output became %s",
+              kf_dtype_name(h->graph->values[y].type.dtype));
+    int64_t d[2] = {2, 3};
+    for (int take = 0; take < 2; take++) {
+        kf_tensor in[2] = {tu_rand(KF_DT_FLOAT, 2, d, -2, 2), tu_tensor(KF_DT_BOOL, 0, NULL, (double[]){take})};
+        kf_tensor want = {0}, got = {0};
+        cr_assert_eq(run(m, in, 2, &want), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(run(h, in, 2, &got), KF_OK, "branch %d after the fp16 pass: %s", take, kf_last_error());
+        char why[256];
+        cr_assert(tu_close(&got, &want, 2.5e-3, 1e-3, why, sizeof why), "%s", why);
+        kf_tensor_release(&want);
+        kf_tensor_release(&got);
+        release(in, 2);
+    }
+    kf_model_free(h);
+    kf_model_free(m);
 }
