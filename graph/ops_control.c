@@ -711,7 +711,7 @@ static kf_status run_loop(const kf_model *m, const kf_node *n, const kf_tensor *
     for (int i = 0; i < N && !st; i++) st = kf_tensor_copy(&cur[i], in[2 + i]);
     r.bound[0] = &iter;
     r.bound[1] = &cv;
-    for (int i = 0; i < N; i++) r.bound[2 + i] = &cur[i];
+    for (int i = 0; i < N && cur; i++) r.bound[2 + i] = &cur[i];
     int64_t it = 0;
     for (; !st && it < trips && cond; it++) {
         if (it >= MAX_LOOP_ITERS) {
@@ -773,7 +773,7 @@ static kf_status scan_core(runner *r, const kf_tensor *const *in, const scan_att
     if (!slices || !lists || !cnt) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     for (int i = 0; i < N && !st; i++) st = kf_tensor_copy(&fs[i], st0[i]);
     for (int i = 0; i < N; i++) r->bound[i] = &fs[i];
-    for (int j = 0; j < M; j++) r->bound[N + j] = &slices[j];
+    for (int j = 0; j < M && slices; j++) r->bound[N + j] = &slices[j];
     for (int64_t t = 0; t < len && !st; t++) {
         for (int j = 0; j < M && !st; j++) st = take(xs[j], iax[j], a->idir[j] ? len - 1 - t : t, &slices[j]);
         if (st || (st = runner_go(r))) break;
