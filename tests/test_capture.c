@@ -7,7 +7,8 @@
  * that owns the body, and keep its use. CSE and Identity removal redirect
  * captured slots, so the saved bodies must name the surviving values. A
  * body naming a value nobody defines is a load error naming the node and
- * the value. ONNX Runtime checks the same models numerically
+ * the value. ONNX Runtime checks the same models numerically, and judges
+ * kfuse run (ref, and opencl where available) on the originals
  * (tests/capture_check.py, test capture.onnxruntime_runs_saved_models).
  */
 #include <criterion/criterion.h>
