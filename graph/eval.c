@@ -202,11 +202,22 @@ static const char *node_unsupported(const kf_model *m, const kf_node *n, int dep
 }
 
 const char *kf_eval_unsupported_reason(const kf_model *m) {
+    static _Thread_local char buf[700];
     const kf_graph *g = m->graph;
     for (kf_id i = 1; i < g->nnodes; i++) {
         if (g->nodes[i].dead) continue;
         const char *r = node_unsupported(m, &g->nodes[i], 0);
-        if (r) return r;
+        if (!r) continue;
+        /* say so when the model moves values kfuse has no type for */
+        for (kf_id v = 1; v < g->nvalues; v++)
+            if (g->values[v].other_kind) {
+                char inner[600];
+                snprintf(inner, sizeof inner, "%s", r);
+                snprintf(buf, sizeof buf, "%s (value '%s' is of kind %s, which kfuse has no type for)", inner,
+                         g->values[v].name, g->values[v].other_kind);
+                return buf;
+            }
+        return r;
     }
     return NULL;
 }

@@ -383,6 +383,18 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
  * dynamic axis they did not name, and ONNX Runtime runs such files. The
  * first one is described in m->load_warning. Tensors (initializers,
  * attributes) have data, so a negative dim there stays an error. */
+/* The word for a declared type kfuse has no type for, or NULL. */
+static const char *other_kind(const Onnx__TypeProto *tp) {
+    if (!tp) return NULL;
+    switch (tp->value_case) {
+    case ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE: return "sequence";
+    case ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE: return "optional";
+    case ONNX__TYPE_PROTO__VALUE_MAP_TYPE: return "map";
+    case ONNX__TYPE_PROTO__VALUE_SPARSE_TENSOR_TYPE: return "sparse tensor";
+    default: return NULL;
+    }
+}
+
 static kf_status type_from_proto(kf_model *m, const Onnx__TypeProto *tp, const char *vname, kf_type *ty,
                                  bool *is_tensor) {
     kf_graph *g = m->graph;
@@ -458,6 +470,7 @@ static kf_status value_info_in(kf_model *m, const Onnx__ValueInfoProto *vi, cons
     bool is_tensor;
     KF_TRY(type_from_proto(m, vi->type, vi->name, &ty, &is_tensor));
     kf_value *val = kf_value_at(g, v);
+    if (!val->other_kind) val->other_kind = other_kind(vi->type);
     if (val->init) {
         if (!types_agree(&ty, &val->type))
             return kf_fail(KF_ERR_BAD_MODEL, "%s '%s' declares a type its initializer does not have", what, vi->name);

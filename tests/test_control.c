@@ -648,3 +648,33 @@ Test(control, fp16_pass_leaves_bodies_in_float32) {
     kf_model_free(h);
     kf_model_free(m);
 }
+
+/* A model that moves sequences cannot run, and the reason says kfuse has no
+ * sequence type (ONNX's test_if_seq and test_loop13_seq are such models). */
+Test(control, sequence_values_are_named_in_the_reason) {
+    Onnx__ModelProto *mp = bu_proto("opset 13\ninput a float[3]\ns = SequenceConstruct(a)\noutput s\n");
+    /* declare the output a sequence of float tensors */
+    Onnx__ValueInfoProto *out = mp->graph->output[0];
+    if (out->type) onnx__type_proto__free_unpacked(out->type, NULL);
+    Onnx__TypeProto *tp = malloc(sizeof *tp), *elem = malloc(sizeof *elem);
+    Onnx__TypeProto__Sequence *seq = malloc(sizeof *seq);
+    Onnx__TypeProto__Tensor *tt = malloc(sizeof *tt);
+    cr_assert(tp && elem && seq && tt);
+    onnx__type_proto__init(tp);
+    onnx__type_proto__init(elem);
+    onnx__type_proto__sequence__init(seq);
+    onnx__type_proto__tensor__init(tt);
+    tt->has_elem_type = 1;
+    tt->elem_type = ONNX__TENSOR_PROTO__DATA_TYPE__FLOAT;
+    elem->value_case = ONNX__TYPE_PROTO__VALUE_TENSOR_TYPE;
+    elem->tensor_type = tt;
+    seq->elem_type = elem;
+    tp->value_case = ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE;
+    tp->sequence_type = seq;
+    out->type = tp;
+    kf_model *m = bu_load(mp);
+    const char *why = kf_eval_unsupported_reason(m);
+    cr_assert(why && strstr(why, "SequenceConstruct") && strstr(why, "'s' is of kind sequence"), "%s", why ? why : "(none)");
+    kf_model_free(m);
+    onnx__model_proto__free_unpacked(mp, NULL);
+}
