@@ -117,7 +117,7 @@ static void red_rows(const kf_graph *g, const kf_node *r, int64_t *rows, int64_t
     const kf_type *ti = &g->values[r->in[0]].type;
     int64_t axis = kf_attr_i(r, "axis", -1);
     if (axis < 0) axis += ti->rank;
-    if (axis < 0 || axis >= ti->rank) axis = ti->rank - 1;
+    if (axis < 0 || axis >= ti->rank) axis = ti->rank > 0 ? ti->rank - 1 : 0; /* a scalar: one row of 1 */
     int64_t len = 1;
     for (int d = (int)axis; d < ti->rank; d++) len *= ti->dims[d] > 0 ? ti->dims[d] : 1;
     *row = len;

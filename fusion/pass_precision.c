@@ -67,6 +67,9 @@ static bool goes_low(ctx *c, kf_id id, bool *nomem) {
     const kf_op_info *info = n->dead ? NULL : kf_node_op(n);
     if (!info || !info->shape || n->nin > KF_PASS_PRECISION_MAX_ARITY || n->nout > KF_PASS_PRECISION_MAX_ARITY)
         return false;
+    /* the bodies of If, Loop and Scan declare their own float32 types and
+     * constants: the node keeps float32 and Casts meet it */
+    if (info->flags & KF_F_SUBGRAPHS) return false;
     bool f32_out = false, low_in = false, f32_in = false;
     for (int j = 0; j < n->nout; j++)
         if (n->out[j] && c->f32[n->out[j]]) {

@@ -5,11 +5,13 @@
  * the op's reference kernel and frees intermediates after their last use.
  * It is the oracle for every other backend and the engine of constant folding.
  * A call of a model-local function (what `kfuse fuse` writes) runs the
- * function's body the same way, nested calls included.
+ * function's body the same way, nested calls included; so do the bodies of
+ * If, Loop and Scan (ops_control.c calls back into kf_eval_graph).
  */
 #include <stdio.h>
 #include <string.h>
 
+#include "kf_onnx.h"
 #include "kf_ref.h"
 
 /* Why op version `ver` of node n cannot run, or NULL. */
@@ -37,6 +39,7 @@ kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf
     const char *why = unsupported_reason(n);
     if (why) return kf_fail(KF_ERR_UNSUPPORTED, "node '%s': %s", kf_node_label(n), why);
     const kf_op_info *info = kf_op_get(n->op);
+    if (info->flags & KF_F_SUBGRAPHS) return kf_control_run(NULL, n, in, out, 0);
     /* The float8/float6/float4/int4/int2 storage types reach only the
      * kernels that convert them (Cast, CastLike) or move elements without
      * reading them as numbers (Identity, the injective ops). */
@@ -133,17 +136,50 @@ static kf_status check_input(const kf_graph *g, kf_id v, const kf_tensor *t) {
     return KF_OK;
 }
 
-/* Function calls nested deeper than this are refused: real models nest
- * two or three levels (a layer calling an activation); a function that
- * calls itself would otherwise recurse until the stack runs out. */
-#define MAX_CALL_DEPTH 32
+#define MAX_CALL_DEPTH KF_MAX_EVAL_DEPTH
+
+static const char *node_unsupported(const kf_model *m, const kf_node *n, int depth);
+
+/* Why a body of control-flow node n cannot run (a node in it, at any
+ * depth, or a body that does not decode), or NULL. */
+static const char *bodies_unsupported(const kf_model *m, const kf_node *n, int depth) {
+    static _Thread_local char buf[600];
+    const char *const *names = kf_control_bodies(n);
+    if (depth >= MAX_CALL_DEPTH) {
+        snprintf(buf, sizeof buf, "bodies nested deeper than %d levels", MAX_CALL_DEPTH);
+        return buf;
+    }
+    for (int k = 0; names[k]; k++) {
+        kf_body b;
+        if (kf_control_body(m, n, names[k], &b)) {
+            snprintf(buf, sizeof buf, "%s", kf_last_error());
+            kf_clear_error();
+            return buf;
+        }
+        const char *r = NULL;
+        for (kf_id i = 1; i < b.g->nnodes && !r; i++)
+            if (!b.g->nodes[i].dead) r = node_unsupported(m, &b.g->nodes[i], depth + 1);
+        if (r) {
+            char inner[512];
+            snprintf(inner, sizeof inner, "%s", r);
+            snprintf(buf, sizeof buf, "in body '%s' of node '%s': %s", names[k], kf_node_label(n), inner);
+        }
+        kf_body_release(&b);
+        if (r) return buf;
+    }
+    return NULL;
+}
 
 /* Why the node, in a graph of m, cannot run (a function call is checked
  * through its body), or NULL. */
 static const char *node_unsupported(const kf_model *m, const kf_node *n, int depth) {
     static _Thread_local char buf[600];
     const kf_function *f = kf_model_function(m, n->domain, n->op_type);
-    if (!f) return unsupported_reason(n);
+    if (!f) {
+        const char *r = unsupported_reason(n);
+        if (!r && (kf_op_get(n->op)->flags & KF_F_SUBGRAPHS)) r = bodies_unsupported(m, n, depth);
+        return r;
+    }
     if (depth >= MAX_CALL_DEPTH) {
         snprintf(buf, sizeof buf, "function calls nested deeper than %d levels (at %s::%s; recursive?)",
                  MAX_CALL_DEPTH, f->domain, f->name);
@@ -166,11 +202,22 @@ static const char *node_unsupported(const kf_model *m, const kf_node *n, int dep
 }
 
 const char *kf_eval_unsupported_reason(const kf_model *m) {
+    static _Thread_local char buf[700];
     const kf_graph *g = m->graph;
     for (kf_id i = 1; i < g->nnodes; i++) {
         if (g->nodes[i].dead) continue;
         const char *r = node_unsupported(m, &g->nodes[i], 0);
-        if (r) return r;
+        if (!r) continue;
+        /* say so when the model moves values kfuse has no type for */
+        for (kf_id v = 1; v < g->nvalues; v++)
+            if (g->values[v].other_kind) {
+                char inner[600];
+                snprintf(inner, sizeof inner, "%s", r);
+                snprintf(buf, sizeof buf, "%s (value '%s' is of kind %s, which kfuse has no type for)", inner,
+                         g->values[v].name, g->values[v].other_kind);
+                return buf;
+            }
+        return r;
     }
     return NULL;
 }
@@ -230,7 +277,9 @@ static kf_status eval_call(const kf_model *m, const kf_node *n, const kf_node *c
     kf_status st;
     const kf_function *f = kf_model_function(m, n->domain, n->op_type);
     if (!f) {
-        st = kf_eval_node(rn, rn->nin, in, out);
+        const kf_op_info *info = kf_op_get(n->op);
+        st = info && (info->flags & KF_F_SUBGRAPHS) && !unsupported_reason(n) ? kf_control_run(m, rn, in, out, depth)
+                                                                               : kf_eval_node(rn, rn->nin, in, out);
     } else if (depth >= MAX_CALL_DEPTH) {
         st = kf_fail(KF_ERR_UNSUPPORTED, "node '%s': function calls nested deeper than %d levels (recursive?)",
                      kf_node_label(n), MAX_CALL_DEPTH);
@@ -355,6 +404,11 @@ done:
     kf_free(outs);
     kf_free(order);
     return st;
+}
+
+kf_status kf_eval_graph(const kf_model *m, const kf_graph *g, const kf_tensor *const *bound, kf_tensor *outputs,
+                        int depth) {
+    return eval_graph(m, g, bound, NULL, outputs, NULL, depth);
 }
 
 kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,

@@ -91,6 +91,9 @@ typedef struct kf_value {
     bool is_output;   /* listed in graph.output */
     bool has_info;    /* appeared in value_info (keep it on export) */
     bool has_type;    /* the file declared a type for it */
+    /* the file declared it a sequence, optional, map or sparse tensor (this
+     * word, a static string), kinds kfuse has no type for; NULL otherwise */
+    const char *other_kind;
 } kf_value;
 
 typedef struct kf_graph {

@@ -3,6 +3,8 @@
  * Debian's libonnx-dev installs). Import keeps everything it reads; what the
  * IR does not model (functions, training info, sparse initializers, graph
  * attributes of control-flow ops) is carried through to export unchanged.
+ * Control-flow bodies are decoded into graphs of their own when the loader
+ * checks them and when the evaluator runs them (kf_onnx_node_body).
  */
 #ifndef KF_ONNX_H
 #define KF_ONNX_H
@@ -15,6 +17,25 @@
  * naming the node, tensor or field. */
 kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const char *what,
                         kf_model **out);
+
+/* A control-flow body (If branch, Loop or Scan body) as a graph of its own:
+ * g->inputs[0..nin) are the body's formal inputs in order; the inputs after
+ * them are the names the body (or a body nested in it) reads from the
+ * graphs around it, which the owning node's captures supply (kf_node.ncap,
+ * matched by capname). Symbolic dims are dropped (the body's symbol table
+ * is its own). */
+typedef struct kf_body {
+    kf_graph *g;
+    int nin;
+} kf_body;
+
+/* Decodes graph attribute `attr` of node n (kept packed in the IR) into *b,
+ * with node versions taken from opsets[0..nopsets) and external data read
+ * from dir (NULL forbids it). The caller releases *b. A missing or
+ * malformed body is KF_ERR_BAD_MODEL naming the node and attribute. */
+kf_status kf_onnx_node_body(const kf_node *n, const char *attr, const kf_opset *opsets, int nopsets, const char *dir,
+                            kf_body *b);
+void kf_body_release(kf_body *b);
 
 /* Reads a serialized TensorProto file (.pb of the ONNX test data) into t. */
 kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name);

@@ -10,7 +10,8 @@
  *            and files). Ranges: 1-199 elementwise, 200-299 reductions and
  *            normalisation, 300-399 linear algebra, conv, pooling and
  *            quantisation, 400-499 shape and layout ops, 500-599 indexing,
- *            gather/scatter and resampling.
+ *            gather/scatter and resampling, 600-699
+ *            control flow.
  *   domain   "" for the default ONNX domain
  *   in/out   arity bounds (counting absent optional slots); max -1 = variadic
  *   ver_*    opset versions of `domain` whose semantics the kernel implements
@@ -44,10 +45,13 @@ enum {
     KF_F_READS_SUBSET = 1 << 4,    /* reads only the elements of input 0 its output
                                     * selects (Gather, Slice): cost models charge the
                                     * output's size, not the whole input */
-    KF_F_COPIES = 1 << 5           /* every output element is an element of input 0 (of
+    KF_F_COPIES = 1 << 5,          /* every output element is an element of input 0 (of
                                     * any input when variadic: Concat), moved or, for
                                     * Cast, converted: integers keep their values, so
                                     * kf_index_bound follows index values through it */
+    KF_F_SUBGRAPHS = 1 << 6        /* runs graph attributes (If, Loop, Scan): the
+                                    * evaluator hands it the model and nesting depth
+                                    * (kf_control_run), and the loader checks the bodies */
 };
 
 /* Shape and dtype of every output from the inputs' types.

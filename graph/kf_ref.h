@@ -97,6 +97,38 @@ kf_status kf_eval_model(const kf_model *m, const kf_tensor *inputs, int ninputs,
  * tests). Output tensors out[0..n->nout) are released and refilled. */
 kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf_tensor *out);
 
+/* Function calls and control-flow bodies nested deeper than this are
+ * refused: real models nest two or three levels (a layer calling an
+ * activation, a Loop holding an If); a function that calls itself would
+ * otherwise recurse until the stack runs out. */
+#define KF_MAX_EVAL_DEPTH 32
+
+/* Runs graph g (a control-flow body, see kf_body) of model m (NULL when
+ * none is at hand: body nodes then cannot call model-local functions).
+ * bound[i] is the tensor for g->inputs[i] (copied; NULL only where an
+ * initializer supplies it); outputs receives g->noutputs tensors the caller
+ * releases. depth counts the bodies and calls around g. */
+kf_status kf_eval_graph(const kf_model *m, const kf_graph *g, const kf_tensor *const *bound, kf_tensor *outputs,
+                        int depth);
+
+/* ---- control flow (ops_control.c) ------------------------------------------ */
+
+struct kf_body;
+/* Runs If, Loop or Scan node n (of a graph of m, which may be NULL) from
+ * its inputs (captured values included) into out[0..n->nout). Errors name
+ * the node: a condition that is not one bool, bodies whose outputs do not
+ * fit, scanned inputs of different lengths, a Loop past its iteration cap. */
+kf_status kf_control_run(const kf_model *m, const kf_node *n, const kf_tensor *const *in, kf_tensor *out, int depth);
+/* Names of the graph attributes node n runs (NULL-terminated; empty for
+ * other ops). */
+const char *const *kf_control_bodies(const kf_node *n);
+/* KF_ERR_BAD_MODEL naming the node when body `attr` with bnin formal
+ * inputs and bnout outputs does not fit node n (and its attributes). */
+kf_status kf_control_check_body(const kf_node *n, const char *attr, int bnin, int bnout);
+/* Decodes and checks body `attr` of n (node versions from m's imports, or
+ * n's own opset when m is NULL); the caller releases *b. */
+kf_status kf_control_body(const kf_model *m, const kf_node *n, const char *attr, struct kf_body *b);
+
 /* Graph inputs that need data from the caller (not initializers), in order;
  * *ids malloc'ed. */
 kf_status kf_graph_real_inputs(const kf_graph *g, kf_id **ids, uint32_t *count);

@@ -18,6 +18,7 @@
 #include "kf_onnx.h"
 #include "kf_ops.h"
 #include "onnx.pb-c.h"
+#include "kf_ref.h"
 #include "onnx_scope.h"
 
 /* protobuf-c allocates through kf_malloc too, so allocation-failure tests
@@ -382,6 +383,18 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
  * dynamic axis they did not name, and ONNX Runtime runs such files. The
  * first one is described in m->load_warning. Tensors (initializers,
  * attributes) have data, so a negative dim there stays an error. */
+/* The word for a declared type kfuse has no type for, or NULL. */
+static const char *other_kind(const Onnx__TypeProto *tp) {
+    if (!tp) return NULL;
+    switch (tp->value_case) {
+    case ONNX__TYPE_PROTO__VALUE_SEQUENCE_TYPE: return "sequence";
+    case ONNX__TYPE_PROTO__VALUE_OPTIONAL_TYPE: return "optional";
+    case ONNX__TYPE_PROTO__VALUE_MAP_TYPE: return "map";
+    case ONNX__TYPE_PROTO__VALUE_SPARSE_TENSOR_TYPE: return "sparse tensor";
+    default: return NULL;
+    }
+}
+
 static kf_status type_from_proto(kf_model *m, const Onnx__TypeProto *tp, const char *vname, kf_type *ty,
                                  bool *is_tensor) {
     kf_graph *g = m->graph;
@@ -457,6 +470,7 @@ static kf_status value_info_in(kf_model *m, const Onnx__ValueInfoProto *vi, cons
     bool is_tensor;
     KF_TRY(type_from_proto(m, vi->type, vi->name, &ty, &is_tensor));
     kf_value *val = kf_value_at(g, v);
+    if (!val->other_kind) val->other_kind = other_kind(vi->type);
     if (val->init) {
         if (!types_agree(&ty, &val->type))
             return kf_fail(KF_ERR_BAD_MODEL, "%s '%s' declares a type its initializer does not have", what, vi->name);
@@ -610,6 +624,9 @@ static int64_t opset_in(const kf_opset *ops, int nops, const char *domain) {
     return 0;
 }
 
+static kf_status check_bodies(const kf_node *n, const Onnx__NodeProto *np, const kf_opset *opsets, int nopsets,
+                              const char *dir);
+
 /* Adds the nodes of a graph or function body to g, whose inputs and
  * initializers already exist. opsets: the imports node versions come from. */
 static kf_status nodes_from_proto(kf_graph *g, Onnx__NodeProto *const *nodes, size_t nnode, const kf_opset *opsets,
@@ -680,11 +697,17 @@ static kf_status nodes_from_proto(kf_graph *g, Onnx__NodeProto *const *nodes, si
         }
         /* values of this graph that its subgraphs read count as its inputs */
         KF_TRY(kf_onnx_node_captures(g, nid, np));
+        KF_TRY(check_bodies(kf_node_at(g, nid), np, opsets, nopsets, dir));
     }
     return KF_OK;
 }
 
-static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const char *dir) {
+/* Reads graph gp into m->graph. steal: take initializer bytes over from gp
+ * (the main graph, whose nodes and initializers are dropped after import).
+ * outer[0..nouter): names gp reads from enclosing graphs (a control-flow
+ * body); each becomes an extra graph input after gp's own inputs. */
+static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const char *dir, bool steal,
+                                  const char *const *outer, uint32_t nouter) {
     kf_graph *g = m->graph;
     if ((gp->name && !(g->name = kf_strdup(gp->name))) || (gp->doc_string && !(g->doc = kf_strdup(gp->doc_string))))
         return kf_fail(KF_ERR_NOMEM, "out of memory");
@@ -696,7 +719,7 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         KF_TRY(kf_graph_add_value(g, tp->name, &v));
         kf_tensor *t = kf_tensor_new();
         if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        kf_status st = tensor_from_proto(tp, dir, t, true);
+        kf_status st = tensor_from_proto(tp, dir, t, steal);
         if (st) {
             kf_tensor_free(t);
             return st;
@@ -715,6 +738,11 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         KF_TRY(value_info_in(m, vi, "graph input", &v, true));
         KF_TRY(kf_graph_mark_input(g, v));
     }
+    for (uint32_t i = 0; i < nouter; i++) {
+        kf_id v;
+        KF_TRY(kf_graph_add_value(g, outer[i], &v));
+        KF_TRY(kf_graph_mark_input(g, v));
+    }
     KF_TRY(nodes_from_proto(g, gp->node, gp->n_node, m->opsets, m->nopsets, dir));
     for (size_t i = 0; i < gp->n_output; i++) {
         const Onnx__ValueInfoProto *vi = gp->output[i];
@@ -731,6 +759,103 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         if (v) kf_value_at(g, v)->has_info = true;
     }
     return KF_OK;
+}
+
+/* ---- control-flow bodies -------------------------------------------------------- */
+
+/* Reads body gp of an If, Loop or Scan node into b (see kf_body). */
+static kf_status body_from_proto(const Onnx__GraphProto *gp, const kf_opset *opsets, int nopsets, const char *dir,
+                                 kf_body *b) {
+    memset(b, 0, sizeof *b);
+    if (gp->n_input > INT_MAX / 2 || gp->n_output > INT_MAX / 2)
+        return kf_fail(KF_ERR_BAD_MODEL, "body '%s' has too many inputs or outputs", gp->name ? gp->name : "");
+    kf_model tmp;
+    memset(&tmp, 0, sizeof tmp);
+    tmp.opsets = (kf_opset *)opsets; /* read only; not freed */
+    tmp.nopsets = nopsets;
+    if (!(tmp.graph = kf_graph_new())) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    const char **outer = NULL;
+    uint32_t nouter = 0;
+    kf_status st = kf_onnx_outer_names(gp, &outer, &nouter);
+    if (!st) st = graph_from_proto(&tmp, gp, dir, false, outer, nouter);
+    kf_free(outer);
+    if (!st) {
+        kf_id *order;
+        uint32_t n;
+        if (!(st = kf_graph_topo(tmp.graph, &order, &n))) kf_free(order);
+    }
+    if (st) {
+        kf_graph_free(tmp.graph);
+        return st;
+    }
+    /* symbol ids index the body's own table; outside it they would name
+     * other dims, so the body keeps the sizes and forgets the names */
+    for (kf_id v = 1; v < tmp.graph->nvalues; v++)
+        memset(tmp.graph->values[v].type.syms, 0, sizeof tmp.graph->values[v].type.syms);
+    b->g = tmp.graph;
+    b->nin = (int)gp->n_input;
+    return KF_OK;
+}
+
+/* Load-time check of the bodies of an If, Loop or Scan node kfuse runs:
+ * each is present, its input and output counts fit the node, and it loads
+ * (nested bodies included). A body using something kfuse does not read
+ * (complex initializers, say) still loads; running it reports why. */
+static kf_status check_bodies(const kf_node *n, const Onnx__NodeProto *np, const kf_opset *opsets, int nopsets,
+                              const char *dir) {
+    const kf_op_info *info = kf_op_get(n->op);
+    if (!info || !(info->flags & KF_F_SUBGRAPHS) || (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi)))
+        return KF_OK;
+    const char *const *names = kf_control_bodies(n);
+    for (int k = 0; names[k]; k++) {
+        const Onnx__GraphProto *gp = NULL;
+        for (size_t i = 0; i < np->n_attribute; i++)
+            if (np->attribute[i]->name && !strcmp(np->attribute[i]->name, names[k])) gp = np->attribute[i]->g;
+        if (!gp)
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): graph attribute '%s' is missing", kf_node_label(n),
+                           n->op_type, names[k]);
+        if (gp->n_input > INT_MAX / 2 || gp->n_output > INT_MAX / 2)
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): body '%s' has too many inputs or outputs",
+                           kf_node_label(n), n->op_type, names[k]);
+        KF_TRY(kf_control_check_body(n, names[k], (int)gp->n_input, (int)gp->n_output));
+        kf_body b;
+        kf_status st = body_from_proto(gp, opsets, nopsets, dir, &b);
+        if (st == KF_ERR_UNSUPPORTED) {
+            kf_clear_error();
+            continue;
+        }
+        if (st) return kf_fail_context(st, "node '%s' (%s) attribute '%s'", kf_node_label(n), n->op_type, names[k]);
+        kf_body_release(&b);
+    }
+    return KF_OK;
+}
+
+kf_status kf_onnx_node_body(const kf_node *n, const char *attr, const kf_opset *opsets, int nopsets, const char *dir,
+                            kf_body *b) {
+    memset(b, 0, sizeof *b);
+    const kf_attr *a = kf_attr_find(n, attr);
+    if (!a || a->type != KF_ATTR_GRAPH || !a->packed)
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): graph attribute '%s' is missing", kf_node_label(n),
+                       n->op_type, attr);
+    pb_nomem = false;
+    Onnx__AttributeProto *ap = onnx__attribute_proto__unpack(&pb_allocator, a->packed_len, a->packed);
+    if (!ap)
+        return pb_nomem ? kf_fail(KF_ERR_NOMEM, "out of memory")
+                        : kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute '%s' cannot be decoded",
+                                  kf_node_label(n), n->op_type, attr);
+    kf_status st = KF_OK;
+    if (!ap->g)
+        st = kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute '%s' holds no graph", kf_node_label(n), n->op_type,
+                     attr);
+    else if ((st = body_from_proto(ap->g, opsets, nopsets, dir, b)))
+        kf_fail_context(st, "node '%s' (%s) attribute '%s'", kf_node_label(n), n->op_type, attr);
+    onnx__attribute_proto__free_unpacked(ap, &pb_allocator);
+    return st;
+}
+
+void kf_body_release(kf_body *b) {
+    kf_graph_free(b->g);
+    memset(b, 0, sizeof *b);
 }
 
 /* ---- model-local functions --------------------------------------------------- */
@@ -964,7 +1089,7 @@ kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const cha
             kf_fail_context(st, "%s", what);
             goto fail;
         }
-    if ((st = graph_from_proto(m, mp->graph, dir))) {
+    if ((st = graph_from_proto(m, mp->graph, dir, true, NULL, 0))) {
         kf_fail_context(st, "%s", what);
         goto fail;
     }

@@ -183,6 +183,21 @@ kf_status kf_onnx_node_captures(kf_graph *g, kf_id nid, const Onnx__NodeProto *n
     return st;
 }
 
+kf_status kf_onnx_outer_names(const Onnx__GraphProto *gp, const char ***names, uint32_t *n) {
+    outer_reads r = {0};
+    kf_status st = walk_reads(gp, NULL, &r, 0);
+    ns_free(&r.seen);
+    kf_free(r.reader);
+    if (st) {
+        kf_free(r.name);
+        r.name = NULL;
+        r.n = 0;
+    }
+    *names = r.name;
+    *n = r.n;
+    return st;
+}
+
 /* ---- export: renaming captured references --------------------------------- */
 
 static kf_status set_name(char **slot, const char *name) {

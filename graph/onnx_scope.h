@@ -17,6 +17,11 @@
  * attribute, the body node that reads it and the name. */
 kf_status kf_onnx_node_captures(kf_graph *g, kf_id nid, const Onnx__NodeProto *np);
 
+/* The names graph gp (or a graph nested in it) reads without gp defining
+ * them, first reader first. *names is kf_malloc'ed (the caller frees it);
+ * the strings point into gp. */
+kf_status kf_onnx_outer_names(const Onnx__GraphProto *gp, const char ***names, uint32_t *n);
+
 /* Renames, inside the graphs of attribute ap (of node nname), each reference
  * to from[k] that reaches the enclosing scope into to[k], all at once (a
  * swap stays a swap). A body that defines to[k] itself (the new name would

@@ -4,7 +4,9 @@ If branches, Loop and Scan bodies read values of the enclosing graph (an
 initializer and node outputs used nowhere else, one through a nested If, a
 duplicate that CSE merges, an Identity that no-op removal drops), and the
 outputs equal the original model's on random inputs (DESIGN.md, fp32:
-atol 1e-5, rtol 1e-4).
+atol 1e-5, rtol 1e-4). kfuse's reference evaluator (`kfuse run`, and
+`--backend opencl` where OpenCL is available) runs the original models too
+and must give ONNX Runtime's outputs.
 
     capture_check.py --kfuse build/tools/kfuse [--seed N] [--keep DIR]
 
@@ -101,6 +103,35 @@ def run(path, feeds):
     return sess.run(None, feeds)
 
 
+def kfuse_run(kfuse, src, feeds, work, backend):
+    """Outputs of `kfuse run` on one set of feeds; a string saying why when
+    it fails, None when the backend is not available here."""
+    ins, outs = os.path.join(work, "in"), os.path.join(work, "out")
+    for d in (ins, outs):
+        os.makedirs(d, exist_ok=True)
+        for f in os.listdir(d):
+            os.remove(os.path.join(d, f))
+    names = [i.name for i in onnx.load(src).graph.input]
+    for k, n in enumerate(names):
+        with open(os.path.join(ins, f"input_{k}.pb"), "wb") as f:
+            f.write(numpy_helper.from_array(feeds[n], n).SerializeToString())
+    r = subprocess.run([kfuse, "run", src, "--backend", backend, "--inputs", ins, "--outputs", outs],
+                       capture_output=True, text=True)
+    if r.returncode != 0:
+        err = r.stderr.lower()
+        if backend != "ref" and ("no opencl device" in err or "without opencl" in err):
+            return None
+        return f"kfuse exit {r.returncode}: {r.stderr.strip()}"
+    got, k = [], 0
+    while os.path.exists(os.path.join(outs, f"output_{k}.pb")):
+        t = onnx.TensorProto()
+        with open(os.path.join(outs, f"output_{k}.pb"), "rb") as f:
+            t.ParseFromString(f.read())
+        got.append(numpy_helper.to_array(t))
+        k += 1
+    return got
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--kfuse", required=True)
@@ -121,6 +152,27 @@ def main():
         src = os.path.join(work, f"{name}.onnx")
         onnx.save(model, src)
         want = [run(src, f) for f in feeds]
+        for backend in ("ref", "opencl"):
+            bad = []
+            for fw, f in zip(want, feeds):
+                got = kfuse_run(args.kfuse, src, f, work, backend)
+                if got is None:
+                    break
+                if isinstance(got, str):
+                    bad.append(got)
+                    continue
+                for i, (w, o) in enumerate(zip(fw, got)):
+                    if w.shape != o.shape or not np.allclose(o, w, rtol=1e-4, atol=1e-5):
+                        bad.append(f"output {i}: {'max |diff| %g' % np.max(np.abs(o - w)) if w.shape == o.shape else 'shape %s, expected %s' % (o.shape, w.shape)}")
+                if len(got) != len(fw):
+                    bad.append(f"{len(got)} outputs, expected {len(fw)}")
+            else:
+                if bad:
+                    print(f"FAIL {name} run {backend}: {'; '.join(bad)}")
+                    failed += 1
+                else:
+                    print(f"ok   {name} run {backend}")
+                    passed += 1
         for verb in ("opt", "fuse"):
             out = os.path.join(work, f"{name}_{verb}.onnx")
             r = subprocess.run([args.kfuse, verb, src, "-o", out], capture_output=True, text=True)

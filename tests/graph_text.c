@@ -6,6 +6,7 @@
 #include "graph_text.h"
 
 #include "kf_onnx.h"
+#include "onnx.pb-c.h"
 
 #include <criterion/criterion.h>
 #include <ctype.h>
@@ -88,7 +89,48 @@ static kf_id value(kf_graph *g, const char *name) {
     return v;
 }
 
-static void parse_attrs(cur *c, kf_node *n) {
+/* Bodies ("graph NAME" ... "end") of one graph, for attributes "=@NAME". */
+#define GT_MAX_BODIES 16
+typedef struct bodies {
+    char name[GT_MAX_BODIES][64];
+    kf_model *m[GT_MAX_BODIES];
+    int n;
+} bodies;
+
+static kf_model *parse_text(const char *text, int first_line, const kf_model *outer);
+
+/* Graph attribute `name` of the body graph b: the AttributeProto, packed as
+ * the loader keeps it. */
+static void pack_body(const kf_model *b, const char *name, kf_attr *a) {
+    void *buf;
+    size_t len;
+    cr_assert_eq(kf_model_save_memory(b, &buf, &len), KF_OK, "body %s: %s", name, kf_last_error());
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, buf);
+    free(buf);
+    cr_assert(mp && mp->graph);
+    Onnx__AttributeProto ap;
+    onnx__attribute_proto__init(&ap);
+    ap.name = (char *)name;
+    ap.has_type = 1;
+    ap.type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
+    ap.g = mp->graph;
+    a->type = KF_ATTR_GRAPH;
+    a->packed_len = onnx__attribute_proto__get_packed_size(&ap);
+    a->packed = malloc(a->packed_len + 1);
+    cr_assert(a->packed);
+    onnx__attribute_proto__pack(&ap, a->packed);
+    onnx__model_proto__free_unpacked(mp, NULL);
+}
+
+/* True for a value of body graph g that the body reads from the graphs
+ * around it (used, yet no input, initializer or node output). */
+static bool outer_read(const kf_graph *g, kf_id v) {
+    const kf_value *x = &g->values[v];
+    return !x->producer && !x->is_input && !x->init && (x->nusers || x->is_output);
+}
+
+static void parse_attrs(cur *c, kf_graph *g, kf_id nid, const bodies *bs, bool in_body) {
+    kf_node *n = &g->nodes[nid];
     if (!eat(c, "{")) return;
     while (!eat(c, "}")) {
         char name[64];
@@ -96,6 +138,34 @@ static void parse_attrs(cur *c, kf_node *n) {
         cr_assert(eat(c, "="), "graph text line %d: expected '=' after attribute %s", c->line, name);
         kf_attr a = {.name = name};
         skip_ws(c);
+        if (*c->p == '@') {
+            c->p++;
+            char bname[64];
+            ident(c, bname, sizeof bname);
+            int k = 0;
+            while (k < bs->n && strcmp(bs->name[k], bname)) k++;
+            cr_assert(k < bs->n, "graph text line %d: no graph '%s' before it", c->line, bname);
+            pack_body(bs->m[k], name, &a);
+            cr_assert_eq(kf_node_add_attr(n, &a), KF_OK);
+            free(a.packed);
+            /* the node captures what the body reads from outside */
+            const kf_graph *bg = bs->m[k]->graph;
+            for (kf_id v = 1; v < bg->nvalues; v++) {
+                if (!outer_read(bg, v)) continue;
+                const char *vn = bg->values[v].name;
+                kf_id ov = kf_graph_find(g, vn);
+                cr_assert(ov || in_body, "graph text line %d: graph '%s' reads '%s', which is not defined", c->line,
+                          bname, vn);
+                if (!ov) ov = value(g, vn);
+                bool have = false;
+                n = &g->nodes[nid];
+                for (int q = 0; q < n->ncap; q++) have = have || !strcmp(n->capname[q], vn);
+                if (!have) cr_assert_eq(kf_node_add_capture(g, nid, ov, vn), KF_OK, "%s", kf_last_error());
+            }
+            n = &g->nodes[nid];
+            eat(c, ",");
+            continue;
+        }
         if (*c->p == '"') {
             const char *s = ++c->p;
             while (*c->p && *c->p != '"') c->p++;
@@ -148,16 +218,22 @@ static void parse_attrs(cur *c, kf_node *n) {
     }
 }
 
-kf_model *gt_parse(const char *text) {
+kf_model *gt_parse(const char *text) { return parse_text(text, 0, NULL); }
+
+/* Reads graph text; outer: the model whose graph encloses this one (a
+ * body: names it does not define are read from outside, and its nodes take
+ * the outer opset), NULL at the top. first_line: line number before text. */
+static kf_model *parse_text(const char *text, int first_line, const kf_model *outer) {
     kf_model *m = calloc(1, sizeof *m);
     m->graph = kf_graph_new();
     m->opsets = calloc(1, sizeof(kf_opset));
     m->opsets[0].domain = strdup("");
-    m->opsets[0].version = 17;
+    m->opsets[0].version = outer ? outer->opsets[0].version : 17;
     m->nopsets = 1;
     m->ir_version = 8;
     kf_graph *g = m->graph;
-    cur c = {text, 0};
+    bodies bs = {.n = 0};
+    cur c = {text, first_line};
     while (*c.p) {
         c.line++;
         const char *eol = strchr(c.p, '\n');
@@ -168,6 +244,31 @@ kf_model *gt_parse(const char *text) {
         cur lc = {line, c.line};
         skip_ws(&lc);
         if (!*lc.p) {
+        } else if (eat(&lc, "graph ")) {
+            /* a body up to its matching "end"; nested bodies nest */
+            cr_assert(bs.n < GT_MAX_BODIES, "graph text line %d: more than %d graphs", c.line, GT_MAX_BODIES);
+            ident(&lc, bs.name[bs.n], sizeof bs.name[bs.n]);
+            int start_line = c.line, depth = 1;
+            c.p += len;
+            if (*c.p == '\n') c.p++;
+            const char *start = c.p;
+            while (*c.p && depth) {
+                c.line++;
+                const char *e = strchr(c.p, '\n');
+                size_t l = e ? (size_t)(e - c.p) : strlen(c.p);
+                cur bc = {c.p, c.line};
+                skip_ws(&bc);
+                if (!strncmp(bc.p, "graph ", 6)) depth++;
+                else if (!strncmp(bc.p, "end", 3) && (bc.p + 3 == c.p + l || bc.p[3] == ' ' || bc.p[3] == '#')) depth--;
+                if (depth) c.p += l + (e ? 1 : 0);
+                else {
+                    char *sub = strndup(start, (size_t)(c.p - start));
+                    bs.m[bs.n++] = parse_text(sub, start_line, m);
+                    free(sub);
+                    len = l;
+                }
+            }
+            cr_assert(!depth, "graph text line %d: graph '%s' has no 'end'", start_line, bs.name[bs.n]);
         } else if (eat(&lc, "opset ")) {
             m->opsets[0].version = (int64_t)number(&lc);
         } else if (eat(&lc, "input ")) {
@@ -203,6 +304,7 @@ kf_model *gt_parse(const char *text) {
                 char name[128];
                 ident(&lc, name, sizeof name);
                 kf_id v = kf_graph_find(g, name);
+                if (!v && outer) v = value(g, name); /* a body may output an outer value */
                 cr_assert(v, "graph text line %d: output '%s' is not defined", c.line, name);
                 cr_assert_eq(kf_graph_mark_output(g, v), KF_OK);
                 eat(&lc, ",");
@@ -234,6 +336,7 @@ kf_model *gt_parse(const char *text) {
                 char name[128];
                 ident(&lc, name, sizeof name);
                 kf_id v = kf_graph_find(g, name);
+                if (!v && outer) v = value(g, name); /* read from the enclosing graph */
                 cr_assert(v, "graph text line %d: input '%s' is not defined", c.line, name);
                 ins[nin++] = v;
                 eat(&lc, ",");
@@ -246,12 +349,13 @@ kf_model *gt_parse(const char *text) {
             kf_node *n = &g->nodes[nid];
             n->op = kf_op_lookup("", op);
             n->opset = m->opsets[0].version;
-            parse_attrs(&lc, n);
+            parse_attrs(&lc, g, nid, &bs, outer != NULL);
         }
         free(line);
         c.p += len;
         if (*c.p == '\n') c.p++;
     }
+    for (int k = 0; k < bs.n; k++) kf_model_free(bs.m[k]);
     return m;
 }
 

@@ -8,6 +8,17 @@
  *   y = MatMul(x, w)                  # node; {attr=1, perm=[1,0], mode="x"} after it
  *   z, m = Dropout(y)                 # several outputs; "f(a, , c)" leaves a slot empty
  *   output z                          # graph outputs
+ *
+ * Control-flow bodies are graphs of their own, written before the node
+ * that uses them and named in its attributes with '@'. Inside a body, a
+ * name it does not define is read from the graphs around it (the node then
+ * captures it); nested bodies nest:
+ *
+ *   graph add_w                       # If branch: no inputs
+ *     t = Add(x, w)                   # x, w: values of the main graph
+ *     output t
+ *   end
+ *   y = If(c) {then_branch=@add_w, else_branch=@other}
  */
 #ifndef KF_GRAPH_TEXT_H
 #define KF_GRAPH_TEXT_H

@@ -22,6 +22,7 @@
 #include "kf_opt.h"
 #include "kf_precision.h"
 #include "kf_run.h"
+#include "onnx.pb-c.h"
 
 /* ---- random numbers (splitmix64: a seed alone fixes every draw) -------- */
 
@@ -1799,6 +1800,203 @@ static bool motif_noop(gen *G) {
     return true;
 }
 
+/* ---- control flow ------------------------------------------------------------
+ * If and Loop with bodies that read values of the generated graph by name
+ * (the node captures them). Bodies always run on the reference evaluator,
+ * on every path, so what the paths can get wrong is the graph around them:
+ * captured values kept, redirected and renamed through opt, fuse, export
+ * and the host steps of OpenCL. */
+
+/* A body under construction: a model of its own; values it reads from the
+ * generated graph are named there with no producer, input or initializer. */
+static kf_model *body_new(gen *G) {
+    kf_model *b = calloc(1, sizeof *b);
+    if (!b || !(b->graph = kf_graph_new()) || !(b->opsets = calloc(1, sizeof(kf_opset))) ||
+        !(b->opsets[0].domain = strdup("")))
+        need(KF_ERR_NOMEM);
+    b->nopsets = 1;
+    b->opsets[0].version = G->opset;
+    b->ir_version = 8;
+    return b;
+}
+
+/* Body value `name`: created when new; a typed formal input when ty is set. */
+static kf_id body_value(kf_model *b, const char *name, const kf_type *ty) {
+    kf_id v;
+    need(kf_graph_intern_value(b->graph, name, &v));
+    if (ty) {
+        b->graph->values[v].type = *ty;
+        b->graph->values[v].has_type = true;
+        need(kf_graph_mark_input(b->graph, v));
+    }
+    return v;
+}
+
+/* A node of body b with one fresh output, whose id it returns. */
+static kf_id body_node(gen *G, kf_model *b, const char *op, const kf_id *in, int nin) {
+    char nm[32];
+    snprintf(nm, sizeof nm, "q%d", G->names++);
+    kf_id out = body_value(b, nm, NULL), nid;
+    need(kf_graph_add_node(b->graph, op, "", NULL, in, nin, &out, 1, &nid));
+    b->graph->nodes[nid].op = kf_op_lookup("", op);
+    b->graph->nodes[nid].opset = G->opset;
+    return out;
+}
+
+/* A scalar float constant of body b. */
+static kf_id body_scalar(gen *G, kf_model *b, double v) {
+    kf_tensor *t = kf_tensor_new();
+    if (!t) need(KF_ERR_NOMEM);
+    need(kf_tensor_alloc(t, G->ft, 0, NULL));
+    kf_set_f64(t, 0, v);
+    char nm[32];
+    snprintf(nm, sizeof nm, "k%d", G->names++);
+    kf_id id = body_value(b, nm, NULL);
+    b->graph->values[id].init = t;
+    kf_type_of_tensor(&b->graph->values[id].type, t);
+    return id;
+}
+
+/* Gives body b (freed here) to node nid as graph attribute `attr`, packed
+ * the way the loader keeps it, and captures what it reads. */
+static void attach_body(gen *G, kf_id nid, const char *attr, kf_model *b) {
+    void *buf;
+    size_t len;
+    need(kf_model_save_memory(b, &buf, &len));
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, buf);
+    free(buf);
+    if (!mp || !mp->graph) need(KF_ERR_NOMEM);
+    Onnx__AttributeProto ap;
+    onnx__attribute_proto__init(&ap);
+    ap.name = (char *)attr;
+    ap.has_type = 1;
+    ap.type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
+    ap.g = mp->graph;
+    kf_attr a = {.name = (char *)attr, .type = KF_ATTR_GRAPH};
+    a.packed_len = onnx__attribute_proto__get_packed_size(&ap);
+    if (!(a.packed = malloc(a.packed_len + 1))) need(KF_ERR_NOMEM);
+    onnx__attribute_proto__pack(&ap, a.packed);
+    need(kf_node_add_attr(&G->g->nodes[nid], &a));
+    free(a.packed);
+    onnx__model_proto__free_unpacked(mp, NULL);
+    const kf_graph *bg = b->graph;
+    for (kf_id v = 1; v < bg->nvalues; v++) {
+        const kf_value *x = &bg->values[v];
+        if (x->producer || x->is_input || x->init || (!x->nusers && !x->is_output)) continue;
+        kf_id ov = kf_graph_find(G->g, x->name);
+        const kf_node *n = &G->g->nodes[nid];
+        bool have = false;
+        for (int k = 0; k < n->ncap; k++) have = have || !strcmp(n->capname[k], x->name);
+        if (ov && !have) need(kf_node_add_capture(G->g, nid, ov, x->name));
+    }
+    kf_model_free(b);
+}
+
+/* [lo, hi] of f(x) for x in [xlo, xhi] and f one of Relu, Neg, Abs. */
+static void unary_range(int f, double xlo, double xhi, double *lo, double *hi) {
+    if (f == 0) *lo = fmax(xlo, 0), *hi = fmax(xhi, 0);
+    else if (f == 1) *lo = -xhi, *hi = -xlo;
+    else *hi = fmax(fabs(xlo), fabs(xhi)), *lo = xlo >= 0 ? xlo : xhi <= 0 ? -xhi : 0;
+}
+
+/* y = If(c) then f(a) else a*k: the condition a constant (constant folding
+ * runs the If) or max(x) > t of an exact x (the same bit on every path). */
+static bool emit_if(gen *G) {
+    val *a = pick(G, NULL);
+    if (!a) return false;
+    val aa = *a;
+    kf_id c;
+    if (chance(&G->r, 0.3)) {
+        kf_tensor *t = kf_tensor_new();
+        if (!t) need(KF_ERR_NOMEM);
+        need(kf_tensor_alloc(t, KF_DT_BOOL, 0, NULL));
+        kf_set_i64(t, 0, chance(&G->r, 0.5));
+        c = new_value(G, 'c');
+        G->g->values[c].init = t;
+        kf_type_of_tensor(&G->g->values[c].type, t);
+    } else {
+        val *x = pick(G, exact_ok);
+        if (!x) return false;
+        val xx = *x;
+        kf_id mx, in2[2];
+        attr_i(mk(G, "ReduceMax", &xx.id, 1, &mx), "keepdims", 0);
+        in2[0] = mx;
+        in2[1] = fscalar(G, unif(&G->r, xx.lo, xx.hi), false);
+        mk(G, "Greater", in2, 2, &c);
+    }
+    static const char *fs[] = {"Relu", "Neg", "Abs"};
+    int f = irand(&G->r, 3);
+    double k = unif(&G->r, -1, 1), tlo, thi;
+    unary_range(f, aa.lo, aa.hi, &tlo, &thi);
+    double elo = fmin(aa.lo * k, aa.hi * k), ehi = fmax(aa.lo * k, aa.hi * k);
+    double lo = fmin(tlo, elo), hi = fmax(thi, ehi);
+    if (!bounded(G, lo, hi)) return false;
+    const char *an = G->g->values[aa.id].name;
+    kf_model *tb = body_new(G), *eb = body_new(G);
+    kf_id ta = body_value(tb, an, NULL);
+    need(kf_graph_mark_output(tb->graph, body_node(G, tb, fs[f], &ta, 1)));
+    kf_id ein[2] = {body_value(eb, an, NULL), body_scalar(G, eb, k)};
+    need(kf_graph_mark_output(eb->graph, body_node(G, eb, "Mul", ein, 2)));
+    kf_id out;
+    mk(G, "If", &c, 1, &out);
+    kf_id nid = G->g->nnodes - 1;
+    attach_body(G, nid, "then_branch", tb);
+    attach_body(G, nid, "else_branch", eb);
+    push(G, out, aa.rank, aa.dims, lo, hi, false);
+    return true;
+}
+
+/* v = Loop(trip, "", a) with v <- v*0.5 + a (a read from the graph), so v
+ * stays between a and 2a; now and then v of every step as a scan output. */
+static bool emit_loop(gen *G) {
+    val *a = pick(G, NULL);
+    if (!a) return false;
+    val aa = *a;
+    double lo = fmin(aa.lo, 2 * aa.lo), hi = fmax(aa.hi, 2 * aa.hi);
+    if (!bounded(G, lo, hi)) return false;
+    int64_t trips = 1 + irand(&G->r, 4);
+    bool scan = aa.rank < MAX_R && numel(aa.rank, aa.dims) * trips <= MAX_NUMEL && chance(&G->r, 0.5);
+    kf_model *b = body_new(G);
+    kf_type ti, tc, tv;
+    kf_type_unknown(&ti);
+    ti.dtype = KF_DT_INT64;
+    ti.rank = 0;
+    tc = ti;
+    tc.dtype = KF_DT_BOOL;
+    kf_type_unknown(&tv);
+    tv.dtype = G->ft;
+    tv.rank = aa.rank;
+    memcpy(tv.dims, aa.dims, sizeof(int64_t) * (size_t)aa.rank);
+    char nm[3][32];
+    for (int i = 0; i < 3; i++) snprintf(nm[i], sizeof nm[i], "q%d", G->names++);
+    body_value(b, nm[0], &ti);
+    kf_id cin = body_value(b, nm[1], &tc), v = body_value(b, nm[2], &tv);
+    kf_id hin[2] = {v, body_scalar(G, b, 0.5)};
+    kf_id h = body_node(G, b, "Mul", hin, 2);
+    kf_id ain[2] = {h, body_value(b, G->g->values[aa.id].name, NULL)};
+    kf_id v2 = body_node(G, b, "Add", ain, 2);
+    need(kf_graph_mark_output(b->graph, body_node(G, b, "Identity", &cin, 1)));
+    need(kf_graph_mark_output(b->graph, v2));
+    if (scan) need(kf_graph_mark_output(b->graph, body_node(G, b, "Identity", &v2, 1)));
+    kf_id in[3] = {iconst(G, 0, NULL, &trips), 0, aa.id}, outs[2] = {new_value(G, 'v'), 0}, nid;
+    if (scan) outs[1] = new_value(G, 'v');
+    char nname[32];
+    snprintf(nname, sizeof nname, "n%d", G->nodes);
+    need(kf_graph_add_node(G->g, "Loop", "", nname, in, 3, outs, scan ? 2 : 1, &nid));
+    G->g->nodes[nid].op = KF_OP_LOOP;
+    G->g->nodes[nid].opset = G->opset;
+    G->nodes++;
+    attach_body(G, nid, "body", b);
+    push(G, outs[0], aa.rank, aa.dims, lo, hi, false);
+    if (scan) {
+        int64_t d[MAX_R + 2];
+        d[0] = trips;
+        memcpy(d + 1, aa.dims, sizeof(int64_t) * (size_t)aa.rank);
+        push(G, outs[1], aa.rank + 1, d, lo, hi, false);
+    }
+    return true;
+}
+
 /* ---- the generator --------------------------------------------------------- */
 
 typedef bool (*emit_fn)(gen *G);
@@ -1814,6 +2012,7 @@ static const emitter emitters[] = {
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
     {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
+    {emit_if, 2},        {emit_loop, 2},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17
@@ -1985,62 +2184,93 @@ static void put_type(sbuf *b, const kf_graph *g, const kf_type *ty) {
     put(b, "]");
 }
 
-char *rg_print(const kf_model *m) {
-    const kf_graph *g = m->graph;
-    sbuf b = {0};
-    put(&b, "opset %lld\n", (long long)kf_model_opset(m, ""));
+static void put_graph(sbuf *b, const kf_model *m, const kf_graph *g, uint32_t nformal, int depth, int *nbodies);
+
+/* A node's line (and, before it, the bodies of its graph attributes as
+ * "graph bN" ... "end" blocks, named in the order they are printed). Only
+ * the ONNX inputs are printed: parsing the bodies gives the captures back. */
+static void put_node(sbuf *b, const kf_model *m, const kf_graph *g, const kf_node *n, int depth, int *nbodies) {
+    int names[64];
+    for (int a = 0; a < n->nattrs && a < 64; a++) {
+        const kf_attr *at = &n->attrs[a];
+        names[a] = -1;
+        if (at->type != KF_ATTR_GRAPH) continue;
+        kf_body bd;
+        if (kf_onnx_node_body(n, at->name, m->opsets, m->nopsets, NULL, &bd)) {
+            kf_clear_error();
+            continue;
+        }
+        names[a] = (*nbodies)++;
+        put(b, "%*sgraph b%d\n", 2 * depth, "", names[a]);
+        put_graph(b, m, bd.g, (uint32_t)bd.nin, depth + 1, nbodies);
+        put(b, "%*send\n", 2 * depth, "");
+        kf_body_release(&bd);
+    }
+    put(b, "%*s", 2 * depth, "");
+    for (int o = 0; o < n->nout; o++) put(b, "%s%s", o ? ", " : "", n->out[o] ? g->values[n->out[o]].name : "_");
+    put(b, " = %s(", n->op_type);
+    for (int i = 0; i < kf_node_onnx_nin(n); i++) put(b, "%s%s", i ? ", " : "", n->in[i] ? g->values[n->in[i]].name : "");
+    put(b, ")");
+    for (int a = 0; a < n->nattrs; a++) {
+        const kf_attr *at = &n->attrs[a];
+        put(b, "%s%s=", a ? ", " : " {", at->name);
+        if (at->type == KF_ATTR_INT) put(b, "%lld", (long long)at->i);
+        else if (at->type == KF_ATTR_FLOAT) put_float(b, at->f);
+        else if (at->type == KF_ATTR_STRING) put(b, "\"%.*s\"", (int)at->s.len, at->s.ptr);
+        else if (at->type == KF_ATTR_INTS || at->type == KF_ATTR_FLOATS) {
+            put(b, "[");
+            for (int j = 0; j < at->n; j++) {
+                if (j) put(b, ", ");
+                if (at->type == KF_ATTR_INTS) put(b, "%lld", (long long)at->ints[j]);
+                else put_float(b, at->floats[j]);
+            }
+            put(b, "]");
+        } else if (at->type == KF_ATTR_GRAPH && a < 64 && names[a] >= 0) put(b, "@b%d", names[a]);
+        else put(b, "\"<attribute kind %d>\"", (int)at->type);
+    }
+    put(b, "%s\n", n->nattrs ? "}" : "");
+}
+
+/* Graph g (the model's, or a body whose first nformal inputs are its own;
+ * the rest are the outer names it reads, which text leaves implicit). */
+static void put_graph(sbuf *b, const kf_model *m, const kf_graph *g, uint32_t nformal, int depth, int *nbodies) {
+    int ind = 2 * depth;
     for (kf_id v = 1; v < g->nvalues; v++) {
         const kf_value *x = &g->values[v];
         if (!x->init || (!x->nusers && !x->is_output)) continue;
         kf_type ty;
         kf_type_of_tensor(&ty, x->init);
-        put(&b, "const %s ", x->name);
-        put_type(&b, g, &ty);
-        put(&b, " =");
+        put(b, "%*sconst %s ", ind, "", x->name);
+        put_type(b, g, &ty);
+        put(b, " =");
         for (int64_t i = 0; i < x->init->numel; i++) {
-            if (kf_dtype_is_float(x->init->dtype)) put(&b, " %.9g", kf_get_f64(x->init, i));
-            else put(&b, " %lld", (long long)kf_get_i64(x->init, i));
+            if (kf_dtype_is_float(x->init->dtype)) put(b, " %.9g", kf_get_f64(x->init, i));
+            else put(b, " %lld", (long long)kf_get_i64(x->init, i));
         }
-        put(&b, "\n");
+        put(b, "\n");
     }
-    for (uint32_t i = 0; i < g->ninputs; i++) {
+    for (uint32_t i = 0; i < g->ninputs && i < nformal; i++) {
         const kf_value *x = &g->values[g->inputs[i]];
-        put(&b, "input %s ", x->name);
-        put_type(&b, g, &x->type);
-        put(&b, "\n");
+        put(b, "%*sinput %s ", ind, "", x->name);
+        put_type(b, g, &x->type);
+        put(b, "\n");
     }
     kf_id *order;
     uint32_t count;
     if (kf_graph_topo(g, &order, &count) == KF_OK) {
-        for (uint32_t k = 0; k < count; k++) {
-            const kf_node *n = &g->nodes[order[k]];
-            for (int o = 0; o < n->nout; o++) put(&b, "%s%s", o ? ", " : "", n->out[o] ? g->values[n->out[o]].name : "_");
-            put(&b, " = %s(", n->op_type);
-            for (int i = 0; i < n->nin; i++) put(&b, "%s%s", i ? ", " : "", n->in[i] ? g->values[n->in[i]].name : "");
-            put(&b, ")");
-            for (int a = 0; a < n->nattrs; a++) {
-                const kf_attr *at = &n->attrs[a];
-                put(&b, "%s%s=", a ? ", " : " {", at->name);
-                if (at->type == KF_ATTR_INT) put(&b, "%lld", (long long)at->i);
-                else if (at->type == KF_ATTR_FLOAT) put_float(&b, at->f);
-                else if (at->type == KF_ATTR_STRING) put(&b, "\"%.*s\"", (int)at->s.len, at->s.ptr);
-                else if (at->type == KF_ATTR_INTS || at->type == KF_ATTR_FLOATS) {
-                    put(&b, "[");
-                    for (int j = 0; j < at->n; j++) {
-                        if (j) put(&b, ", ");
-                        if (at->type == KF_ATTR_INTS) put(&b, "%lld", (long long)at->ints[j]);
-                        else put_float(&b, at->floats[j]);
-                    }
-                    put(&b, "]");
-                } else put(&b, "\"<attribute kind %d>\"", (int)at->type);
-            }
-            put(&b, "%s\n", n->nattrs ? "}" : "");
-        }
+        for (uint32_t k = 0; k < count; k++) put_node(b, m, g, &g->nodes[order[k]], depth, nbodies);
         free(order);
     }
-    put(&b, "output");
-    for (uint32_t i = 0; i < g->noutputs; i++) put(&b, "%s %s", i ? "," : "", g->values[g->outputs[i]].name);
-    put(&b, "\n");
+    put(b, "%*soutput", ind, "");
+    for (uint32_t i = 0; i < g->noutputs; i++) put(b, "%s %s", i ? "," : "", g->values[g->outputs[i]].name);
+    put(b, "\n");
+}
+
+char *rg_print(const kf_model *m) {
+    sbuf b = {0};
+    put(&b, "opset %lld\n", (long long)kf_model_opset(m, ""));
+    int nbodies = 0;
+    put_graph(&b, m, m->graph, UINT32_MAX, 0, &nbodies);
     return b.p;
 }
 

@@ -7,7 +7,8 @@
  * that owns the body, and keep its use. CSE and Identity removal redirect
  * captured slots, so the saved bodies must name the surviving values. A
  * body naming a value nobody defines is a load error naming the node and
- * the value. ONNX Runtime checks the same models numerically
+ * the value. ONNX Runtime checks the same models numerically, and judges
+ * kfuse run (ref, and opencl where available) on the originals
  * (tests/capture_check.py, test capture.onnxruntime_runs_saved_models).
  */
 #include <criterion/criterion.h>
@@ -17,108 +18,21 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "graph_text.h"
+#include "body_util.h"
 #include "kf_fuse.h"
 #include "kf_onnx.h"
 #include "kf_opt.h"
 #include "kf_plan.h"
-#include "onnx.pb-c.h"
 #include "test_util.h"
 
 /* ---- models with bodies ---------------------------------------------------- */
-
-static Onnx__ModelProto *proto_of(const char *text) {
-    kf_model *m = gt_parse(text);
-    void *b;
-    size_t len;
-    cr_assert_eq(kf_model_save_memory(m, &b, &len), KF_OK, "%s", kf_last_error());
-    kf_model_free(m);
-    Onnx__ModelProto *mp = onnx__model_proto__unpack(NULL, len, b);
-    free(b);
-    cr_assert(mp && mp->graph);
-    return mp;
-}
-
-/* A body written as graph text; the names in `outer` are declared as inputs
- * there (graph text needs every name defined) and dropped here, so the body
- * reads them from the enclosing scope. Owned by the caller (malloc'ed, as
- * protobuf-c frees with free()). */
-static Onnx__GraphProto *body(const char *text, const char *const *outer, int nouter) {
-    Onnx__ModelProto *mp = proto_of(text);
-    Onnx__GraphProto *g = mp->graph;
-    mp->graph = NULL;
-    onnx__model_proto__free_unpacked(mp, NULL);
-    size_t keep = 0;
-    for (size_t i = 0; i < g->n_input; i++) {
-        bool drop = false;
-        for (int k = 0; k < nouter; k++) drop = drop || !strcmp(g->input[i]->name, outer[k]);
-        if (drop) onnx__value_info_proto__free_unpacked(g->input[i], NULL);
-        else g->input[keep++] = g->input[i];
-    }
-    g->n_input = keep;
-    return g;
-}
-
-static Onnx__NodeProto *node_of(Onnx__GraphProto *g, const char *op_type) {
-    for (size_t i = 0; i < g->n_node; i++)
-        if (!strcmp(g->node[i]->op_type, op_type)) return g->node[i];
-    cr_assert_fail("no %s node", op_type);
-    return NULL;
-}
-
-static void add_attr(Onnx__NodeProto *n, Onnx__AttributeProto *a) {
-    n->attribute = realloc(n->attribute, (n->n_attribute + 1) * sizeof(void *));
-    cr_assert(n->attribute);
-    n->attribute[n->n_attribute++] = a;
-}
-
-static void attach(Onnx__NodeProto *n, const char *name, Onnx__GraphProto *g) {
-    Onnx__AttributeProto *a = malloc(sizeof *a);
-    cr_assert(a);
-    onnx__attribute_proto__init(a);
-    a->name = strdup(name);
-    a->has_type = 1;
-    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
-    a->g = g;
-    add_attr(n, a);
-}
-
-static void attach_int(Onnx__NodeProto *n, const char *name, int64_t v) {
-    Onnx__AttributeProto *a = malloc(sizeof *a);
-    cr_assert(a);
-    onnx__attribute_proto__init(a);
-    a->name = strdup(name);
-    a->has_type = 1;
-    a->type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__INT;
-    a->has_i = 1;
-    a->i = v;
-    add_attr(n, a);
-}
-
-/* Drops node `op_type` (a stand-in that kept an initializer written). */
-static void drop_node(Onnx__GraphProto *g, const char *op_type) {
-    size_t keep = 0;
-    for (size_t i = 0; i < g->n_node; i++) {
-        if (!strcmp(g->node[i]->op_type, op_type)) onnx__node_proto__free_unpacked(g->node[i], NULL);
-        else g->node[keep++] = g->node[i];
-    }
-    g->n_node = keep;
-}
-
-static void *pack(const Onnx__ModelProto *mp, size_t *len) {
-    *len = onnx__model_proto__get_packed_size(mp);
-    void *b = malloc(*len + 1);
-    cr_assert(b);
-    onnx__model_proto__pack(mp, b);
-    return b;
-}
 
 /* If: t1 = x*w is read by the then-branch through Identity (ti) and a
  * nested If that also reads the initializer k; t2 = x*w (CSE folds it into
  * t1) is read by the else-branch only. The If comes first in the file, so
  * export has to move the producers of what it captures before it. */
 static Onnx__ModelProto *if_model(void) {
-    Onnx__ModelProto *mp = proto_of("opset 13\n"
+    Onnx__ModelProto *mp = bu_proto("opset 13\n"
                                     "input x float[2, 3]\n"
                                     "input c bool[]\n"
                                     "const w float[2, 3] = random\n"
@@ -132,29 +46,29 @@ static Onnx__ModelProto *if_model(void) {
                                     "z = Add(y, s)\n"
                                     "keep = Neg(k)\n"
                                     "output z\n");
-    drop_node(mp->graph, "Neg");
+    bu_drop_node(mp->graph, "Neg");
     static const char *const inner_outer[] = {"ti", "k"};
-    Onnx__GraphProto *inner_then = body("input ti float[2, 3]\ninput k float[2, 3]\na = Add(ti, k)\noutput a\n",
+    Onnx__GraphProto *inner_then = bu_body("input ti float[2, 3]\ninput k float[2, 3]\na = Add(ti, k)\noutput a\n",
                                         inner_outer, 2);
-    Onnx__GraphProto *inner_else = body("input ti float[2, 3]\ninput k float[2, 3]\nb = Sub(ti, k)\noutput b\n",
+    Onnx__GraphProto *inner_else = bu_body("input ti float[2, 3]\ninput k float[2, 3]\nb = Sub(ti, k)\noutput b\n",
                                         inner_outer, 2);
     static const char *const then_outer[] = {"c"};
-    Onnx__GraphProto *then_b = body("input c bool[]\nyt = If(c)\noutput yt\n", then_outer, 1);
-    attach(node_of(then_b, "If"), "then_branch", inner_then);
-    attach(node_of(then_b, "If"), "else_branch", inner_else);
+    Onnx__GraphProto *then_b = bu_body("input c bool[]\nyt = If(c)\noutput yt\n", then_outer, 1);
+    bu_attach(bu_node(then_b, "If"), "then_branch", inner_then);
+    bu_attach(bu_node(then_b, "If"), "else_branch", inner_else);
     static const char *const else_outer[] = {"t2", "x"};
-    Onnx__GraphProto *else_b = body("input t2 float[2, 3]\ninput x float[2, 3]\nye = Mul(t2, x)\noutput ye\n",
+    Onnx__GraphProto *else_b = bu_body("input t2 float[2, 3]\ninput x float[2, 3]\nye = Mul(t2, x)\noutput ye\n",
                                     else_outer, 2);
-    Onnx__NodeProto *n = node_of(mp->graph, "If");
-    attach(n, "then_branch", then_b);
-    attach(n, "else_branch", else_b);
+    Onnx__NodeProto *n = bu_node(mp->graph, "If");
+    bu_attach(n, "then_branch", then_b);
+    bu_attach(n, "else_branch", else_b);
     return mp;
 }
 
 /* Loop: v += t each iteration, t = x*w read only by the body; the trip
  * count and the loop-carried start value come from the graph. */
 static Onnx__ModelProto *loop_model(void) {
-    Onnx__ModelProto *mp = proto_of("opset 13\n"
+    Onnx__ModelProto *mp = bu_proto("opset 13\n"
                                     "input x float[2, 3]\n"
                                     "input trip int64[]\n"
                                     "input c bool[]\n"
@@ -165,20 +79,20 @@ static Onnx__ModelProto *loop_model(void) {
                                     "z = Relu(v)\n"
                                     "keep = Neg(k)\n"
                                     "output z\n");
-    drop_node(mp->graph, "Neg");
+    bu_drop_node(mp->graph, "Neg");
     static const char *const outer[] = {"t", "k"};
-    Onnx__GraphProto *b = body("input i int64[]\ninput cin bool[]\ninput v float[2, 3]\n"
+    Onnx__GraphProto *b = bu_body("input i int64[]\ninput cin bool[]\ninput v float[2, 3]\n"
                                "input t float[2, 3]\ninput k float[2, 3]\n"
                                "cout = Identity(cin)\nu = Add(v, t)\nv2 = Mul(u, k)\noutput cout, v2\n",
                                outer, 2);
-    attach(node_of(mp->graph, "Loop"), "body", b);
+    bu_attach(bu_node(mp->graph, "Loop"), "body", b);
     return mp;
 }
 
 /* Scan over the rows of x: state s += row * t, t = x*w read only by the
  * body (and a Relu of t in the graph, which fusion may take). */
 static Onnx__ModelProto *scan_model(void) {
-    Onnx__ModelProto *mp = proto_of("opset 13\n"
+    Onnx__ModelProto *mp = bu_proto("opset 13\n"
                                     "input x float[4, 3]\n"
                                     "input s0 float[3]\n"
                                     "const w float[3] = random\n"
@@ -188,26 +102,16 @@ static Onnx__ModelProto *scan_model(void) {
                                     "z = Add(s, tr)\n"
                                     "output z, ys\n");
     static const char *const outer[] = {"t"};
-    Onnx__GraphProto *b = body("input s float[3]\ninput row float[3]\ninput t float[3]\n"
+    Onnx__GraphProto *b = bu_body("input s float[3]\ninput row float[3]\ninput t float[3]\n"
                                "p = Mul(row, t)\ns2 = Add(s, p)\ny = Identity(s2)\noutput s2, y\n",
                                outer, 1);
-    Onnx__NodeProto *n = node_of(mp->graph, "Scan");
-    attach(n, "body", b);
-    attach_int(n, "num_scan_inputs", 1);
+    Onnx__NodeProto *n = bu_node(mp->graph, "Scan");
+    bu_attach(n, "body", b);
+    bu_attach_int(n, "num_scan_inputs", 1);
     return mp;
 }
 
 /* ---- the checks --------------------------------------------------------------- */
-
-static kf_model *load_proto(const Onnx__ModelProto *mp) {
-    size_t len;
-    void *b = pack(mp, &len);
-    kf_model *m = NULL;
-    kf_status st = kf_model_load_memory(b, len, NULL, &m);
-    free(b);
-    cr_assert_eq(st, KF_OK, "load: %s", kf_last_error());
-    return m;
-}
 
 static kf_id find_op(const kf_model *m, const char *op_type) {
     const kf_graph *g = m->graph;
@@ -246,7 +150,7 @@ static void check_captures(const kf_model *m, const char *op_type, const char *c
 /* load -> opt -> fuse -> save -> load. *opt_out (may be NULL) receives the
  * optimized model before fusion (caller frees). */
 static kf_model *pipeline(const Onnx__ModelProto *mp, kf_model **opt_out) {
-    kf_model *m = load_proto(mp);
+    kf_model *m = bu_load(mp);
     kf_opt_options opts;
     kf_opt_options_default(&opts);
     opts.fuel = -1;
@@ -277,7 +181,7 @@ static kf_model *pipeline(const Onnx__ModelProto *mp, kf_model **opt_out) {
 
 Test(capture, if_bodies_keep_outer_values_through_opt_and_fuse) {
     Onnx__ModelProto *mp = if_model();
-    kf_model *m = load_proto(mp);
+    kf_model *m = bu_load(mp);
     static const char *const want[] = {"ti", "k", "t2", "x", "c"};
     check_captures(m, "If", want, 5, false);
     kf_model_free(m);
@@ -320,7 +224,7 @@ Test(capture, scan_body_keeps_outer_values_through_opt_and_fuse) {
 
 Test(capture, dce_keeps_a_value_only_a_body_reads) {
     Onnx__ModelProto *mp = loop_model();
-    kf_model *m = load_proto(mp);
+    kf_model *m = bu_load(mp);
     uint32_t before = kf_graph_live_nodes(m->graph), removed = 0;
     cr_assert_eq(kf_graph_dce(m->graph, &removed), KF_OK);
     cr_assert_eq(removed, 0, "DCE removed %u nodes of %u", removed, before);
@@ -331,7 +235,7 @@ Test(capture, dce_keeps_a_value_only_a_body_reads) {
 
 Test(capture, redirected_capture_is_renamed_inside_nested_bodies) {
     Onnx__ModelProto *mp = if_model();
-    kf_model *m = load_proto(mp);
+    kf_model *m = bu_load(mp);
     kf_graph *g = m->graph;
     kf_id ti = kf_graph_find(g, "ti"), t1 = kf_graph_find(g, "t1");
     cr_assert_eq(kf_graph_replace_uses(g, ti, t1), KF_OK, "%s", kf_last_error());
@@ -343,11 +247,11 @@ Test(capture, redirected_capture_is_renamed_inside_nested_bodies) {
     cr_assert(saved);
     /* the nested If's branches read t1 now, and no body names ti */
     Onnx__GraphProto *then_b = NULL;
-    Onnx__NodeProto *n = node_of(saved->graph, "If");
+    Onnx__NodeProto *n = bu_node(saved->graph, "If");
     for (size_t i = 0; i < n->n_attribute; i++)
         if (!strcmp(n->attribute[i]->name, "then_branch")) then_b = n->attribute[i]->g;
     cr_assert(then_b);
-    Onnx__NodeProto *inner = node_of(then_b, "If");
+    Onnx__NodeProto *inner = bu_node(then_b, "If");
     for (size_t i = 0; i < inner->n_attribute; i++) {
         Onnx__NodeProto *op = inner->attribute[i]->g->node[0];
         cr_assert_str_eq(op->input[0], "t1", "nested body reads '%s'", op->input[0]);
@@ -363,12 +267,12 @@ Test(capture, redirected_capture_is_renamed_inside_nested_bodies) {
 
 Test(capture, body_reading_an_undefined_name_is_a_load_error) {
     Onnx__ModelProto *mp = loop_model();
-    Onnx__GraphProto *b = node_of(mp->graph, "Loop")->attribute[0]->g;
-    Onnx__NodeProto *add = node_of(b, "Add");
+    Onnx__GraphProto *b = bu_node(mp->graph, "Loop")->attribute[0]->g;
+    Onnx__NodeProto *add = bu_node(b, "Add");
     free(add->input[1]);
     add->input[1] = strdup("nowhere");
     size_t len;
-    void *buf = pack(mp, &len);
+    void *buf = bu_pack(mp, &len);
     kf_model *m = NULL;
     kf_status st = kf_model_load_memory(buf, len, NULL, &m);
     free(buf);

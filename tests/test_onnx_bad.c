@@ -1027,27 +1027,52 @@ static void put_int(buf *b, int field, uint64_t v) {
     put(b, t, put_varint(t, v));
 }
 
+/* A graph o = Identity(c), output o: the else_branch of every level. */
+static buf leaf_graph(void) {
+    buf nd = {0}, out = {0}, g = {0};
+    put_bytes(&nd, 1, "c", 1);
+    put_bytes(&nd, 2, "o", 1);
+    put_bytes(&nd, 4, "Identity", 8);
+    put_bytes(&out, 1, "o", 1);
+    put_bytes(&g, 1, nd.p, nd.n);
+    put_bytes(&g, 2, "leaf", 4);
+    put_bytes(&g, 12, out.p, out.n);
+    free(nd.p);
+    free(out.p);
+    return g;
+}
+
 /* A model whose graph holds an If node whose then_branch holds an If ...
- * `levels` graphs deep. Each level adds three messages (graph, node,
+ * `levels` graphs deep (the innermost then_branch, and every else_branch,
+ * is o = Identity(c)). Each level adds three messages (graph, node,
  * attribute). */
 static buf nested_if_model(int levels) {
-    buf g = {0};
+    buf g = leaf_graph(), leaf = leaf_graph();
     for (int i = 0; i < levels; i++) {
-        buf attr = {0}, nd = {0}, outer = {0};
+        buf attr = {0}, other = {0}, nd = {0}, outer = {0}, out = {0};
         put_bytes(&attr, 1, "then_branch", 11);
         put_int(&attr, 20, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH);
         put_bytes(&attr, 6, g.p, g.n);
+        put_bytes(&other, 1, "else_branch", 11);
+        put_int(&other, 20, ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH);
+        put_bytes(&other, 6, leaf.p, leaf.n);
         put_bytes(&nd, 1, "c", 1);
         put_bytes(&nd, 2, "o", 1);
         put_bytes(&nd, 4, "If", 2);
         put_bytes(&nd, 5, attr.p, attr.n);
+        put_bytes(&nd, 5, other.p, other.n);
+        put_bytes(&out, 1, "o", 1);
         put_bytes(&outer, 1, nd.p, nd.n);
         put_bytes(&outer, 2, "g", 1);
+        put_bytes(&outer, 12, out.p, out.n);
         free(attr.p);
+        free(other.p);
         free(nd.p);
+        free(out.p);
         free(g.p);
         g = outer;
     }
+    free(leaf.p);
     buf opset = {0}, model = {0}, cond = {0};
     put_bytes(&cond, 1, "c", 1);
     put_bytes(&g, 11, cond.p, cond.n); /* graph input c, the condition */

@@ -185,6 +185,25 @@ graph += field(11, field(1, b"c"))
 model = varint(1 << 3) + varint(8) + field(8, varint(2 << 3) + varint(13)) + field(7, graph)
 save_bytes("deep_nesting.onnx", model, 3, 3, "nested deeper than 64 levels")
 
+# control flow: a branch with more outputs than its If; a Loop with
+# neither a trip count nor a condition (loads, never runs)
+def body(name, nodes, ins, outs):
+    vi = helper.make_tensor_value_info
+    return helper.make_graph(nodes, name, [vi(n, t, s) for n, t, s in ins], [vi(n, t, s) for n, t, s in outs])
+
+
+F, B, I64 = TensorProto.FLOAT, TensorProto.BOOL, TensorProto.INT64
+two = body("two", [helper.make_node("Relu", ["X"], ["a"]), helper.make_node("Neg", ["X"], ["b"])], [],
+           [("a", F, [2, 3]), ("b", F, [2, 3])])
+one = body("one", [helper.make_node("Neg", ["X"], ["e"])], [], [("e", F, [2, 3])])
+c = numpy_helper.from_array(np.array(True), "C")
+m = base(nodes=[helper.make_node("If", ["C"], ["Y"], name="n_if", then_branch=two, else_branch=one)], inits=[c])
+save_model("if_branch_outputs.onnx", m, 3, 3, "node 'n_if' (If): branch 'then_branch' has 2 outputs, the node 1")
+forever = body("forever", [helper.make_node("Identity", ["ci"], ["co"]), helper.make_node("Relu", ["v"], ["v2"])],
+               [("i", I64, []), ("ci", B, []), ("v", F, [2, 3])], [("co", B, []), ("v2", F, [2, 3])])
+m = base(nodes=[helper.make_node("Loop", ["", "", "X"], ["Y"], name="n_loop", body=forever)])
+save_model("loop_without_end.onnx", m, 0, 3, "node 'n_loop' (Loop): has neither a trip count nor a condition")
+
 with open(os.path.join(HERE, "EXPECT"), "w") as f:
     f.write("# Written by gen.py. file, exit code of `kfuse info`, of `kfuse run`, text both messages contain.\n")
     for c in cases:
