@@ -456,6 +456,73 @@ Test(api_device, bad_gather_index_is_reported_by_kf_sync) {
     kf_model_free(m);
 }
 
+Test(api_device, constant_output_is_unsupported) {
+    need_cl();
+    /* k is a graph output no kernel computes or reads */
+    kf_model *m = gt_parse("opset 13\ninput x float[4]\nconst k float[3] = random\ny = Relu(x)\noutput y\noutput k\n");
+    kf_compiled *c = compile_cl(m);
+    case_ k;
+    make_case(&k, m, c);
+    cl_context ctx;
+    cl_command_queue q = queue_of(c, &ctx, 0);
+    dbufs b;
+    make_dbufs(&b, &k, ctx);
+    expect_refused(c, q, b.din, 1, b.dout, 2, KF_ERR_UNSUPPORTED, "output 'k' is a constant of the plan", "constant");
+    free_dbufs(&b, &k);
+    clReleaseCommandQueue(q);
+    free_case(&k);
+    kf_compiled_free(c);
+    kf_model_free(m);
+}
+
+/* One queue, two shape sets (an arena each): a bad index met in a run of
+ * the first is still reported by kf_sync after runs of the second. */
+Test(api_device, shape_sets_share_a_queue_and_kf_sync_sees_both) {
+    need_cl();
+    kf_model *m = gt_parse("opset 13\ninput x float[N, 3]\ninput i int64[2]\ng = Gather(x, i) {axis=0}\n"
+                           "y = Relu(g)\noutput y\n");
+    kf_compiled *c = compile_cl(m);
+    void *vctx;
+    cr_assert_eq(kf_compiled_device_context(c, &vctx), KF_OK, "%s", kf_last_error());
+    cl_context ctx = vctx;
+    cl_command_queue q = queue_of(c, NULL, 0);
+    cl_int e;
+    float xs[5 * 3];
+    for (int j = 0; j < 15; j++) xs[j] = (float)j - 7;
+    int64_t bad[2] = {0, 4}, good[2] = {4, -5}, yd[2] = {2, 3};
+    cl_mem x = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof xs, xs, &e);
+    cl_mem ib = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof bad, bad, &e);
+    cl_mem ig = clCreateBuffer(ctx, CL_MEM_READ_WRITE | CL_MEM_COPY_HOST_PTR, sizeof good, good, &e);
+    cl_mem y = clCreateBuffer(ctx, CL_MEM_READ_WRITE, 6 * sizeof(float), NULL, &e);
+    cr_assert(x && ib && ig && y);
+    int64_t x4[2] = {4, 3}, x5[2] = {5, 3}, two = 2;
+    kf_device_tensor in4[2] = {{KF_DT_FLOAT, 2, x4, x, sizeof xs}, {KF_DT_INT64, 1, &two, ib, sizeof bad}};
+    kf_device_tensor in5[2] = {{KF_DT_FLOAT, 2, x5, x, sizeof xs}, {KF_DT_INT64, 1, &two, ig, sizeof good}};
+    kf_device_tensor out = {KF_DT_FLOAT, 2, yd, y, 6 * sizeof(float)};
+    /* index 4 is out of range for N=4 only */
+    cr_assert_eq(kf_run_device(c, q, in4, 2, &out, 1), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_run_device(c, q, in5, 2, &out, 1), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_run_device(c, q, in5, 2, &out, 1), KF_OK, "%s", kf_last_error());
+    kf_status st = kf_sync(c, q);
+    cr_expect_eq(st, KF_ERR_RUNTIME, "status %d: %s", st, kf_last_error());
+    cr_expect(strstr(kf_last_error(), "index 4 is out of range for a dimension of size 4"), "%s", kf_last_error());
+    cr_expect_eq(kf_sync(c, q), KF_OK, "%s", kf_last_error());
+    float got[6];
+    cr_assert_eq(clEnqueueReadBuffer(q, y, CL_TRUE, 0, sizeof got, got, 0, NULL, NULL), CL_SUCCESS);
+    /* rows 4 and 0 of x (-5 is 0 for N=5), through Relu */
+    for (int j = 0; j < 3; j++) {
+        cr_expect_eq(got[j], xs[12 + j] > 0 ? xs[12 + j] : 0, "y[0][%d] = %g", j, got[j]);
+        cr_expect_eq(got[3 + j], 0, "y[1][%d] = %g", j, got[3 + j]);
+    }
+    clReleaseMemObject(x);
+    clReleaseMemObject(ib);
+    clReleaseMemObject(ig);
+    clReleaseMemObject(y);
+    clReleaseCommandQueue(q);
+    kf_compiled_free(c);
+    kf_model_free(m);
+}
+
 #define THREADS 4
 #define RUNS 5
 
