@@ -311,6 +311,17 @@ static kf_status dev_stream_check(kf_dev *d, void *s) {
     return KF_OK;
 }
 
+/* A caller's device pointer: aligned as the arena's are, since generated
+ * kernels may load vectors from a buffer's start. Its size is the
+ * caller's word (kf_device_tensor.nbytes). */
+static kf_status dev_buf_check(kf_dev *d, void *buf, size_t n) {
+    (void)n;
+    if ((uintptr_t)buf % d->align)
+        return kf_fail(KF_ERR_INVALID_ARG, "the device pointer 0x%llx is not %zu-byte aligned (as cuMemAlloc's are)",
+                       (unsigned long long)(uintptr_t)buf, d->align);
+    return KF_OK;
+}
+
 static kf_status dev_copy(kf_dev *d, void *s, void *dst, void *src, size_t n) {
     if (n == 0) return KF_OK;
     KF_TRY(bind(d));
@@ -392,7 +403,7 @@ kf_status kf_cu_dev_open(const char *arch, bool compile_only, int device, kf_dev
     d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
     d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
     d->replay = dev_replay, d->graph_free = dev_graph_free;
-    d->context = dev_context, d->stream_check = dev_stream_check, d->copy = dev_copy;
+    d->context = dev_context, d->stream_check = dev_stream_check, d->buf_check = dev_buf_check, d->copy = dev_copy;
     d->close = dev_close;
     /* compile-only, or later no library: anchors stay generated kernels */
     if (!compile_only) d->lib = dev_lib, d->lib_has = dev_lib_has;

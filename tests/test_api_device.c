@@ -16,6 +16,7 @@
 
 #include "graph_text.h"
 #include "kf_cache.h"
+#include "kf_exec.h"
 #include "kf_kernels.h"
 #include "kf_onnx.h"
 #include "kfuse/kfuse.h"
@@ -393,6 +394,28 @@ Test(api_device, ref_backend_has_no_device_side) {
     cr_expect(strstr(kf_last_error(), "backend ref"), "%s", kf_last_error());
     cr_expect_eq(kf_sync(c, NULL), KF_ERR_UNSUPPORTED);
     kf_compiled_free(c);
+    kf_model_free(m);
+}
+
+/* A CUDA plan compiled without a driver (NVRTC only) has nothing to run on. */
+Test(api_device, compile_only_cuda_plan_has_no_device_side) {
+    if (kf_nvrtc_unavailable()) cr_skip_test("NVRTC: %s", kf_nvrtc_unavailable());
+    kf_model *m = gt_parse(MODEL);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_CUDA;
+    o.compile_only = true;
+    kf_exec *e = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &e), KF_OK, "%s", kf_last_error());
+    void *ctx = &ctx;
+    cr_expect_eq(kf_exec_device_context(e, &ctx), KF_ERR_NO_DEVICE, "%s", kf_last_error());
+    cr_expect_null(ctx);
+    kf_tensor in[1] = {{0}}, out[2] = {{0}};
+    void *bufs[2] = {NULL, NULL};
+    cr_expect_eq(kf_exec_run_device(e, NULL, in, bufs, 1, out, bufs, 2), KF_ERR_NO_DEVICE);
+    cr_expect(strstr(kf_last_error(), "compiled only"), "%s", kf_last_error());
+    cr_expect_eq(kf_exec_sync(e, NULL), KF_ERR_NO_DEVICE);
+    kf_exec_free(e);
     kf_model_free(m);
 }
 
