@@ -306,6 +306,78 @@ kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_o
     return st;
 }
 
+/* A kf_tensor header of a device tensor (data NULL) after checking what
+ * can be checked without the plan: dims, the buffer's size. */
+static kf_status device_view(const char *kind, const char *name, const kf_device_tensor *dt, kf_tensor *t) {
+    if (!kf_dtype_valid(dt->dtype) || dt->dtype == KF_DT_UNDEFINED || dt->dtype == KF_DT_STRING)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: %s '%s': dtype %d is not a numeric ONNX dtype", kind, name,
+                       dt->dtype);
+    if (dt->rank < 0 || dt->rank > KF_MAX_RANK || (dt->rank && !dt->dims))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: %s '%s': rank %d (at most %d, dims required)", kind, name,
+                       dt->rank, KF_MAX_RANK);
+    memset(t, 0, sizeof *t);
+    t->dtype = (kf_dtype)dt->dtype;
+    t->rank = dt->rank;
+    for (int d = 0; d < dt->rank; d++) {
+        if (dt->dims[d] < 0)
+            return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: %s '%s': dim %d is %lld", kind, name, d,
+                           (long long)dt->dims[d]);
+        t->dims[d] = dt->dims[d];
+    }
+    KF_TRY(kf_shape_numel(t->rank, t->dims, kf_dtype_size(t->dtype), &t->numel));
+    size_t need = (size_t)t->numel * kf_dtype_size(t->dtype);
+    if (!dt->buffer)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: %s '%s': the buffer is NULL", kind, name);
+    if (dt->nbytes < need)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: %s '%s': the buffer holds %zu bytes, %s needs %zu", kind, name,
+                       dt->nbytes, kf_dtype_name(t->dtype), need);
+    return KF_OK;
+}
+
+kf_status kf_compiled_device_context(const kf_compiled *c, void **context) {
+    if (context) *context = NULL;
+    if (!c || !context) return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_device_context: NULL argument");
+    return kf_exec_device_context(c->x, context);
+}
+
+kf_status kf_run_device(kf_compiled *c, void *stream, const kf_device_tensor *inputs, int ninputs,
+                        const kf_device_tensor *outputs, int noutputs) {
+    if (!c || (ninputs && !inputs) || (noutputs && !outputs))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: NULL argument");
+    int nin = kf_compiled_num_inputs(c), nout = kf_compiled_num_outputs(c);
+    if (ninputs != nin)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: the model has %d inputs, %d were given", nin, ninputs);
+    if (noutputs != nout)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: the model has %d outputs, %d were given", nout, noutputs);
+    if (c->backend == KF_BACKEND_REF)
+        return kf_fail(KF_ERR_UNSUPPORTED, "kf_run_device: backend ref runs on the host; kf_run runs it");
+    if (!stream && c->backend == KF_BACKEND_OPENCL)
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: NULL command queue");
+    kf_tensor *in = kf_calloc((size_t)nin + 1, sizeof(kf_tensor)), *out = kf_calloc((size_t)nout + 1, sizeof(kf_tensor));
+    void **ib = kf_calloc((size_t)nin + 1, sizeof(void *)), **ob = kf_calloc((size_t)nout + 1, sizeof(void *));
+    kf_status st = in && out && ib && ob ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < nin; i++) {
+        ib[i] = inputs[i].buffer;
+        st = device_view("input", kf_compiled_input_name(c, i), &inputs[i], &in[i]);
+    }
+    for (int o = 0; !st && o < nout; o++) {
+        ob[o] = outputs[o].buffer;
+        st = device_view("output", kf_compiled_output_name(c, o), &outputs[o], &out[o]);
+    }
+    if (!st) st = kf_exec_run_device(c->x, stream, in, ib, (uint32_t)nin, out, ob, (uint32_t)nout);
+    kf_free(in);
+    kf_free(out);
+    kf_free(ib);
+    kf_free(ob);
+    return st;
+}
+
+kf_status kf_sync(kf_compiled *c, void *stream) {
+    if (!c) return kf_fail(KF_ERR_INVALID_ARG, "kf_sync: NULL argument");
+    if (!stream && c->backend == KF_BACKEND_OPENCL) return kf_fail(KF_ERR_INVALID_ARG, "kf_sync: NULL command queue");
+    return kf_exec_sync(c->x, stream);
+}
+
 static bool same_types(const kf_type *a, const kf_type *b, int n) {
     for (int i = 0; i < n; i++) {
         if (a[i].dtype != b[i].dtype || a[i].rank != b[i].rank) return false;

@@ -58,6 +58,8 @@ static struct {
     CUresult (*MemFree)(CUdeviceptr);
     CUresult (*MemcpyHtoDAsync)(CUdeviceptr, const void *, size_t, CUstream);
     CUresult (*MemcpyDtoHAsync)(void *, CUdeviceptr, size_t, CUstream);
+    CUresult (*MemcpyDtoDAsync)(CUdeviceptr, CUdeviceptr, size_t, CUstream);
+    CUresult (*StreamGetCtx)(CUstream, CUcontext *);
     CUresult (*StreamCreate)(CUstream *, unsigned);
     CUresult (*StreamDestroy)(CUstream);
     CUresult (*StreamSynchronize)(CUstream);
@@ -97,6 +99,7 @@ static void load_driver(void) {
         SYM(ModuleGetFunction, "cuModuleGetFunction"), SYM(LaunchKernel, "cuLaunchKernel"),
         SYM(MemAlloc, "cuMemAlloc_v2"), SYM(MemFree, "cuMemFree_v2"),
         SYM(MemcpyHtoDAsync, "cuMemcpyHtoDAsync_v2"), SYM(MemcpyDtoHAsync, "cuMemcpyDtoHAsync_v2"),
+        SYM(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"), SYM(StreamGetCtx, "cuStreamGetCtx"),
         SYM(StreamCreate, "cuStreamCreate"), SYM(StreamDestroy, "cuStreamDestroy_v2"),
         SYM(StreamSynchronize, "cuStreamSynchronize"), SYM(StreamBeginCapture, "cuStreamBeginCapture_v2"),
         SYM(StreamEndCapture, "cuStreamEndCapture"), SYM(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
@@ -293,6 +296,39 @@ static void dev_graph_free(kf_dev *d, void *graph) {
     if (graph && !bind(d)) cu.GraphExecDestroy(graph);
 }
 
+static void *dev_context(kf_dev *d) { return cst(d)->ctx; }
+
+/* A caller's stream: of the plan's (primary) context. The legacy default
+ * stream (NULL) is the current context's, which bind() makes ours. */
+static kf_status dev_stream_check(kf_dev *d, void *s) {
+    KF_TRY(bind(d));
+    CUcontext ctx = NULL;
+    CUresult r = cu.StreamGetCtx(s, &ctx);
+    if (r) return kf_fail(KF_ERR_INVALID_ARG, "the stream is not a CUDA stream of this process (error %d)", r);
+    if (ctx != cst(d)->ctx)
+        return kf_fail(KF_ERR_INVALID_ARG, "the CUDA stream belongs to another context than the plan's "
+                       "(device %d's primary context, kf_compiled_device_context)", (int)cst(d)->dev);
+    return KF_OK;
+}
+
+/* A caller's device pointer: aligned as the arena's are, since generated
+ * kernels may load vectors from a buffer's start. Its size is the
+ * caller's word (kf_device_tensor.nbytes). */
+static kf_status dev_buf_check(kf_dev *d, void *buf, size_t n) {
+    (void)n;
+    if ((uintptr_t)buf % d->align)
+        return kf_fail(KF_ERR_INVALID_ARG, "the device pointer 0x%llx is not %zu-byte aligned (as cuMemAlloc's are)",
+                       (unsigned long long)(uintptr_t)buf, d->align);
+    return KF_OK;
+}
+
+static kf_status dev_copy(kf_dev *d, void *s, void *dst, void *src, size_t n) {
+    if (n == 0) return KF_OK;
+    KF_TRY(bind(d));
+    CU_TRY("cuMemcpyDtoDAsync", cu.MemcpyDtoDAsync((CUdeviceptr)(uintptr_t)dst, (CUdeviceptr)(uintptr_t)src, n, s));
+    return KF_OK;
+}
+
 static void dev_close(kf_dev *d) {
     if (!d) return;
     if (d->state && cst(d)->ctx) cu.PrimaryCtxRelease(cst(d)->dev);
@@ -367,6 +403,7 @@ kf_status kf_cu_dev_open(const char *arch, bool compile_only, int device, kf_dev
     d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
     d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
     d->replay = dev_replay, d->graph_free = dev_graph_free;
+    d->context = dev_context, d->stream_check = dev_stream_check, d->buf_check = dev_buf_check, d->copy = dev_copy;
     d->close = dev_close;
     /* compile-only, or later no library: anchors stay generated kernels */
     if (!compile_only) d->lib = dev_lib, d->lib_has = dev_lib_has;

@@ -36,6 +36,7 @@ typedef struct step {
     kf_cg_kernel k;  /* parameters (value ids, sizes) when kern >= 0 */
     kf_la_anchor *lib; /* a library anchor (kf_libanchor.h): its call runs first, then
                         * k (the epilogue) when kern >= 0; NULL for every other step */
+    char *host_why;  /* STEP_REF: why the group is not a kernel (kf_run_device says it) */
 } step;
 
 #define STEP_REF (-1)   /* runs on the reference evaluator */
@@ -56,6 +57,10 @@ typedef struct slot {
     void *graph;    /* a captured CUDA Graph of all launches, or NULL */
     bool graph_failed;
     void **errb;    /* per step: the kf_err ints of a kernel that checks indices (kf_cg_check), or NULL */
+    void *bound;    /* device-side runs: the caller's stream this slot's launches go to (NULL:
+                     * kf_exec_run's, with its own stream); kept bound until the plan is freed,
+                     * as the caller's work may still read its arena */
+    bool busy;      /* bound slot: a kf_exec_run_device is enqueueing with it */
 } slot;
 
 typedef struct spec {
@@ -70,9 +75,12 @@ typedef struct spec {
     kf_tensor *cvals;  /* per value: plan-time constants computed at build */
     void **wbufs;      /* per value: device copy of a weight/constant kernels read */
     bool *dev_read;    /* per value: some kernel reads it */
+    void *zeros;       /* KF_CG_ERR_INTS zero words on the device, when a kernel checks indices:
+                        * clears a bound slot's kf_err on the caller's stream (d->copy) */
     kf_memplan mp;
     bool has_ref;      /* some step runs on the reference evaluator */
     slot *free_slots;
+    slot *dev_slots;   /* bound to callers' streams (kf_exec_run_device), never reused by kf_exec_run */
     kf_exec_stats stats;
 } spec;
 
@@ -99,6 +107,24 @@ struct kf_exec {
 static const char *env_has(const char *var, const char *word) {
     const char *v = getenv(var);
     return v && strstr(v, word) ? v : NULL;
+}
+
+/* Every copy between host and device memory and every wait for a stream
+ * goes through these three, so KFUSE_TRACE=host lists them all (a
+ * device-side run must show none). */
+static kf_status host_upload(kf_dev *d, void *stream, void *buf, const void *src, size_t n, const char *what) {
+    if (env_has("KFUSE_TRACE", "host")) fprintf(stderr, "kfuse: host: upload %zu bytes (%s)\n", n, what);
+    return d->upload(d, stream, buf, src, n);
+}
+
+static kf_status host_download(kf_dev *d, void *stream, void *buf, void *dst, size_t n, const char *what) {
+    if (env_has("KFUSE_TRACE", "host")) fprintf(stderr, "kfuse: host: download %zu bytes (%s)\n", n, what);
+    return d->download(d, stream, buf, dst, n);
+}
+
+static kf_status host_sync(kf_dev *d, void *stream, const char *what) {
+    if (env_has("KFUSE_TRACE", "host")) fprintf(stderr, "kfuse: host: sync (%s)\n", what);
+    return d->sync(d, stream);
 }
 
 static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16"};
@@ -201,13 +227,15 @@ static void spec_free(kf_exec *e, spec *s) {
     if (!s) return;
     kf_dev *d = e->dev;
     uint32_t nv = s->m ? s->m->graph->nvalues : 0;
-    while (s->free_slots) {
-        slot *n = s->free_slots->next;
-        slot_free(d, s, s->free_slots);
-        s->free_slots = n;
-    }
+    for (slot **list = &s->free_slots; list; list = list == &s->free_slots ? &s->dev_slots : NULL)
+        while (*list) {
+            slot *n = (*list)->next;
+            slot_free(d, s, *list);
+            *list = n;
+        }
     for (uint32_t v = 0; s->wbufs && v <= nv; v++)
         if (s->wbufs[v]) d->free(d, s->wbufs[v]);
+    if (s->zeros) d->free(d, s->zeros);
     for (uint32_t v = 0; s->cvals && v <= nv; v++) kf_tensor_release(&s->cvals[v]);
     for (uint32_t i = 0; i < s->nkerns; i++) {
         if (s->kerns[i].handle) d->unload(d, s->kerns[i].handle);
@@ -218,6 +246,7 @@ static void spec_free(kf_exec *e, spec *s) {
         kf_cg_kernel_release(&s->steps[i].k);
         kf_la_anchor_release(s->steps[i].lib);
         kf_free(s->steps[i].lib);
+        kf_free(s->steps[i].host_why);
     }
     kf_memplan_release(&s->mp);
     kf_free(s->kerns);
@@ -602,6 +631,7 @@ static kf_status make_steps(kf_exec *e, spec *s) {
                 kf_clear_error();
             }
             s->has_ref = true;
+            if (!(st->host_why = kf_strdup(reason))) return kf_fail(KF_ERR_NOMEM, "out of memory");
             s->stats.groups_ref++;
             if (e->o.host_steps && e->dev && gr->nnodes) {
                 const kf_node *n = &g->nodes[gr->nodes[0]];
@@ -658,9 +688,14 @@ static kf_status upload_weights(kf_exec *e, spec *s) {
         const kf_tensor *t = (s->cvals[v].data || s->cvals[v].dtype) ? &s->cvals[v] : g->values[v].init;
         if (!t) continue;
         size_t n = (size_t)t->numel * kf_dtype_size(t->dtype);
-        if (!(st = d->alloc(d, n, &s->wbufs[v]))) st = d->upload(d, stream, s->wbufs[v], t->data, n);
+        if (!(st = d->alloc(d, n, &s->wbufs[v]))) st = host_upload(d, stream, s->wbufs[v], t->data, n, "weight");
     }
-    if (!st) st = d->sync(d, stream);
+    bool checks = false;
+    for (uint32_t i = 0; i < s->nsteps; i++) checks |= s->steps[i].kern >= 0 && s->steps[i].k.nchecks;
+    static const int32_t zero[KF_CG_ERR_INTS];
+    if (!st && checks && d->copy && !(st = d->alloc(d, sizeof zero, &s->zeros)))
+        st = host_upload(d, stream, s->zeros, zero, sizeof zero, "zero words");
+    if (!st) st = host_sync(d, stream, "weights uploaded");
     d->stream_free(d, stream);
     return st;
 }
@@ -1017,6 +1052,8 @@ typedef struct run {
     double device_s;  /* launches to completion when every group is a kernel, else -1 */
     kf_tensor *vals;  /* host copies made this run (owned) */
     bool *dvalid;     /* the device buffer holds the value */
+    void *stream;     /* where launches go: the slot's own stream, or the caller's */
+    void **ext;       /* per value: the caller's device buffer (device-side runs), or NULL */
 } run;
 
 static kf_status slot_get(kf_exec *e, spec *s, slot **out) {
@@ -1060,6 +1097,7 @@ static void slot_put(kf_exec *e, spec *s, slot *sl) {
 /* The device buffer of v in this run (made on first use). */
 static kf_status buf_of(run *r, kf_id v, void **buf) {
     kf_dev *d = r->e->dev;
+    if (r->ext && r->ext[v]) return *buf = r->ext[v], KF_OK;
     if (r->s->wbufs[v]) return *buf = r->s->wbufs[v], KF_OK;
     slot *sl = r->sl;
     if (!sl->bufs[v]) {
@@ -1085,7 +1123,8 @@ static kf_status to_dev(run *r, kf_id v) {
     if (!t) return missing(r->s->m->graph, v, "kernel");
     void *b;
     KF_TRY(buf_of(r, v, &b));
-    KF_TRY(r->e->dev->upload(r->e->dev, r->sl->stream, b, t->data, (size_t)t->numel * kf_dtype_size(t->dtype)));
+    KF_TRY(host_upload(r->e->dev, r->stream, b, t->data, (size_t)t->numel * kf_dtype_size(t->dtype),
+                       r->s->m->graph->values[v].name));
     r->dvalid[v] = true;
     return KF_OK;
 }
@@ -1097,8 +1136,8 @@ static kf_status to_host(run *r, kf_id v) {
     KF_TRY(kf_tensor_alloc(&r->vals[v], t->dtype, t->rank, t->dims));
     void *b;
     KF_TRY(buf_of(r, v, &b));
-    return r->e->dev->download(r->e->dev, r->sl->stream, b, r->vals[v].data,
-                               (size_t)r->vals[v].numel * kf_dtype_size(t->dtype));
+    return host_download(r->e->dev, r->stream, b, r->vals[v].data, (size_t)r->vals[v].numel * kf_dtype_size(t->dtype),
+                         r->s->m->graph->values[v].name);
 }
 
 static kf_status run_buf_of(void *r, kf_id v, void **buf) { return buf_of(r, v, buf); }
@@ -1109,7 +1148,7 @@ static kf_status launch(run *r, const step *st) {
     if (st->lib) {
         void *lb[5];
         KF_TRY(lib_bufs(r, st, lb));
-        KF_TRY(d->lib(d, r->sl->stream, st->lib, lb));
+        KF_TRY(d->lib(d, r->stream, st->lib, lb));
         if (st->kern < 0) return KF_OK;
     }
     void *bufs[KF_CG_MAX_PARAMS + 1];
@@ -1123,36 +1162,48 @@ static kf_status launch(run *r, const step *st) {
     for (uint32_t o = 0; o < k->nouts; o++) KF_TRY(buf_of(r, k->outs[o].value, &bufs[k->nins + o]));
     uint32_t nb = k->nins + k->nouts;
     if (k->nchecks) bufs[nb++] = r->sl->errb[st - r->s->steps];
-    return d->launch(d, r->sl->stream, r->s->kerns[st->kern].handle, bufs, nb, k->numel, k->block);
+    return d->launch(d, r->stream, r->s->kerns[st->kern].handle, bufs, nb, k->numel, k->block);
 }
 
 /* Before a run: every index-checking kernel's kf_err zeroed (on the run's
  * stream, ahead of its launches). */
-static kf_status errs_clear(run *r) {
+static kf_status errs_zero(kf_dev *d, const spec *s, slot *sl, void *stream) {
     static const int32_t zero[KF_CG_ERR_INTS];
-    for (uint32_t i = 0; r->sl->errb && i < r->s->nsteps; i++)
-        if (r->sl->errb[i]) KF_TRY(r->e->dev->upload(r->e->dev, r->sl->stream, r->sl->errb[i], zero, sizeof zero));
+    for (uint32_t i = 0; sl->errb && i < s->nsteps; i++)
+        if (sl->errb[i]) KF_TRY(host_upload(d, stream, sl->errb[i], zero, sizeof zero, "index checks cleared"));
     return KF_OK;
 }
 
-/* After a run: the first bad index a kernel met fails the run as the
+static kf_status errs_clear(run *r) { return errs_zero(r->e->dev, r->s, r->sl, r->stream); }
+
+/* errs_zero on the device, enqueued on stream without waiting: a bound
+ * slot's kf_err words (kf_exec_run_device, kf_exec_sync). */
+static kf_status errs_zero_async(kf_dev *d, const spec *s, slot *sl, void *stream) {
+    for (uint32_t i = 0; sl->errb && i < s->nsteps; i++)
+        if (sl->errb[i]) KF_TRY(d->copy(d, stream, sl->errb[i], s->zeros, KF_CG_ERR_INTS * sizeof(int32_t)));
+    return KF_OK;
+}
+
+/* The first bad index a kernel of slot sl met fails the run as the
  * reference evaluator does, naming the node (kf_cg_check). */
-static kf_status errs_check(run *r) {
-    for (uint32_t i = 0; r->sl->errb && i < r->s->nsteps; i++) {
-        if (!r->sl->errb[i]) continue;
+static kf_status errs_read(kf_dev *d, const spec *s, slot *sl, void *stream) {
+    for (uint32_t i = 0; sl->errb && i < s->nsteps; i++) {
+        if (!sl->errb[i]) continue;
         int32_t e[KF_CG_ERR_INTS];
-        KF_TRY(r->e->dev->download(r->e->dev, r->sl->stream, r->sl->errb[i], e, sizeof e));
+        KF_TRY(host_download(d, stream, sl->errb[i], e, sizeof e, "index checks"));
         if (!e[0]) continue;
-        const kf_cg_kernel *k = &r->s->steps[i].k;
+        const kf_cg_kernel *k = &s->steps[i].k;
         if (e[0] < 0 || (uint32_t)e[0] > k->nchecks)
             return kf_fail(KF_ERR_INTERNAL, "kernel %s reported index check %d of %u", k->name, e[0], k->nchecks);
         const kf_cg_check *c = &k->checks[e[0] - 1];
         int64_t v = (int64_t)(((uint64_t)(uint32_t)e[2] << 32) | (uint32_t)e[1]);
-        return kf_node_fail(&r->s->m->graph->nodes[c->node], KF_ERR_RUNTIME,
+        return kf_node_fail(&s->m->graph->nodes[c->node], KF_ERR_RUNTIME,
                             "index %lld is out of range for a dimension of size %lld", (long long)v, (long long)c->dim);
     }
     return KF_OK;
 }
+
+static kf_status errs_check(run *r) { return errs_read(r->e->dev, r->s, r->sl, r->stream); }
 
 /* Every step in order, moving data where it is needed. */
 static kf_status run_steps(run *r) {
@@ -1162,7 +1213,7 @@ static kf_status run_steps(run *r) {
     bool timed = r->e->dev && !r->s->has_ref;
     for (uint32_t i = 0; timed && i < r->e->nin; i++)
         if (r->s->in_ids[i] && r->s->dev_read[r->s->in_ids[i]]) KF_TRY(to_dev(r, r->s->in_ids[i]));
-    if (timed) KF_TRY(r->e->dev->sync(r->e->dev, r->sl->stream));
+    if (timed) KF_TRY(host_sync(r->e->dev, r->stream, "inputs uploaded"));
     double t0 = now_s();
     for (uint32_t i = 0; i < r->s->nsteps; i++) {
         const step *st = &r->s->steps[i];
@@ -1205,7 +1256,7 @@ static kf_status run_steps(run *r) {
         }
     }
     if (timed) {
-        KF_TRY(r->e->dev->sync(r->e->dev, r->sl->stream));
+        KF_TRY(host_sync(r->e->dev, r->stream, "run finished"));
         r->device_s = now_s() - t0;
     }
     return KF_OK;
@@ -1241,7 +1292,7 @@ static kf_status run_graph(run *r) {
     }
     double t0 = now_s();
     KF_TRY(d->replay(d, sl->stream, sl->graph));
-    KF_TRY(d->sync(d, sl->stream));
+    KF_TRY(host_sync(d, sl->stream, "graph replayed"));
     r->device_s = now_s() - t0;
     for (uint32_t i = 0; i < r->s->nsteps; i++) {
         const step *st = &r->s->steps[i];
@@ -1324,13 +1375,14 @@ kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninput
     kf_free(t);
     KF_TRY(st);
     const kf_graph *g = s->m->graph;
-    run r = {e, s, NULL, -1, NULL, NULL};
+    run r = {e, s, NULL, -1, NULL, NULL, NULL, NULL};
     if (!(r.vals = kf_calloc((size_t)g->nvalues + 1, sizeof(kf_tensor))) ||
         !(r.dvalid = kf_calloc((size_t)g->nvalues + 1, sizeof(bool))))
         st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st && e->dev && !e->dev->can_run)
         st = kf_fail(KF_ERR_NO_DEVICE, "this plan was compiled only (no %s device to run on)", e->dev->name);
     if (!st && e->dev) st = slot_get(e, s, &r.sl);
+    if (r.sl) r.stream = r.sl->stream;
     /* the caller's inputs are read in place: a shallow copy, never released */
     for (uint32_t i = 0; !st && i < e->nin; i++)
         if (s->in_ids[i]) r.vals[s->in_ids[i]] = inputs[i];
@@ -1374,4 +1426,220 @@ outputs:
             slot_put(e, s, r.sl);
     }
     return st;
+}
+
+/* ---- device-side runs ----------------------------------------------------
+ * kf_exec_run_device enqueues a plan on the caller's stream with graph
+ * inputs and outputs in the caller's buffers. Intermediates live in the
+ * arena of a slot bound to that stream: later runs on the same stream
+ * reuse it safely, because the stream runs them one after the other. A
+ * slot is bound for good (the caller's queued work may still use its
+ * arena after the call returns), and a stream meets at most as many
+ * slots per shape set as threads ever enqueued on it at once.
+ *
+ *   caller's stream:  [run 1: k0 k1 k2][run 2: k0 k1 k2] ... kf_exec_sync
+ *   slot bound to it:  arena, kf_err words (summed up until kf_exec_sync)
+ */
+
+/* The host step that keeps plan s from running on the device alone (a
+ * reference group; a kernel reading a value only the host has), as
+ * KF_ERR_UNSUPPORTED naming its first node; *made: per value, computed
+ * on the device or already there (inputs, weights). */
+static kf_status device_only(const kf_exec *e, const spec *s, bool *made) {
+    const kf_graph *g = s->m->graph;
+    for (uint32_t i = 0; i < e->nin; i++)
+        if (s->in_ids[i]) made[s->in_ids[i]] = true;
+    for (kf_id v = 1; v <= g->nvalues; v++)
+        if (s->wbufs[v]) made[v] = true;
+    for (uint32_t i = 0; i < s->nsteps; i++) {
+        const step *st = &s->steps[i];
+        const kf_group *gr = &s->p->groups[st->group];
+        if (st->kern == STEP_CONST || st->kern == STEP_BATCHED) continue;
+        bool host = st->kern == STEP_REF || (st->kern == STEP_ALIAS && !made[view_source(g, gr)]);
+        kf_id lv[5] = {0, 0, 0, 0, 0};
+        if (st->lib) kf_la_anchor_values(st->lib, lv);
+        for (int j = 0; j < 4 && !host; j++) host = lv[j] && !made[lv[j]];
+        for (uint32_t j = 0; st->kern >= 0 && j < st->k.nins && !host; j++)
+            host = st->k.ins[j].value != lv[4] && !made[st->k.ins[j].value];
+        if (host) {
+            const kf_node *n = gr->nnodes ? &g->nodes[gr->nodes[0]] : NULL;
+            return kf_fail(KF_ERR_UNSUPPORTED, "kf_run_device: node '%s' (%s) runs on the host in this plan (%s); "
+                           "kf_run runs such plans", n ? kf_node_label(n) : "?", n ? n->op_type : "?",
+                           st->host_why ? st->host_why : "it reads a value only the host computes");
+        }
+        if (st->lib) made[lv[4]] = true;
+        for (uint32_t o = 0; st->kern >= 0 && o < st->k.nouts; o++) made[st->k.outs[o].value] = true;
+        for (uint32_t o = 0; st->kern == STEP_ALIAS && o < gr->noutputs; o++) made[gr->outputs[o]] = true;
+    }
+    return KF_OK;
+}
+
+/* A slot of spec s bound to the caller's stream and free to enqueue with;
+ * a new one (its kf_err words zeroed on that stream, ahead of the run)
+ * when every one bound there is busy. */
+static kf_status dev_slot_get(kf_exec *e, spec *s, void *stream, slot **out) {
+    pthread_mutex_lock(&e->mu);
+    slot *sl = s->dev_slots;
+    while (sl && (sl->bound != stream || sl->busy)) sl = sl->next;
+    if (sl) sl->busy = true;
+    pthread_mutex_unlock(&e->mu);
+    if (sl) return *out = sl, KF_OK;
+    KF_TRY(slot_get(e, s, &sl));
+    kf_status st = errs_zero_async(e->dev, s, sl, stream);
+    if (st) {
+        slot_free(e->dev, s, sl);
+        return st;
+    }
+    sl->bound = stream;
+    sl->busy = true;
+    pthread_mutex_lock(&e->mu);
+    sl->next = s->dev_slots;
+    s->dev_slots = sl;
+    pthread_mutex_unlock(&e->mu);
+    *out = sl;
+    return KF_OK;
+}
+
+static bool same_type(const kf_type *a, const kf_tensor *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->dims[d] != b->dims[d]) return false;
+    return true;
+}
+
+static void type_text(char *buf, size_t len, kf_dtype dt, int rank, const int64_t *dims) {
+    size_t n = (size_t)snprintf(buf, len, "%s[", kf_dtype_name(dt));
+    for (int d = 0; d < rank && n < len; d++) n += (size_t)snprintf(buf + n, len - n, d ? ",%lld" : "%lld", (long long)dims[d]);
+    if (n < len) snprintf(buf + n, len - n, "]");
+}
+
+/* Where each output goes: written by its kernel straight into the
+ * caller's buffer (r->ext), or copied there after the launches (*copy_from
+ * per output: an input's or a weight's buffer, or an earlier output with
+ * the same value). */
+static kf_status bind_outputs(run *r, const bool *made, const kf_tensor *outputs, void *const *out_bufs, void **copy_from) {
+    const kf_graph *g = r->s->m->graph;
+    kf_exec *e = r->e;
+    for (uint32_t o = 0; o < e->nout; o++) {
+        kf_id v = g->outputs[o];
+        const kf_type *t = &g->values[v].type;
+        if (!same_type(t, &outputs[o])) {
+            char want[160], got[160]; /* 8 dims of 20 digits */
+            type_text(want, sizeof want, t->dtype, t->rank, t->dims);
+            type_text(got, sizeof got, outputs[o].dtype, outputs[o].rank, outputs[o].dims);
+            return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: output '%s' is %s for these inputs, its buffer is described as %s",
+                           e->out_names[o], want, got);
+        }
+        copy_from[o] = NULL;
+        if (r->ext[v] || r->s->wbufs[v]) {
+            copy_from[o] = r->ext[v] ? r->ext[v] : r->s->wbufs[v];
+        } else if (made[v]) {
+            r->ext[v] = out_bufs[o];
+        } else {
+            return kf_fail(KF_ERR_UNSUPPORTED,
+                           "kf_run_device: output '%s' is a constant of the plan that no kernel computes; kf_run returns it",
+                           e->out_names[o]);
+        }
+    }
+    return KF_OK;
+}
+
+kf_status kf_exec_run_device(kf_exec *e, void *stream, const kf_tensor *inputs, void *const *in_bufs,
+                             uint32_t ninputs, const kf_tensor *outputs, void *const *out_bufs, uint32_t noutputs) {
+    if (!e || (ninputs && (!inputs || !in_bufs)) || (noutputs && (!outputs || !out_bufs)))
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_run_device: NULL argument");
+    if (!e->dev) return kf_fail(KF_ERR_UNSUPPORTED, "kf_run_device: backend ref runs on the host; kf_run runs it");
+    if (!e->dev->can_run)
+        return kf_fail(KF_ERR_NO_DEVICE, "this plan was compiled only (no %s device to run on)", e->dev->name);
+    if (ninputs != e->nin) return kf_fail(KF_ERR_INVALID_ARG, "the model has %u inputs, %u were given", e->nin, ninputs);
+    if (noutputs != e->nout)
+        return kf_fail(KF_ERR_INVALID_ARG, "the model has %u outputs, %u were given", e->nout, noutputs);
+    kf_dev *d = e->dev;
+    KF_TRY(d->stream_check(d, stream));
+    for (uint32_t i = 0; d->buf_check && i < e->nin + e->nout; i++) {
+        bool in = i < e->nin;
+        const kf_tensor *bt = in ? &inputs[i] : &outputs[i - e->nin];
+        if (d->buf_check(d, in ? in_bufs[i] : out_bufs[i - e->nin], (size_t)bt->numel * kf_dtype_size(bt->dtype)))
+            return kf_fail_context(KF_ERR_INVALID_ARG, "kf_run_device: %s '%s'", in ? "input" : "output",
+                                   in ? e->in_names[i] : e->out_names[i - e->nin]);
+    }
+    kf_type *t = kf_calloc((size_t)e->nin + 1, sizeof(kf_type));
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = input_types(e, inputs, false, t);
+    spec *s = NULL;
+    if (!st) st = spec_get(e, t, &s);
+    kf_free(t);
+    KF_TRY(st);
+    const kf_graph *g = s->m->graph;
+    run r = {e, s, NULL, -1, NULL, NULL, stream, NULL};
+    bool *made = kf_calloc((size_t)g->nvalues + 1, sizeof(bool));
+    void **copy_from = kf_calloc((size_t)e->nout + 1, sizeof(void *));
+    if (!made || !copy_from || !(r.ext = kf_calloc((size_t)g->nvalues + 1, sizeof(void *))))
+        st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st) st = device_only(e, s, made);
+    for (uint32_t i = 0; !st && i < e->nin; i++)
+        if (s->in_ids[i]) r.ext[s->in_ids[i]] = in_bufs[i];
+    if (!st) st = bind_outputs(&r, made, outputs, out_bufs, copy_from);
+    if (!st) st = dev_slot_get(e, s, stream, &r.sl);
+    for (uint32_t i = 0; !st && i < s->nsteps; i++)
+        if (s->steps[i].kern >= 0 || s->steps[i].kern == STEP_LIB) st = launch(&r, &s->steps[i]);
+    for (uint32_t o = 0; !st && o < e->nout; o++) {
+        kf_id v = g->outputs[o];
+        if (copy_from[o]) st = d->copy(d, stream, out_bufs[o], copy_from[o], (size_t)value_bytes(g, v));
+    }
+    if (r.sl) {
+        /* also after a failed enqueue: work already on the stream may use the arena */
+        pthread_mutex_lock(&e->mu);
+        r.sl->busy = false;
+        pthread_mutex_unlock(&e->mu);
+    }
+    kf_free(made);
+    kf_free(copy_from);
+    kf_free(r.ext);
+    return st;
+}
+
+kf_status kf_exec_sync(kf_exec *e, void *stream) {
+    if (!e) return kf_fail(KF_ERR_INVALID_ARG, "kf_sync: NULL argument");
+    if (!e->dev) return kf_fail(KF_ERR_UNSUPPORTED, "kf_sync: backend ref runs on the host");
+    if (!e->dev->can_run)
+        return kf_fail(KF_ERR_NO_DEVICE, "this plan was compiled only (no %s device to run on)", e->dev->name);
+    kf_dev *d = e->dev;
+    KF_TRY(d->stream_check(d, stream));
+    KF_TRY(host_sync(d, stream, "kf_sync"));
+    /* specs and bound slots are only ever added (slots at the head) while
+     * the plan lives: a snapshot is safe to walk without the lock */
+    spec *specs[KF_EXEC_MAX_SPECS];
+    pthread_mutex_lock(&e->mu);
+    uint32_t nspecs = e->nspecs;
+    memcpy(specs, e->specs, nspecs * sizeof *specs);
+    pthread_mutex_unlock(&e->mu);
+    kf_status first = KF_OK;
+    char msg[1024] = ""; /* the first error's message: later calls overwrite the last error */
+    for (uint32_t i = 0; i < nspecs; i++) {
+        pthread_mutex_lock(&e->mu);
+        slot *head = specs[i]->dev_slots;
+        pthread_mutex_unlock(&e->mu);
+        for (slot *sl = head; sl; sl = sl->next) {
+            if (sl->bound != stream) continue;
+            kf_status st = errs_read(d, specs[i], sl, stream);
+            if (st && !first) {
+                first = st;
+                snprintf(msg, sizeof msg, "%s", kf_last_error());
+            }
+            st = errs_zero_async(d, specs[i], sl, stream);
+            if (st && !first) return st;
+        }
+    }
+    return first ? kf_fail(first, "%s", msg) : KF_OK;
+}
+
+kf_status kf_exec_device_context(const kf_exec *e, void **ctx) {
+    if (!e || !ctx) return kf_fail(KF_ERR_INVALID_ARG, "kf_compiled_device_context: NULL argument");
+    *ctx = NULL;
+    if (!e->dev) return kf_fail(KF_ERR_UNSUPPORTED, "backend ref has no device context");
+    if (!e->dev->can_run)
+        return kf_fail(KF_ERR_NO_DEVICE, "this plan was compiled only (no %s device to run on)", e->dev->name);
+    *ctx = e->dev->context(e->dev);
+    return KF_OK;
 }

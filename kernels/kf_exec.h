@@ -167,6 +167,26 @@ kf_status kf_exec_run(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_
 kf_status kf_exec_run_timed(kf_exec *e, const kf_tensor *inputs, uint32_t ninputs, kf_tensor *outputs,
                             double *device_s);
 
+/* Runs e on the device with the caller's buffers and stream (kfuse.h's
+ * kf_run_device): inputs[i] give each input's dtype and dims (data
+ * unused), in_bufs[i] its device buffer; outputs[o] the dtype and dims the
+ * caller allocated out_bufs[o] for, which must be output o's. Enqueues
+ * every launch on `stream` and returns: no host copy, no wait. Index
+ * errors of checking kernels are kept per stream until kf_exec_sync.
+ * Errors: KF_ERR_INVALID_ARG (counts, dtypes, shapes, a stream or buffer
+ * the device refuses), KF_ERR_UNSUPPORTED (backend ref; a step of the plan
+ * that runs on the host, naming its first node; an output no kernel
+ * computes), KF_ERR_NO_DEVICE (compile-only plan), KF_ERR_RUNTIME. */
+kf_status kf_exec_run_device(kf_exec *e, void *stream, const kf_tensor *inputs, void *const *in_bufs,
+                             uint32_t ninputs, const kf_tensor *outputs, void *const *out_bufs, uint32_t noutputs);
+/* Waits until `stream` has finished, then reports (and forgets) the
+ * first bad index a checking kernel of a kf_exec_run_device on it met,
+ * KF_ERR_RUNTIME naming the node. */
+kf_status kf_exec_sync(kf_exec *e, void *stream);
+/* The device context of e's plan (cl_context, CUcontext) into *ctx;
+ * KF_ERR_UNSUPPORTED for backend ref, KF_ERR_NO_DEVICE compile-only. */
+kf_status kf_exec_device_context(const kf_exec *e, void **ctx);
+
 /* Figures of the most recently made specialisation (zeros before any);
  * launches per run and whether runs replay a CUDA Graph included. */
 void kf_exec_get_stats(const kf_exec *e, kf_exec_stats *st);
@@ -230,6 +250,17 @@ typedef struct kf_dev {
      * hundreds of MB) loads only for models that use it. */
     kf_status (*lib)(struct kf_dev *d, void *s, const struct kf_la_anchor *a, void *const bufs[5]);
     bool (*lib_has)(struct kf_dev *d, bool conv);
+    /* Device-side runs (kf_exec_run_device) on the caller's streams and
+     * buffers. context: the cl_context / CUcontext every buffer and stream
+     * of the plan lives in. stream_check: KF_ERR_INVALID_ARG, saying why,
+     * when s cannot carry a plan's launches (another context; an
+     * out-of-order OpenCL queue). buf_check (may be NULL): the same for a
+     * caller's buffer that should hold n bytes. copy: enqueues n bytes
+     * from src to dst on s, device to device, without waiting. */
+    void *(*context)(struct kf_dev *d);
+    kf_status (*stream_check)(struct kf_dev *d, void *s);
+    kf_status (*buf_check)(struct kf_dev *d, void *buf, size_t n);
+    kf_status (*copy)(struct kf_dev *d, void *s, void *dst, void *src, size_t n);
 } kf_dev;
 
 /* Opens OpenCL device number `device` (0: the first; devices counted

@@ -367,6 +367,46 @@ static kf_status dev_sync(kf_dev *d, void *s) {
     return e == CL_SUCCESS ? KF_OK : cl_err("clFinish", e);
 }
 
+static void *dev_context(kf_dev *d) { return cst(d)->ctx; }
+
+/* A caller's queue: of this context and device, and in order (a plan's
+ * launches depend on each other through the arena). */
+static kf_status dev_stream_check(kf_dev *d, void *s) {
+    cl_context ctx = NULL;
+    cl_device_id dev = NULL;
+    cl_command_queue_properties props = 0;
+    cl_command_queue q = s;
+    cl_int e = clGetCommandQueueInfo(q, CL_QUEUE_CONTEXT, sizeof ctx, &ctx, NULL);
+    if (e == CL_SUCCESS) e = clGetCommandQueueInfo(q, CL_QUEUE_DEVICE, sizeof dev, &dev, NULL);
+    if (e == CL_SUCCESS) e = clGetCommandQueueInfo(q, CL_QUEUE_PROPERTIES, sizeof props, &props, NULL);
+    if (e != CL_SUCCESS) return kf_fail(KF_ERR_INVALID_ARG, "the stream is not an OpenCL command queue (error %d)", (int)e);
+    if (ctx != cst(d)->ctx || dev != cst(d)->dev)
+        return kf_fail(KF_ERR_INVALID_ARG, "the command queue belongs to another %s than the plan's "
+                       "(make it in kf_compiled_device_context's context)", ctx != cst(d)->ctx ? "context" : "device");
+    if (props & CL_QUEUE_OUT_OF_ORDER_EXEC_MODE_ENABLE)
+        return kf_fail(KF_ERR_INVALID_ARG, "the command queue runs out of order; a plan's launches need an in-order queue");
+    return KF_OK;
+}
+
+static kf_status dev_buf_check(kf_dev *d, void *buf, size_t n) {
+    cl_context ctx = NULL;
+    size_t size = 0;
+    cl_int e = clGetMemObjectInfo((cl_mem)buf, CL_MEM_CONTEXT, sizeof ctx, &ctx, NULL);
+    if (e == CL_SUCCESS) e = clGetMemObjectInfo((cl_mem)buf, CL_MEM_SIZE, sizeof size, &size, NULL);
+    if (e != CL_SUCCESS) return kf_fail(KF_ERR_INVALID_ARG, "the buffer is not an OpenCL memory object (error %d)", (int)e);
+    if (ctx != cst(d)->ctx)
+        return kf_fail(KF_ERR_INVALID_ARG, "the buffer belongs to another context than the plan's");
+    if (size < n) return kf_fail(KF_ERR_INVALID_ARG, "the buffer holds %zu bytes, the tensor needs %zu", size, n);
+    return KF_OK;
+}
+
+static kf_status dev_copy(kf_dev *d, void *s, void *dst, void *src, size_t n) {
+    (void)d;
+    if (n == 0) return KF_OK;
+    cl_int e = clEnqueueCopyBuffer((cl_command_queue)s, (cl_mem)src, (cl_mem)dst, 0, 0, n, 0, NULL, NULL);
+    return e == CL_SUCCESS ? KF_OK : cl_err("clEnqueueCopyBuffer", e);
+}
+
 static void dev_close(kf_dev *d) {
     if (!d) return;
     if (d->state && cst(d)->ctx) clReleaseContext(cst(d)->ctx);
@@ -419,6 +459,7 @@ kf_status kf_cl_dev_open(int device, kf_dev **out) {
     d->stream_new = dev_stream_new, d->stream_free = dev_stream_free;
     d->alloc = dev_alloc, d->free = dev_free, d->view = dev_view, d->view_free = dev_free;
     d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
+    d->context = dev_context, d->stream_check = dev_stream_check, d->buf_check = dev_buf_check, d->copy = dev_copy;
     d->close = dev_close;
     *out = d;
     return KF_OK;

@@ -4,7 +4,10 @@
 # temporary prefix, checks the installed files, then builds examples/embed.c
 # against that prefix four ways -- pkg-config shared and static, CMake
 # find_package with kfuse::kfuse and kfuse::kfuse_static -- and runs each on
-# bench/models/tiny_cnn.onnx. Exits non-zero on the first failure.
+# bench/models/tiny_cnn.onnx. Where OpenCL runs here, examples/embed_stream.c
+# too (pkg-config shared, both CMake builds): the model through
+# kf_run_device on the example's own queue and buffers, equal to kf_run,
+# with no host copy or wait inside. Exits non-zero on the first failure.
 #   tests/install_check.sh [BUILD_DIR]     (default: build-install)
 set -eu
 
@@ -54,6 +57,21 @@ run_embed() {
     printf '%s\n' "$out" | grep -q '^probs: dtype 1 \[2,10\]' || fail "$name: unexpected output"
     printf '%s\n' "$out" | grep -q '^probs: expected dtype 1 \[2,10\]' || fail "$name: no output info before the run"
 }
+# Runs an embed_stream binary: outputs equal to kf_run's, no host copy or wait in kf_run_device.
+run_stream() {
+    name=$1
+    shift
+    out=$("$@" "$MODEL" "$SHAPE" 2>&1) || { printf '%s\n' "$out"; fail "$name: embed_stream exited $?"; }
+    printf '%s\n' "$out" | grep -v '^ *kfuse: ' | sed "s/^/     $name: /"
+    printf '%s\n' "$out" | grep -q '^probs: dtype 1 \[2,10\] equal to kf_run' || fail "$name: outputs differ from kf_run's"
+    printf '%s\n' "$out" | grep -q '^kf_run_device: 0 host copies' || fail "$name: host copies inside kf_run_device"
+    printf '%s\n' "$out" | grep -q '^embed_stream: ok' || fail "$name: embed_stream failed"
+}
+# OpenCL headers to build embed_stream, and a device to run it on.
+HAVE_CL=0
+if pkg-config --exists OpenCL 2>/dev/null && "$PREFIX/bin/kfuse" run --backend opencl "$MODEL" >/dev/null 2>&1; then
+    HAVE_CL=1
+fi
 # A static build must not need libkfuse.so at run time.
 not_shared() { if ldd "$1" | grep -q 'libkfuse\.so'; then fail "$1 links libkfuse.so"; fi; }
 
@@ -70,6 +88,14 @@ run_embed pc-shared "$TMP/embed_pc"
 out=$("$TMP/embed_pc" "$MODEL") || fail "pc-shared, declared shape: embed exited $?"
 printf '%s\n' "$out" | sed "s/^/     pc-shared, declared shape: /"
 printf '%s\n' "$out" | grep -q '^probs: dtype 1 \[1,10\]' || fail "pc-shared, declared shape: unexpected output"
+if [ $HAVE_CL = 1 ]; then
+    # shellcheck disable=SC2046,SC2086
+    $CC $CFLAGS "$SRC/examples/embed_stream.c" -o "$TMP/embed_stream_pc" $(pkg-config --cflags --libs kfuse OpenCL) \
+        -Wl,-rpath,"$LIBDIR" || fail "pkg-config shared build of embed_stream"
+    run_stream pc-shared-stream "$TMP/embed_stream_pc"
+else
+    echo "     (no OpenCL device or headers here: embed_stream not run)"
+fi
 
 step "pkg-config, static"
 # -lkfuse would pick the .so; -l:libkfuse.a names the archive, the rest is Libs.private
@@ -89,6 +115,11 @@ for kind in shared static; do
     cmake --build "$TMP/ex_$kind" >/dev/null || fail "examples build ($kind)"
     [ $kind = static ] && not_shared "$TMP/ex_$kind/embed"
     run_embed cmake-$kind "$TMP/ex_$kind/embed"
+    if [ $HAVE_CL = 1 ]; then
+        [ -x "$TMP/ex_$kind/embed_stream" ] || fail "examples ($kind): OpenCL runs here but embed_stream was not built"
+        [ $kind = static ] && not_shared "$TMP/ex_$kind/embed_stream"
+        run_stream cmake-$kind-stream "$TMP/ex_$kind/embed_stream"
+    fi
 done
 
 step "install_check: all passed"

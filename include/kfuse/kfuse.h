@@ -279,9 +279,86 @@ typedef struct kf_output {
  * device call failed), errors of reference ops naming the node. */
 KF_API kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninputs, kf_output *outputs,
                         int noutputs);
+/* ---- device-side runs -------------------------------------------------
+ * For runtimes that keep tensors on the device: kf_run_device enqueues a
+ * compiled plan on the caller's queue/stream, reading inputs from and
+ * writing outputs to the caller's device buffers. Nothing is copied
+ * through the host and nothing waits: the call returns once every launch
+ * is enqueued. Intermediates live in a device arena the plan keeps per
+ * stream. Backends OPENCL and CUDA.
+ *
+ *   void *ctx;  kf_compiled_device_context(c, &ctx);
+ *   // OpenCL: queue = clCreateCommandQueue(ctx, <its device>, 0, ..),
+ *   //         buffers = clCreateBuffer(ctx, ..)
+ *   kf_compiled_output_info(c, ..)     // size each output buffer
+ *   kf_run_device(c, queue, in, nin, out, nout);  // ... more work on queue
+ *   kf_sync(c, queue);                 // waits; reports bad indices
+ *
+ * The plan owns its context rather than taking the caller's: its kernels
+ * and weights are built there at kf_compile time, before any stream is
+ * known, and on CUDA it is the device's primary context, the one CUDA
+ * runtimes (cudart, frameworks) already use. */
+
+/* A tensor in a device buffer the caller owns (kfuse never frees or keeps
+ * it past the call; its queued launches use it until the stream reaches
+ * them). dtype numbers are ONNX's; dims[0..rank) row-major. */
+typedef struct kf_device_tensor {
+    int dtype;
+    int rank;
+    const int64_t *dims;
+    /* OpenCL: a cl_mem of the plan's context. CUDA: a CUdeviceptr as
+     * (void *)(uintptr_t)ptr, 256-byte aligned as cuMemAlloc's are. The
+     * tensor starts at the buffer's first byte. */
+    void *buffer;
+    size_t nbytes; /* bytes the buffer holds; at least the tensor's */
+} kf_device_tensor;
+
+/* The device context c's plan runs in, into *context: a cl_context
+ * (OpenCL; clGetContextInfo(CL_CONTEXT_DEVICES) gives its one device) or
+ * the CUcontext of the device's primary context (CUDA). Owned by c, valid
+ * until kf_compiled_free (retain it to keep it longer). Queues/streams and
+ * buffers given to kf_run_device must belong to it. Errors:
+ * KF_ERR_INVALID_ARG (NULL), KF_ERR_UNSUPPORTED (backend ref). */
+KF_API kf_status kf_compiled_device_context(const kf_compiled *c, void **context);
+
+/* Enqueues a run of c on stream -- an in-order cl_command_queue of c's
+ * context (OpenCL) or a CUstream of it (CUDA; NULL: the legacy default
+ * stream) -- and returns without waiting. inputs as kf_run's (ninputs, in
+ * kf_compiled_input_name order) but in device buffers; outputs[0..noutputs)
+ * describe the buffers, allocated by the caller, each output is written to:
+ * their dtype and dims must be what kf_compiled_output_info says for these
+ * inputs. Launches go in stream order, so input buffers may be written by
+ * earlier work on the stream and outputs read by later work; buffers must
+ * not be freed before the stream gets past the run.
+ * The first call for a set of input shapes compiles its kernels and
+ * uploads weights on the plan's own queue (as kf_run's first does); a
+ * kf_run or kf_compiled_output_info with those shapes first keeps that
+ * out of the hot path. Each stream gets its own device arena per shape
+ * set, kept until kf_compiled_free; several threads may run at once, on
+ * one stream or several. Index errors a kernel detects (an out-of-range
+ * Gather index) are not reported here: kf_sync does. Errors:
+ * KF_ERR_INVALID_ARG (NULL, counts, a dtype or dims that differ from the
+ * model's or the output's, nbytes too small, a NULL buffer, a stream or
+ * buffer of another context, an out-of-order queue), KF_ERR_UNSUPPORTED
+ * (backend ref; a plan with a step that runs on the host -- a reference
+ * fallback, a data-dependent shape -- naming its first node; an output
+ * that is a constant no kernel writes), KF_ERR_SHAPE, KF_ERR_RUNTIME (an
+ * enqueue failed; launches before it may have been enqueued). */
+KF_API kf_status kf_run_device(kf_compiled *c, void *stream, const kf_device_tensor *inputs, int ninputs,
+                               const kf_device_tensor *outputs, int noutputs);
+
+/* Waits until stream has finished all its work, then reports the first
+ * out-of-range index any kernel of a kf_run_device on that stream met
+ * since the last kf_sync (KF_ERR_RUNTIME naming the node, as kf_run does)
+ * and forgets it; outputs of such a run are undefined. Errors also:
+ * KF_ERR_INVALID_ARG (NULL c, a stream of another context),
+ * KF_ERR_UNSUPPORTED (backend ref), KF_ERR_RUNTIME (the wait failed). */
+KF_API kf_status kf_sync(kf_compiled *c, void *stream);
+
 /* Frees o's data and empties it; NULL is fine. */
 KF_API void kf_output_release(kf_output *o);
-/* Frees c; no kf_run may be in flight. NULL is fine. */
+/* Frees c; no kf_run may be in flight, and streams given to kf_run_device
+ * must have finished its runs (kf_sync). NULL is fine. */
 KF_API void kf_compiled_free(kf_compiled *c);
 
 #ifdef __cplusplus
