@@ -226,12 +226,16 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  *                  axis, or whose rows are not the anchor's output rows
  *                  (a layout op or broadcast changed them).
  * ROW_CAP          the anchor's output row is too long to hold
- *                  KF_PLAN_ROW_TILE_M rows in KF_PLAN_ONCHIP_BYTES.
+ *                  KF_PLAN_ROW_TILE_M rows in KF_PLAN_ONCHIP_BYTES (not
+ *                  asked of attention: a MatMul -> Softmax whose output is
+ *                  the left operand of a MatMul, head dims <= 128, streams
+ *                  its keys through codegen/cg_attention.c instead).
  * B2B_OPERAND      two chained anchors, but the second does not read the
  *                  first's rows as its left operand only, or is not a GEMM
  *                  after a GEMM / a 1x1 conv after a conv.
  * B2B_CAP          the same cap as ROW_CAP, for the first anchor's rows that
- *                  the second anchor reads from on chip.
+ *                  the second anchor reads from on chip (attention as above
+ *                  excepted).
  * INPUTS, OUTPUTS, REGS  resource caps (see the limits above); the register
  *                  estimate is 16 + 2 per input/output + 1 per elementwise
  *                  op, 16 per reduction, 96 per anchor.
