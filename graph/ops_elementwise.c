@@ -254,13 +254,25 @@ static int64_t i_mod(const int64_t *x, int nx, const ew_par *p) {
     return r;
 }
 
-/* Operands are unsigned (BitShift takes uint8..uint64 only), so the shift is
- * logical; shifting by the width or more leaves 0 after storing. */
+/* BitShift. mode bit 0: right; bit 1: signed operands (opset 28 added
+ * int8..int64). Unsigned shifts are logical. A signed right shift is
+ * arithmetic (written on ~a so no negative value is shifted); a signed left
+ * shift keeps the low bits, which kf_set_i64 stores. A shift count that is
+ * negative or at least 64 leaves only the sign fill: -1 for a right shift of
+ * a negative value, else 0. Counts between the element width and 63 come
+ * to the same after storing, since operands arrive sign- or zero-extended. */
 static int64_t i_bit_shift(const int64_t *x, int nx, const ew_par *p) {
     (void)nx;
+    const bool right = p->mode & 1;
+    if (p->mode & 2) {
+        int64_t a = x[0], s = x[1];
+        if (s < 0 || s >= 64) return (right && a < 0) ? -1 : 0;
+        if (!right) return wrap((uint64_t)a << s);
+        return a < 0 ? ~(~a >> s) : a >> s;
+    }
     uint64_t a = (uint64_t)x[0], s = (uint64_t)x[1];
     if (s >= 64) return 0;
-    return wrap(p->mode ? a >> s : a << s);
+    return wrap(right ? a >> s : a << s);
 }
 
 /* Exact integer power by squaring (wrapping like numpy). A negative exponent
@@ -419,8 +431,15 @@ PAR_FN(par_mod) {
     return attr_flag(n, "fmod", 0, &p->mode);
 }
 PAR_FN(par_bit_shift) {
-    (void)nin, (void)in;
-    return attr_choice(n, "direction", NULL, "LEFT", "RIGHT", &p->mode);
+    (void)nin;
+    KF_TRY(attr_choice(n, "direction", NULL, "LEFT", "RIGHT", &p->mode));
+    if (in[0] && kf_dtype_is_int(in[0]->dtype) && kf_dtype_is_signed(in[0]->dtype)) {
+        if (kf_ew_version(n) < 28)
+            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): signed input %s needs opset 28, the model imports %lld",
+                           kf_node_label(n), n->op_type, kf_dtype_name(in[0]->dtype), (long long)kf_ew_version(n));
+        p->mode |= 2;
+    }
+    return KF_OK;
 }
 
 /* Saturating double -> int64 for integer clip bounds from float attributes. */
@@ -521,7 +540,7 @@ static const ew_desc ew_table[EW_ID_END] = {
     [KF_OP_DIV] = {2, T_NUM, 0, EW_LEGACY, f_div, i_div, NULL, NULL},
     [KF_OP_POW] = {2, T_NUM, T_NUM, EW_LEGACY, f_pow, i_pow, NULL, NULL},
     [KF_OP_MOD] = {2, T_NUM, 0, 0, f_mod, i_mod, NULL, par_mod},
-    [KF_OP_BIT_SHIFT] = {2, T_UINT, 0, 0, NULL, i_bit_shift, NULL, par_bit_shift},
+    [KF_OP_BIT_SHIFT] = {2, T_INT, 0, 0, NULL, i_bit_shift, NULL, par_bit_shift},
     [KF_OP_AND] = {2, T_BOOL, 0, EW_LEGACY, NULL, i_and, NULL, NULL},
     [KF_OP_OR] = {2, T_BOOL, 0, EW_LEGACY, NULL, i_or, NULL, NULL},
     [KF_OP_XOR] = {2, T_BOOL, 0, EW_LEGACY, NULL, i_xor, NULL, NULL},

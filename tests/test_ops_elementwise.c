@@ -529,6 +529,55 @@ Test(ew_binary, bit_shift_both_directions) {
     }
 }
 
+/* Opset 28: signed operands shift arithmetically to the right; counts that
+ * are negative or at least the width leave the sign fill; before 28 a
+ * signed input is refused with the node and dtype named. */
+Test(ew_binary, bit_shift_signed_from_opset_28) {
+    int64_t d[1] = {40};
+    const kf_dtype dts[2] = {KF_DT_INT8, KF_DT_INT32};
+    const int width[2] = {8, 32};
+    for (int k = 0; k < 2; k++) {
+        double lim = k ? 2e9 : 127;
+        kf_tensor a = tu_rand(dts[k], 1, d, -lim, lim), s = tu_rand(dts[k], 1, d, 0, width[k]);
+        kf_set_f64(&s, 0, -1);
+        kf_set_f64(&s, 1, width[k]);
+        kf_set_f64(&s, 2, width[k] + 3);
+        kf_set_f64(&a, 1, -5);
+        kf_set_f64(&a, 2, -7);
+        for (int dir = 0; dir < 2; dir++) {
+            kf_node *n = mk("BitShift", 2, 28);
+            tu_attr_s(n, "direction", dir ? "RIGHT" : "LEFT");
+            const kf_tensor *in[2] = {&a, &s};
+            kf_tensor got = eval_n(n, 2, in);
+            for (int i = 0; i < 40; i++) {
+                int64_t x = kf_get_i64(&a, i), sh = kf_get_i64(&s, i), w;
+                if (sh < 0 || sh >= width[k]) {
+                    w = (dir && x < 0) ? -1 : 0;
+                } else if (dir) {
+                    w = (int64_t)floor((double)x / ldexp(1, (int)sh));
+                } else { /* keep the low width bits, read back as signed */
+                    uint64_t m = (((uint64_t)x) << sh) & ((width[k] == 64 ? 0 : (1ull << width[k])) - 1);
+                    w = m >= (1ull << (width[k] - 1)) ? (int64_t)m - (int64_t)(1ull << width[k]) : (int64_t)m;
+                }
+                cr_assert_eq(kf_get_i64(&got, i), w, "%s %lld by %lld: %lld", dir ? "RIGHT" : "LEFT",
+                             (long long)x, (long long)sh, (long long)kf_get_i64(&got, i));
+            }
+            tu_node_free(n);
+            kf_tensor_release(&got);
+        }
+        kf_node *old = mk("BitShift", 2, 11);
+        tu_attr_s(old, "direction", "LEFT");
+        const kf_tensor *in[2] = {&a, &s};
+        kf_tensor out[1] = {{0}};
+        cr_assert_eq(kf_eval_node(old, 2, in, out), KF_ERR_SHAPE);
+        cr_assert(strstr(kf_last_error(), "BitShift") && strstr(kf_last_error(), kf_dtype_name(dts[k])),
+                  "%s", kf_last_error());
+        kf_tensor_release(&out[0]);
+        tu_node_free(old);
+        release(1, &a), release(1, &s);
+    }
+}
+
 Test(ew_binary, logic_ops_on_bool) {
     int64_t da[2] = {3, 4}, db[1] = {4};
     kf_tensor a = rand_small(KF_DT_BOOL, 2, da, 0, 1), b = rand_small(KF_DT_BOOL, 1, db, 0, 1);
