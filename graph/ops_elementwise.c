@@ -44,7 +44,8 @@ enum {
     EW_OUT_FROM_1 = 1 << 1, /* output dtype is input 1's (Where) */
     EW_LEGACY = 1 << 2,   /* opset < 7 has the broadcast/axis attributes */
     EW_UNIDIR = 1 << 3,   /* input 1 broadcasts to input 0 only (PRelu) */
-    EW_SELECT = 1 << 4    /* the integer function picks the operand to copy */
+    EW_SELECT = 1 << 4,   /* the integer function picks the operand to copy */
+    EW_SAME_SHAPE = 1 << 5 /* inputs must have one shape, no broadcasting (SwiGLU) */
 };
 
 #define EW_VARIADIC (-1)
@@ -124,6 +125,9 @@ UF(f_softsign, v / (1.0 + fabs(v)))
 UF(f_mish, v * tanh(softplus(v)))
 UF(f_gelu, p->mode ? 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)))
                    : 0.5 * v * (1.0 + erf(v / sqrt(2.0))))
+/* Swish (24): v * sigmoid(alpha * v); SwiGLU (28): Swish of the gate a
+ * times the value b */
+UF(f_swish, v * f_sigmoid(&(double){p->a * v}, 1, p))
 UF(f_shrink, v < -p->a ? v + p->b : v > p->a ? v - p->b : 0)
 UF(f_isnan, isnan(v))
 UF(f_isinf, isinf(v) && (v > 0 ? (p->mode & 1) : (p->mode & 2)))
@@ -147,6 +151,7 @@ BF(f_greater, a > b)
 BF(f_less_equal, a <= b)
 BF(f_greater_equal, a >= b)
 BF(f_prelu, a < 0 ? a * b : a)
+BF(f_swiglu, a * f_sigmoid(&(double){p->a * a}, 1, p) * b)
 
 /* fmod=1: C fmod (sign of the dividend); fmod=0: numpy mod (sign of the
  * divisor). */
@@ -387,7 +392,7 @@ PAR_FN(par_leaky_relu) {
     (void)nin, (void)in;
     return attr_f(n, "alpha", 0.01, &p->a);
 }
-PAR_FN(par_alpha_1) { /* Elu, ThresholdedRelu */
+PAR_FN(par_alpha_1) { /* Elu, ThresholdedRelu, Swish, SwiGLU */
     (void)nin, (void)in;
     return attr_f(n, "alpha", 1.0, &p->a);
 }
@@ -528,6 +533,7 @@ static const ew_desc ew_table[EW_ID_END] = {
     [KF_OP_SOFTSIGN] = {1, T_FLT, 0, 0, f_softsign, NULL, NULL, NULL},
     [KF_OP_MISH] = {1, T_FLT, 0, 0, f_mish, NULL, NULL, NULL},
     [KF_OP_GELU] = {1, T_FLT, 0, 0, f_gelu, NULL, NULL, par_gelu},
+    [KF_OP_SWISH] = {1, T_FLT, 0, 0, f_swish, NULL, NULL, par_alpha_1},
     [KF_OP_SHRINK] = {1, T_NUM, 0, 0, f_shrink, NULL, NULL, par_shrink},
     [KF_OP_IS_NAN] = {1, T_FLT, 0, EW_BOOL_OUT, f_isnan, NULL, NULL, NULL},
     [KF_OP_IS_INF] = {1, T_FLT, 0, EW_BOOL_OUT, f_isinf, NULL, NULL, par_is_inf},
@@ -553,6 +559,7 @@ static const ew_desc ew_table[EW_ID_END] = {
     [KF_OP_BITWISE_OR] = {2, T_INT, 0, 0, NULL, i_bitwise_or, NULL, NULL},
     [KF_OP_BITWISE_XOR] = {2, T_INT, 0, 0, NULL, i_bitwise_xor, NULL, NULL},
     [KF_OP_PRELU] = {2, T_NUM, 0, EW_UNIDIR, f_prelu, i_prelu, NULL, NULL},
+    [KF_OP_SWIGLU] = {2, T_FLT, 0, EW_SAME_SHAPE, f_swiglu, NULL, NULL, par_alpha_1},
 
     [KF_OP_MAX] = {EW_VARIADIC, T_NUM, 0, 0, f_max, i_max, NULL, NULL},
     [KF_OP_MIN] = {EW_VARIADIC, T_NUM, 0, 0, f_min, i_min, NULL, NULL},
@@ -631,6 +638,10 @@ static kf_status align_second(const kf_node *n, const ew_desc *d, int rank0, con
         for (int k = 0; k < *rank1; k++) dims1[k] = v[axis + k];
         return KF_OK;
     }
+    if (d->flags & EW_SAME_SHAPE) {
+        *unidir = *exact = true;
+        return KF_OK;
+    }
     if (d->flags & EW_UNIDIR) {
         *unidir = true;
         if (ver < 7 && *rank1 == 1 && !scalar && rank0 >= 2 && dims1[0] == dims0[1]) {
@@ -654,7 +665,7 @@ static kf_status check_unidir(const kf_node *n, const kf_type *in0, const kf_typ
     }
     if (bad)
         return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): input 1 cannot be broadcast to the shape of input 0%s",
-                       kf_node_label(n), n->op_type, exact ? " (broadcast=0 needs equal shapes)" : "");
+                       kf_node_label(n), n->op_type, exact ? " (the shapes must be equal)" : "");
     return KF_OK;
 }
 
@@ -662,7 +673,7 @@ static kf_status check_unidir(const kf_node *n, const kf_type *in0, const kf_typ
  * NULL for none; unknown ranks give an unknown shape. */
 static kf_status out_shape(const kf_node *n, const ew_desc *d, int nd, const kf_type *const *ty,
                            kf_type *out) {
-    if (nd == 2 && ty[0] && ty[1] && (d->flags & (EW_LEGACY | EW_UNIDIR))) {
+    if (nd == 2 && ty[0] && ty[1] && (d->flags & (EW_LEGACY | EW_UNIDIR | EW_SAME_SHAPE))) {
         kf_type v1 = *ty[1];
         bool unidir = false, exact = false;
         if (ty[0]->rank >= 0 && ty[1]->rank >= 0) {

@@ -99,6 +99,7 @@ static double r_softsign(double x) { return x / (1 + fabs(x)); }
 static double r_mish(double x) { return x * tanh(log(1 + exp(x))); }
 static double r_gelu(double x) { return x * 0.5 * (1 + erf(x / sqrt(2))); }
 static double r_shrink(double x) { return x < -0.5 ? x : x > 0.5 ? x : 0; }
+static double r_swish(double x) { return x / (1 + exp(-x)); }
 static double r_neg(double x) { return -x; }
 static double r_recip(double x) { return 1 / x; }
 
@@ -126,7 +127,7 @@ static const struct {
     {"Celu", 12, r_celu, -5, 5},       {"ThresholdedRelu", 10, r_thr, -3, 3},
     {"Softplus", 1, r_softplus, -8, 8}, {"Softsign", 1, r_softsign, -5, 5},
     {"Mish", 18, r_mish, -5, 5},       {"Gelu", 20, r_gelu, -4, 4},
-    {"Shrink", 9, r_shrink, -2, 2},
+    {"Shrink", 9, r_shrink, -2, 2},    {"Swish", 24, r_swish, -6, 6},
 };
 
 Test(ew_unary, every_float_op_matches_its_formula) {
@@ -151,6 +152,40 @@ Test(ew_unary, every_float_op_matches_its_formula) {
             kf_tensor_release(&got);
         }
     }
+}
+
+/* Swish (24) reads alpha; SwiGLU (28) is Swish of the gate times the
+ * value, with the same alpha, and refuses shapes that would broadcast. */
+Test(ew_unary, swish_and_swiglu_with_alpha) {
+    int64_t dims[2] = {5, 9}, row[1] = {9};
+    kf_tensor a = tu_rand(KF_DT_FLOAT, 2, dims, -6, 6), b = tu_rand(KF_DT_FLOAT, 2, dims, -3, 3);
+    float alpha = (float)tu_uniform(0.3, 2.5);
+    for (int glu = 0; glu < 2; glu++) {
+        kf_node *n = mk(glu ? "SwiGLU" : "Swish", glu ? 2 : 1, glu ? 28 : 24);
+        tu_attr_f(n, "alpha", alpha);
+        const kf_tensor *in[2] = {&a, &b};
+        kf_tensor got = eval_n(n, glu ? 2 : 1, in);
+        kf_tensor want = alloc_like(KF_DT_FLOAT, 2, dims);
+        for (int64_t i = 0; i < a.numel; i++) {
+            double x = kf_get_f64(&a, i), s = x / (1 + exp(-(double)alpha * x));
+            kf_set_f64(&want, i, glu ? s * kf_get_f64(&b, i) : s);
+        }
+        expect_close(&got, &want, 1e-6, 1e-5, glu ? "SwiGLU" : "Swish");
+        tu_node_free(n);
+        kf_tensor_release(&got);
+        kf_tensor_release(&want);
+    }
+    kf_tensor r = tu_rand(KF_DT_FLOAT, 1, row, -1, 1);
+    kf_node *n = mk("SwiGLU", 2, 28);
+    const kf_tensor *bad[2] = {&a, &r};
+    expect_fail(n, 2, bad, KF_ERR_SHAPE);
+    tu_node_free(n);
+    kf_tensor i32 = tu_rand(KF_DT_INT32, 2, dims, -5, 5);
+    n = mk("Swish", 1, 24);
+    const kf_tensor *ints[1] = {&i32};
+    expect_fail(n, 1, ints, KF_ERR_SHAPE);
+    tu_node_free(n);
+    release(1, &a), release(1, &b), release(1, &r), release(1, &i32);
 }
 
 Test(ew_unary, activations_read_their_attributes) {
