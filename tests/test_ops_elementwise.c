@@ -613,6 +613,75 @@ Test(ew_binary, bit_shift_signed_from_opset_28) {
     }
 }
 
+/* BitCast (26): float32 <-> int32 and float64 -> uint64 keep each
+ * element's bits (checked through a union, not through the kernel's
+ * memcpy); int4 <-> uint4 keep the 4-bit code (sign-extended for int4);
+ * a width mismatch and a string input are refused naming both dtypes. */
+Test(ew_bitcast, keeps_bits_and_refuses_other_widths) {
+    int64_t d[2] = {4, 7};
+    kf_tensor f = tu_rand(KF_DT_FLOAT, 2, d, -1e6, 1e6);
+    kf_node *n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT32);
+    const kf_tensor *in[1] = {&f};
+    kf_tensor i32 = eval_n(n, 1, in);
+    cr_assert_eq(i32.dtype, KF_DT_INT32);
+    cr_assert_eq(i32.rank, 2);
+    for (int64_t i = 0; i < f.numel; i++) {
+        union { float f; int32_t i; } u = {.f = ((float *)f.data)[i]};
+        cr_assert_eq(((int32_t *)i32.data)[i], u.i, "element %lld", (long long)i);
+    }
+    tu_node_free(n);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_FLOAT);
+    const kf_tensor *back_in[1] = {&i32};
+    kf_tensor back = eval_n(n, 1, back_in);
+    cr_assert(kf_tensor_equal(&back, &f), "float -> int32 -> float changed bits");
+    tu_node_free(n);
+
+    kf_tensor g = tu_rand(KF_DT_DOUBLE, 2, d, -50, 50);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_UINT64);
+    const kf_tensor *gin[1] = {&g};
+    kf_tensor u64 = eval_n(n, 1, gin);
+    for (int64_t i = 0; i < g.numel; i++) {
+        union { double d; uint64_t u; } u = {.d = ((double *)g.data)[i]};
+        cr_assert_eq(((uint64_t *)u64.data)[i], u.u);
+    }
+    tu_node_free(n);
+
+    kf_tensor i4 = tu_rand(KF_DT_INT4, 2, d, -8, 8);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_UINT4);
+    const kf_tensor *i4in[1] = {&i4};
+    kf_tensor u4 = eval_n(n, 1, i4in);
+    for (int64_t i = 0; i < i4.numel; i++) {
+        int64_t v = kf_get_i64(&i4, i);
+        cr_assert_eq(kf_get_i64(&u4, i), v < 0 ? v + 16 : v, "int4 %lld", (long long)v);
+    }
+    tu_node_free(n);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT4);
+    const kf_tensor *u4in[1] = {&u4};
+    kf_tensor i4b = eval_n(n, 1, u4in);
+    cr_assert(kf_tensor_equal(&i4b, &i4), "int4 -> uint4 -> int4 changed values");
+    tu_node_free(n);
+
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT64);
+    expect_fail(n, 1, in, KF_ERR_SHAPE);
+    cr_assert(strstr(kf_last_error(), "float") && strstr(kf_last_error(), "int64"), "%s", kf_last_error());
+    tu_node_free(n);
+    const char *words[2] = {"ab", "cd"};
+    kf_tensor s = str_tensor(2, words);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT8);
+    const kf_tensor *sin[1] = {&s};
+    expect_fail(n, 1, sin, KF_ERR_SHAPE);
+    tu_node_free(n);
+    release(1, &f), release(1, &i32), release(1, &back), release(1, &g), release(1, &u64);
+    release(1, &i4), release(1, &u4), release(1, &i4b), release(1, &s);
+}
+
 Test(ew_binary, logic_ops_on_bool) {
     int64_t da[2] = {3, 4}, db[1] = {4};
     kf_tensor a = rand_small(KF_DT_BOOL, 2, da, 0, 1), b = rand_small(KF_DT_BOOL, 1, db, 0, 1);
