@@ -43,9 +43,11 @@ kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf
     /* The float8/float6/float4/int4/int2 storage types reach only the
      * kernels that convert them (Cast, CastLike), move elements without
      * reading them as numbers (Identity, the injective ops), keep their
-     * bits (BitCast) or read only the shape (Shape, Size). */
+     * bits (BitCast), read only the shape (Shape, Size) or write one
+     * tensor's elements into another (TensorScatter). */
     bool moves = n->op == KF_OP_CAST || n->op == KF_OP_CAST_LIKE || n->op == KF_OP_IDENTITY ||
                  n->op == KF_OP_BIT_CAST || n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE ||
+                 n->op == KF_OP_TENSOR_SCATTER ||
                  info->fclass == KF_FC_INJECTIVE;
     for (int i = 0; i < nin && !moves; i++)
         if (in[i] && kf_dtype_is_small(in[i]->dtype))
