@@ -24,7 +24,8 @@
  * round_mode, Range 27 stash_type for float16/bfloat16 which Range did not
  * take before, SpaceToDepth 28 mode = DCR, QuantizeLinear 23 precision).
  * Two narrow: ReduceLogSum/ReduceLogSumExp 28 drop the integer types, which
- * only matters once raising goes past 23 (KF_RAISE_MAX_OPSET). */
+ * only matters once raising goes past 23 (KF_RAISE_MAX_OPSET). Ops new
+ * in 24-28 that kfuse runs are listed with their one version. */
 typedef struct history {
     const char *op;
     const char *versions;
@@ -73,7 +74,7 @@ static const history histories[] = {
     {"GRU", "1X 3X 7 14 22"}, {"LSTM", "1X 7 14 22"}, {"MaxUnpool", "9 11 22"}, {"MaxRoiPool", "1 22"},
     {"Col2Im", "18"}, {"CenterCropPad", "18"}, {"AffineGrid", "20"}, {"RMSNormalization", "23"},
     {"RotaryEmbedding", "23"}, {"Attention", "23 24 25C"}, {"Swish", "24"}, {"TensorScatter", "24"},
-    {"CumProd", "26"}, {"BitCast", "26"}, {"SwiGLU", "28"},
+    {"CumProd", "26"}, {"BitCast", "26"}, {"SwiGLU", "28"}, {"CausalConvWithState", "27"},
 };
 
 /* The IR version an opset needs at least (ONNX docs/Versioning.md). */

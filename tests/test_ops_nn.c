@@ -605,6 +605,55 @@ Test(nn_det, matches_cofactor_expansion) {
     tu_node_free(n);
 }
 
+/* CausalConvWithState (27): each output is bias + the k taps over the past
+ * state followed by the input; present_state holds the last k-1 of them
+ * (reaching into the past when the input is shorter); silu multiplies by
+ * the sigmoid. Checked against direct sums for a long and a short input,
+ * with and without past, bias and activation. */
+Test(nn_conv, causal_conv_with_state_matches_direct_sums) {
+    enum { B = 2, C = 3, K = 4, H = K - 1 };
+    for (int shape = 0; shape < 2; shape++) {
+        int64_t L = shape ? 2 : 6; /* shorter than k-1 the second time */
+        int64_t dx[3] = {B, C, L}, dw[3] = {C, 1, K}, db[1] = {C}, dp[3] = {B, C, H};
+        kf_tensor x = tu_rand(KF_DT_FLOAT, 3, dx, -2, 2), w = tu_rand(KF_DT_FLOAT, 3, dw, -1, 1);
+        kf_tensor bias = tu_rand(KF_DT_FLOAT, 1, db, -1, 1), past = tu_rand(KF_DT_FLOAT, 3, dp, -2, 2);
+        for (int variant = 0; variant < 4; variant++) {
+            bool with_past = variant & 1, silu = variant & 2;
+            kf_node *n = tu_node("CausalConvWithState", 4, 2, 27);
+            if (silu) tu_attr_s(n, "activation", variant == 3 ? "silu" : "swish");
+            const kf_tensor *in[4] = {&x, &w, silu ? &bias : NULL, with_past ? &past : NULL};
+            kf_tensor out[2] = {{0}};
+            cr_assert_eq(kf_eval_node(n, 4, in, out), KF_OK, "%s", kf_last_error());
+            cr_assert_eq(out[1].dims[2], H);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t c = 0; c < C; c++) {
+                    double padded[H + 6];
+                    for (int64_t p = 0; p < H; p++) padded[p] = with_past ? at(&past, (b * C + c) * H + p) : 0;
+                    for (int64_t t = 0; t < L; t++) padded[H + t] = at(&x, (b * C + c) * L + t);
+                    for (int64_t t = 0; t < L; t++) {
+                        double s = silu ? at(&bias, c) : 0;
+                        for (int j = 0; j < K; j++) s += at(&w, c * K + j) * padded[t + j];
+                        if (silu) s = s / (1 + exp(-s));
+                        cr_assert_float_eq(at(&out[0], (b * C + c) * L + t), s, 1e-5, "y[%lld,%lld,%lld]",
+                                           (long long)b, (long long)c, (long long)t);
+                    }
+                    for (int64_t p = 0; p < H; p++)
+                        cr_assert_eq(at(&out[1], (b * C + c) * H + p), padded[L + p], "state %lld", (long long)p);
+                }
+            kf_tensor_release(&out[0]);
+            kf_tensor_release(&out[1]);
+            tu_node_free(n);
+        }
+        kf_node *bad = tu_node("CausalConvWithState", 2, 2, 27);
+        tu_attr_s(bad, "activation", "relu");
+        const kf_tensor *in2[2] = {&x, &w};
+        kf_tensor o2[2] = {{0}};
+        cr_assert_eq(kf_eval_node(bad, 2, in2, o2), KF_ERR_BAD_MODEL);
+        tu_node_free(bad);
+        kf_tensor_release(&x), kf_tensor_release(&w), kf_tensor_release(&bias), kf_tensor_release(&past);
+    }
+}
+
 /* ---- quantisation --------------------------------------------------------------------------- */
 
 Test(nn_quant, quantize_per_axis_rounds_half_even_and_saturates) {
