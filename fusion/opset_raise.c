@@ -75,6 +75,7 @@ static const history histories[] = {
     {"Col2Im", "18"}, {"CenterCropPad", "18"}, {"AffineGrid", "20"}, {"RMSNormalization", "23"},
     {"RotaryEmbedding", "23"}, {"Attention", "23 24 25C"}, {"Swish", "24"}, {"TensorScatter", "24"},
     {"CumProd", "26"}, {"BitCast", "26"}, {"SwiGLU", "28"}, {"CausalConvWithState", "27"},
+    {"LinearAttention", "27"},
 };
 
 /* The IR version an opset needs at least (ONNX docs/Versioning.md). */
