@@ -18,7 +18,14 @@
  * kind letter (none: compatible; L: legacy consumed_inputs dropped; B: the
  * opset-7 switch from broadcast/axis attributes to numpy broadcasting; C:
  * converted by convert_step; X: not convertible). Versions past an op's
- * last change need nothing. Source: ONNX docs/Changelog.md. */
+ * last change need nothing. Source: ONNX docs/Changelog.md.
+ * Versions 22-28 (ONNX 1.23.2) are compatible for a raise: new element
+ * types, or new attributes whose defaults keep the old behaviour (Cast 24
+ * round_mode, Range 27 stash_type for float16/bfloat16 which Range did not
+ * take before, SpaceToDepth 28 mode = DCR, QuantizeLinear 23 precision).
+ * Two narrow: ReduceLogSum/ReduceLogSumExp 28 drop the integer types, which
+ * only matters once raising goes past 23 (KF_RAISE_MAX_OPSET). Ops new
+ * in 24-28 that kfuse runs are listed with their one version. */
 typedef struct history {
     const char *op;
     const char *versions;
@@ -32,47 +39,50 @@ static const history histories[] = {
     {"Softsign", "1 22"}, {"PRelu", "1 6L 7C 9 16"}, {"Acos", "7 22"}, {"Asin", "7 22"}, {"Atan", "7 22"},
     {"Cos", "7 22"}, {"Sin", "7 22"}, {"Tan", "7 22"}, {"Acosh", "9 22"}, {"Asinh", "9 22"}, {"Atanh", "9 22"},
     {"Cosh", "9 22"}, {"Sinh", "9 22"}, {"Erf", "9 13"}, {"Sign", "9 13"}, {"IsNaN", "9 13 20"},
-    {"IsInf", "10 20"}, {"Round", "11 22"}, {"Not", "1"}, {"Celu", "12"}, {"Gelu", "20"}, {"HardSwish", "14 22"},
+    {"IsInf", "10 20"}, {"Round", "11 22"}, {"Not", "1"}, {"Celu", "12 28"}, {"Gelu", "20"}, {"HardSwish", "14 22"},
     {"Mish", "18 22"}, {"Shrink", "9"},
     {"Add", "1 6L 7B 13 14"}, {"Sub", "1 6L 7B 13 14"}, {"Mul", "1 6L 7B 13 14"}, {"Div", "1 6L 7B 13 14"},
     {"Pow", "1 7B 12 13 15"}, {"And", "1 7B"}, {"Or", "1 7B"}, {"Xor", "1 7B"}, {"Equal", "1 7B 11 13 19"},
     {"Greater", "1 7B 9 13"}, {"Less", "1 7B 9 13"}, {"GreaterOrEqual", "12 16"}, {"LessOrEqual", "12 16"},
-    {"Mod", "10 13"}, {"BitShift", "11"}, {"Sum", "1 6L 8 13"}, {"Mean", "1 6L 8 13"}, {"Max", "1 6L 8 12 13"},
-    {"Min", "1 6L 8 12 13"}, {"Clip", "1 6L 11C 12 13"}, {"Cast", "1 6C 9 13 19 21"}, {"CastLike", "15 19 21"},
-    {"Identity", "1 13 14 16 19 21"}, {"Where", "9 16"}, {"Expand", "8 13"}, {"Tile", "1 6X 13"},
+    {"Mod", "10 13 28"}, {"BitShift", "11 28"}, {"Sum", "1 6L 8 13"}, {"Mean", "1 6L 8 13"}, {"Max", "1 6L 8 12 13"},
+    {"Min", "1 6L 8 12 13"}, {"Clip", "1 6L 11C 12 13"}, {"Cast", "1 6C 9 13 19 21 23 24 25 28"}, {"CastLike", "15 19 21 23 24 25"},
+    {"Identity", "1 13 14 16 19 21 23 24 25"}, {"Where", "9 16"}, {"Expand", "8 13"}, {"Tile", "1 6X 13"},
     {"Gemm", "1 6L 7C 9 11 13"}, {"MatMul", "1 9 13"}, {"Conv", "1 11 22"}, {"ConvTranspose", "1 11C 22"},
     {"MaxPool", "1 8 10 11 12 22"}, {"AveragePool", "1 7 10 11 19 22"}, {"GlobalAveragePool", "1 22"},
     {"GlobalMaxPool", "1 22"}, {"LpPool", "1 2X 11 18 22"}, {"GlobalLpPool", "1 2X 22"},
     {"BatchNormalization", "1 6L 7C 9C 14C 15"}, {"InstanceNormalization", "1 6L 22"}, {"LRN", "1 13"},
     {"LpNormalization", "1 22"}, {"MeanVarianceNormalization", "1 9X 13"}, {"LayerNormalization", "17"},
-    {"GroupNormalization", "18 21X"}, {"Dropout", "1 6L 7C 10C 12C 13"}, {"Softmax", "1 11 13C"},
-    {"LogSoftmax", "1 11 13C"}, {"Hardmax", "1 11 13C"}, {"Flatten", "1 9 11 13 21"},
-    {"Reshape", "1 5C 13 14 19 21"}, {"Squeeze", "1 11 13C 21"}, {"Unsqueeze", "1 11 13C 21"},
-    {"Transpose", "1 13 21"}, {"Concat", "1 4C 11 13"}, {"Split", "1 2C 11 13C 18C"}, {"Slice", "1 10C 11 13"},
-    {"Pad", "1 2C 11C 13 18 19 21"}, {"Gather", "1 11 13"}, {"GatherElements", "11 13"}, {"GatherND", "11 12 13"},
+    {"GroupNormalization", "18 21X"}, {"Dropout", "1 6L 7C 10C 12C 13 22"}, {"Softmax", "1 11 13C"},
+    {"LogSoftmax", "1 11 13C"}, {"Hardmax", "1 11 13C"}, {"Flatten", "1 9 11 13 21 23 24 25"},
+    {"Reshape", "1 5C 13 14 19 21 23 24 25"}, {"Squeeze", "1 11 13C 21 23 24 25"}, {"Unsqueeze", "1 11 13C 21 23 24 25"},
+    {"Transpose", "1 13 21 23 24 25"}, {"Concat", "1 4C 11 13"}, {"Split", "1 2C 11 13C 18C"}, {"Slice", "1 10C 11 13"},
+    {"Pad", "1 2C 11C 13 18 19 21 23 24 25"}, {"Gather", "1 11 13"}, {"GatherElements", "11 13"}, {"GatherND", "11 12 13"},
     {"Scatter", "9 11C"}, {"ScatterElements", "11 13 16 18"}, {"ScatterND", "11 13 16 18"},
-    {"Upsample", "1X 7 9C 10C"}, {"Resize", "10 11C 13 18C 19"}, {"Shape", "1 13 15 19 21"},
-    {"Size", "1 13 19 21"}, {"ConstantOfShape", "9 20 21"}, {"Constant", "1 9 11 12 13 19 21"}, {"Range", "11"},
-    {"NonZero", "9 13"}, {"OneHot", "9 11"}, {"TopK", "1 10C 11"}, {"ArgMax", "1 11 12 13"},
-    {"ArgMin", "1 11 12 13"}, {"CumSum", "11 14"}, {"Einsum", "12"}, {"Trilu", "14"}, {"DepthToSpace", "1 11 13"},
-    {"SpaceToDepth", "1 13"}, {"Compress", "9 11"}, {"EyeLike", "9 22"}, {"Det", "11 22"},
-    {"ReverseSequence", "10"}, {"Unique", "11"}, {"NonMaxSuppression", "10 11"}, {"RoiAlign", "10 16C"},
+    {"Upsample", "1X 7 9C 10C"}, {"Resize", "10 11C 13 18C 19"}, {"Shape", "1 13 15 19 21 23 24 25"},
+    {"Size", "1 13 19 21 23 24 25"}, {"ConstantOfShape", "9 20 21 23 24 25"}, {"Constant", "1 9 11 12 13 19 21 23 24 25"}, {"Range", "11 27"},
+    {"NonZero", "9 13"}, {"OneHot", "9 11 28"}, {"TopK", "1 10C 11 24"}, {"ArgMax", "1 11 12 13"},
+    {"ArgMin", "1 11 12 13"}, {"CumSum", "11 14"}, {"Einsum", "12 28"}, {"Trilu", "14"}, {"DepthToSpace", "1 11 13 28"},
+    {"SpaceToDepth", "1 13 28"}, {"Compress", "9 11 28"}, {"EyeLike", "9 22"}, {"Det", "11 22"},
+    {"ReverseSequence", "10 28"}, {"Unique", "11 28"}, {"NonMaxSuppression", "10 11"}, {"RoiAlign", "10 16C 22"},
     {"GridSample", "16 20C 22"}, {"ReduceSum", "1 11 13C"}, {"ReduceMean", "1 11 13 18C"},
     {"ReduceProd", "1 11 13 18C"}, {"ReduceL1", "1 11 13 18C"}, {"ReduceL2", "1 11 13 18C"},
-    {"ReduceLogSum", "1 11 13 18C"}, {"ReduceLogSumExp", "1 11 13 18C"}, {"ReduceSumSquare", "1 11 13 18C"},
-    {"ReduceMax", "1 11 12 13 18C 20"}, {"ReduceMin", "1 11 12 13 18C 20"}, {"QuantizeLinear", "10 13 19 21"},
-    {"DequantizeLinear", "10 13 19 21"}, {"DynamicQuantizeLinear", "11"}, {"QLinearConv", "10"},
+    {"ReduceLogSum", "1 11 13 18C 28"}, {"ReduceLogSumExp", "1 11 13 18C 28"}, {"ReduceSumSquare", "1 11 13 18C"},
+    {"ReduceMax", "1 11 12 13 18C 20"}, {"ReduceMin", "1 11 12 13 18C 20"}, {"QuantizeLinear", "10 13 19 21 23 24 25 28"},
+    {"DequantizeLinear", "10 13 19 21 23 24 25 28"}, {"DynamicQuantizeLinear", "11"}, {"QLinearConv", "10"},
     {"QLinearMatMul", "10 21"}, {"ConvInteger", "10"}, {"MatMulInteger", "10"},
     {"NegativeLogLikelihoodLoss", "12 13 22"}, {"SoftmaxCrossEntropyLoss", "12 13"}, {"RNN", "1X 7 14 22"},
     {"GRU", "1X 3X 7 14 22"}, {"LSTM", "1X 7 14 22"}, {"MaxUnpool", "9 11 22"}, {"MaxRoiPool", "1 22"},
     {"Col2Im", "18"}, {"CenterCropPad", "18"}, {"AffineGrid", "20"}, {"RMSNormalization", "23"},
-    {"RotaryEmbedding", "23"}, {"Attention", "23 24 25C"},
+    {"RotaryEmbedding", "23"}, {"Attention", "23 24 25C"}, {"Swish", "24"}, {"TensorScatter", "24"},
+    {"CumProd", "26"}, {"BitCast", "26"}, {"SwiGLU", "28"}, {"CausalConvWithState", "27"},
+    {"LinearAttention", "27"},
 };
 
 /* The IR version an opset needs at least (ONNX docs/Versioning.md). */
 static int64_t ir_for_opset(int64_t opset) {
-    static const int64_t ir[] = {3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 5, 6, 7, 7, 7, 8, 8, 8, 8, 9, 9, 10, 10, 11};
-    return opset < (int64_t)(sizeof ir / sizeof *ir) ? ir[opset] : 11;
+    static const int64_t ir[] = {3, 3, 3, 3, 3, 3, 3, 3, 3, 4, 5, 6, 7, 7, 7, 8, 8, 8, 8, 9, 9,
+                                 10, 10, 11, 12, 13, 13, 13, 14};
+    return opset < (int64_t)(sizeof ir / sizeof *ir) ? ir[opset] : 14;
 }
 
 static const history *history_of(const char *op) {

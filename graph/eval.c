@@ -41,9 +41,15 @@ kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf
     const kf_op_info *info = kf_op_get(n->op);
     if (info->flags & KF_F_SUBGRAPHS) return kf_control_run(NULL, n, in, out, 0);
     /* The float8/float6/float4/int4/int2 storage types reach only the
-     * kernels that convert them (Cast, CastLike) or move elements without
-     * reading them as numbers (Identity, the injective ops). */
+     * kernels that convert them (Cast, CastLike), move elements without
+     * reading them as numbers (Identity, the injective ops), keep their
+     * bits (BitCast), read only the shape (Shape, Size) or write one
+     * tensor's elements into another (TensorScatter), or quantise to and
+     * from them (QuantizeLinear, DequantizeLinear). */
     bool moves = n->op == KF_OP_CAST || n->op == KF_OP_CAST_LIKE || n->op == KF_OP_IDENTITY ||
+                 n->op == KF_OP_BIT_CAST || n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE ||
+                 n->op == KF_OP_TENSOR_SCATTER || n->op == KF_OP_QUANTIZE_LINEAR ||
+                 n->op == KF_OP_DEQUANTIZE_LINEAR ||
                  info->fclass == KF_FC_INJECTIVE;
     for (int i = 0; i < nin && !moves; i++)
         if (in[i] && kf_dtype_is_small(in[i]->dtype))

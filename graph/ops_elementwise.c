@@ -44,7 +44,8 @@ enum {
     EW_OUT_FROM_1 = 1 << 1, /* output dtype is input 1's (Where) */
     EW_LEGACY = 1 << 2,   /* opset < 7 has the broadcast/axis attributes */
     EW_UNIDIR = 1 << 3,   /* input 1 broadcasts to input 0 only (PRelu) */
-    EW_SELECT = 1 << 4    /* the integer function picks the operand to copy */
+    EW_SELECT = 1 << 4,   /* the integer function picks the operand to copy */
+    EW_SAME_SHAPE = 1 << 5 /* inputs must have one shape, no broadcasting (SwiGLU) */
 };
 
 #define EW_VARIADIC (-1)
@@ -124,6 +125,9 @@ UF(f_softsign, v / (1.0 + fabs(v)))
 UF(f_mish, v * tanh(softplus(v)))
 UF(f_gelu, p->mode ? 0.5 * v * (1.0 + tanh(sqrt(2.0 / M_PI) * (v + 0.044715 * v * v * v)))
                    : 0.5 * v * (1.0 + erf(v / sqrt(2.0))))
+/* Swish (24): v * sigmoid(alpha * v); SwiGLU (28): Swish of the gate a
+ * times the value b */
+UF(f_swish, v * f_sigmoid(&(double){p->a * v}, 1, p))
 UF(f_shrink, v < -p->a ? v + p->b : v > p->a ? v - p->b : 0)
 UF(f_isnan, isnan(v))
 UF(f_isinf, isinf(v) && (v > 0 ? (p->mode & 1) : (p->mode & 2)))
@@ -147,6 +151,7 @@ BF(f_greater, a > b)
 BF(f_less_equal, a <= b)
 BF(f_greater_equal, a >= b)
 BF(f_prelu, a < 0 ? a * b : a)
+BF(f_swiglu, a * f_sigmoid(&(double){p->a * a}, 1, p) * b)
 
 /* fmod=1: C fmod (sign of the dividend); fmod=0: numpy mod (sign of the
  * divisor). */
@@ -254,13 +259,25 @@ static int64_t i_mod(const int64_t *x, int nx, const ew_par *p) {
     return r;
 }
 
-/* Operands are unsigned (BitShift takes uint8..uint64 only), so the shift is
- * logical; shifting by the width or more leaves 0 after storing. */
+/* BitShift. mode bit 0: right; bit 1: signed operands (opset 28 added
+ * int8..int64). Unsigned shifts are logical. A signed right shift is
+ * arithmetic (written on ~a so no negative value is shifted); a signed left
+ * shift keeps the low bits, which kf_set_i64 stores. A shift count that is
+ * negative or at least 64 leaves only the sign fill: -1 for a right shift of
+ * a negative value, else 0. Counts between the element width and 63 come
+ * to the same after storing, since operands arrive sign- or zero-extended. */
 static int64_t i_bit_shift(const int64_t *x, int nx, const ew_par *p) {
     (void)nx;
+    const bool right = p->mode & 1;
+    if (p->mode & 2) {
+        int64_t a = x[0], s = x[1];
+        if (s < 0 || s >= 64) return (right && a < 0) ? -1 : 0;
+        if (!right) return wrap((uint64_t)a << s);
+        return a < 0 ? ~(~a >> s) : a >> s;
+    }
     uint64_t a = (uint64_t)x[0], s = (uint64_t)x[1];
     if (s >= 64) return 0;
-    return wrap(p->mode ? a >> s : a << s);
+    return wrap(right ? a >> s : a << s);
 }
 
 /* Exact integer power by squaring (wrapping like numpy). A negative exponent
@@ -375,7 +392,7 @@ PAR_FN(par_leaky_relu) {
     (void)nin, (void)in;
     return attr_f(n, "alpha", 0.01, &p->a);
 }
-PAR_FN(par_alpha_1) { /* Elu, ThresholdedRelu */
+PAR_FN(par_alpha_1) { /* Elu, ThresholdedRelu, Swish, SwiGLU */
     (void)nin, (void)in;
     return attr_f(n, "alpha", 1.0, &p->a);
 }
@@ -419,8 +436,15 @@ PAR_FN(par_mod) {
     return attr_flag(n, "fmod", 0, &p->mode);
 }
 PAR_FN(par_bit_shift) {
-    (void)nin, (void)in;
-    return attr_choice(n, "direction", NULL, "LEFT", "RIGHT", &p->mode);
+    (void)nin;
+    KF_TRY(attr_choice(n, "direction", NULL, "LEFT", "RIGHT", &p->mode));
+    if (in[0] && kf_dtype_is_int(in[0]->dtype) && kf_dtype_is_signed(in[0]->dtype)) {
+        if (kf_ew_version(n) < 28)
+            return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): signed input %s needs opset 28, the model imports %lld",
+                           kf_node_label(n), n->op_type, kf_dtype_name(in[0]->dtype), (long long)kf_ew_version(n));
+        p->mode |= 2;
+    }
+    return KF_OK;
 }
 
 /* Saturating double -> int64 for integer clip bounds from float attributes. */
@@ -509,6 +533,7 @@ static const ew_desc ew_table[EW_ID_END] = {
     [KF_OP_SOFTSIGN] = {1, T_FLT, 0, 0, f_softsign, NULL, NULL, NULL},
     [KF_OP_MISH] = {1, T_FLT, 0, 0, f_mish, NULL, NULL, NULL},
     [KF_OP_GELU] = {1, T_FLT, 0, 0, f_gelu, NULL, NULL, par_gelu},
+    [KF_OP_SWISH] = {1, T_FLT, 0, 0, f_swish, NULL, NULL, par_alpha_1},
     [KF_OP_SHRINK] = {1, T_NUM, 0, 0, f_shrink, NULL, NULL, par_shrink},
     [KF_OP_IS_NAN] = {1, T_FLT, 0, EW_BOOL_OUT, f_isnan, NULL, NULL, NULL},
     [KF_OP_IS_INF] = {1, T_FLT, 0, EW_BOOL_OUT, f_isinf, NULL, NULL, par_is_inf},
@@ -521,7 +546,7 @@ static const ew_desc ew_table[EW_ID_END] = {
     [KF_OP_DIV] = {2, T_NUM, 0, EW_LEGACY, f_div, i_div, NULL, NULL},
     [KF_OP_POW] = {2, T_NUM, T_NUM, EW_LEGACY, f_pow, i_pow, NULL, NULL},
     [KF_OP_MOD] = {2, T_NUM, 0, 0, f_mod, i_mod, NULL, par_mod},
-    [KF_OP_BIT_SHIFT] = {2, T_UINT, 0, 0, NULL, i_bit_shift, NULL, par_bit_shift},
+    [KF_OP_BIT_SHIFT] = {2, T_INT, 0, 0, NULL, i_bit_shift, NULL, par_bit_shift},
     [KF_OP_AND] = {2, T_BOOL, 0, EW_LEGACY, NULL, i_and, NULL, NULL},
     [KF_OP_OR] = {2, T_BOOL, 0, EW_LEGACY, NULL, i_or, NULL, NULL},
     [KF_OP_XOR] = {2, T_BOOL, 0, EW_LEGACY, NULL, i_xor, NULL, NULL},
@@ -534,6 +559,7 @@ static const ew_desc ew_table[EW_ID_END] = {
     [KF_OP_BITWISE_OR] = {2, T_INT, 0, 0, NULL, i_bitwise_or, NULL, NULL},
     [KF_OP_BITWISE_XOR] = {2, T_INT, 0, 0, NULL, i_bitwise_xor, NULL, NULL},
     [KF_OP_PRELU] = {2, T_NUM, 0, EW_UNIDIR, f_prelu, i_prelu, NULL, NULL},
+    [KF_OP_SWIGLU] = {2, T_FLT, 0, EW_SAME_SHAPE, f_swiglu, NULL, NULL, par_alpha_1},
 
     [KF_OP_MAX] = {EW_VARIADIC, T_NUM, 0, 0, f_max, i_max, NULL, NULL},
     [KF_OP_MIN] = {EW_VARIADIC, T_NUM, 0, 0, f_min, i_min, NULL, NULL},
@@ -612,6 +638,10 @@ static kf_status align_second(const kf_node *n, const ew_desc *d, int rank0, con
         for (int k = 0; k < *rank1; k++) dims1[k] = v[axis + k];
         return KF_OK;
     }
+    if (d->flags & EW_SAME_SHAPE) {
+        *unidir = *exact = true;
+        return KF_OK;
+    }
     if (d->flags & EW_UNIDIR) {
         *unidir = true;
         if (ver < 7 && *rank1 == 1 && !scalar && rank0 >= 2 && dims1[0] == dims0[1]) {
@@ -635,7 +665,7 @@ static kf_status check_unidir(const kf_node *n, const kf_type *in0, const kf_typ
     }
     if (bad)
         return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): input 1 cannot be broadcast to the shape of input 0%s",
-                       kf_node_label(n), n->op_type, exact ? " (broadcast=0 needs equal shapes)" : "");
+                       kf_node_label(n), n->op_type, exact ? " (the shapes must be equal)" : "");
     return KF_OK;
 }
 
@@ -643,7 +673,7 @@ static kf_status check_unidir(const kf_node *n, const kf_type *in0, const kf_typ
  * NULL for none; unknown ranks give an unknown shape. */
 static kf_status out_shape(const kf_node *n, const ew_desc *d, int nd, const kf_type *const *ty,
                            kf_type *out) {
-    if (nd == 2 && ty[0] && ty[1] && (d->flags & (EW_LEGACY | EW_UNIDIR))) {
+    if (nd == 2 && ty[0] && ty[1] && (d->flags & (EW_LEGACY | EW_UNIDIR | EW_SAME_SHAPE))) {
         kf_type v1 = *ty[1];
         bool unidir = false, exact = false;
         if (ty[0]->rank >= 0 && ty[1]->rank >= 0) {

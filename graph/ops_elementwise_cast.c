@@ -5,7 +5,8 @@
  * strings are parsed and printed the way numpy prints them ("0.1", "1e-05",
  * "nan", "-inf", "True"), so a string round trip keeps every value. The
  * float8/float6/float4/int4/int2 storage types convert as the Cast spec
- * says (saturate, round_mode; graph/dtype_small.c).
+ * says (saturate, round_mode; graph/dtype_small.c). BitCast (opset 26)
+ * keeps the bits instead.
  */
 #include <ctype.h>
 #include <errno.h>
@@ -315,5 +316,77 @@ kf_status kf_ew_eval_cast(const kf_node *n, int nin, const kf_tensor *const *in,
     if (!fits) KF_TRY(kf_tensor_alloc(&out[0], to, x->rank, x->dims));
     small_opts o = small_opts_of(n);
     for (int64_t i = 0; i < x->numel; i++) KF_TRY(convert(n, x, i, &out[0], i, &o));
+    return KF_OK;
+}
+
+/* ---- BitCast (opset 26) ------------------------------------------------------ */
+
+/* The bit width of an element as BitCast sees it: the packed width of the
+ * small types, 8 * size otherwise (bool is one byte). */
+static int bitcast_width(kf_dtype dt) { return kf_dtype_bits(dt); }
+
+/* The target dtype (`to`, required) after checking that source and target
+ * are numbers of one width. src 0: unknown, only `to` is checked. */
+static kf_status bitcast_target(const kf_node *n, kf_dtype src, kf_dtype *to) {
+    const kf_attr *a = kf_attr_find(n, "to");
+    if (!a || a->type != KF_ATTR_INT)
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): integer attribute 'to' is required", kf_node_label(n),
+                       n->op_type);
+    if (!kf_dtype_valid((int)a->i) || a->i != (int)a->i || a->i == KF_DT_STRING)
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): cannot reinterpret as dtype %lld", kf_node_label(n),
+                       n->op_type, (long long)a->i);
+    *to = (kf_dtype)a->i;
+    if (!src) return KF_OK;
+    if (!kf_dtype_valid(src) || src == KF_DT_STRING)
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): input dtype %s has no bit pattern to reinterpret",
+                       kf_node_label(n), n->op_type, kf_dtype_name(src));
+    if (bitcast_width(src) != bitcast_width(*to))
+        return kf_fail(KF_ERR_SHAPE, "node '%s' (%s): %s has %d bits, %s has %d", kf_node_label(n), n->op_type,
+                       kf_dtype_name(src), bitcast_width(src), kf_dtype_name(*to), bitcast_width(*to));
+    return KF_OK;
+}
+
+kf_status kf_ew_shape_bitcast(const kf_node *n, int nin, const kf_type *const *in,
+                              const kf_tensor *const *val, int nout, kf_type *out) {
+    (void)val;
+    if (nout < 1) return KF_OK;
+    kf_dtype to = KF_DT_UNDEFINED;
+    KF_TRY(bitcast_target(n, nin > 0 && in[0] ? in[0]->dtype : KF_DT_UNDEFINED, &to));
+    if (nin > 0 && in[0]) out[0] = *in[0];
+    out[0].dtype = to;
+    return KF_OK;
+}
+
+/* Elements keep their bits. Types of 8 bits and more are copied byte for
+ * byte (kfuse runs on little-endian hosts, the order ONNX prescribes); a
+ * bool target stores 1 for any nonzero byte, the only other value a kfuse
+ * bool holds. Below 8 bits each element is one byte in memory: its low
+ * bits are the code, and int4/int2 targets sign-extend it. */
+kf_status kf_ew_eval_bitcast(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
+    if (nout < 1) return KF_OK;
+    if (nin < 1 || !in[0])
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): missing input", kf_node_label(n), n->op_type);
+    const kf_tensor *x = in[0];
+    kf_dtype to = KF_DT_UNDEFINED;
+    KF_TRY(bitcast_target(n, x->dtype, &to));
+    bool fits = out[0].data && out[0].dtype == to && out[0].rank == x->rank;
+    for (int k = 0; fits && k < x->rank; k++) fits = out[0].dims[k] == x->dims[k];
+    if (!fits) KF_TRY(kf_tensor_alloc(&out[0], to, x->rank, x->dims));
+    if (x->numel == 0) return KF_OK;
+    int bits = bitcast_width(to);
+    if (bits >= 8) {
+        memcpy(out[0].data, x->data, (size_t)x->numel * kf_dtype_size(to));
+        if (to == KF_DT_BOOL)
+            for (int64_t i = 0; i < x->numel; i++) ((uint8_t *)out[0].data)[i] = ((uint8_t *)out[0].data)[i] != 0;
+        return KF_OK;
+    }
+    const uint8_t *s = x->data;
+    uint8_t *d = out[0].data;
+    unsigned mask = (1u << bits) - 1, sign = 1u << (bits - 1);
+    bool extend = to == KF_DT_INT4 || to == KF_DT_INT2;
+    for (int64_t i = 0; i < x->numel; i++) {
+        unsigned code = s[i] & mask;
+        d[i] = (uint8_t)(extend && (code & sign) ? code | ~mask : code);
+    }
     return KF_OK;
 }

@@ -1,7 +1,8 @@
 /*
  * ops_index.c: shape functions and reference kernels for the indexing family:
  * Gather, GatherElements, GatherND, ScatterND, ScatterElements (and the old
- * Scatter), OneHot, NonZero, Compress, Unique and ReverseSequence. They move
+ * Scatter), OneHot, NonZero, Compress, Unique, ReverseSequence and
+ * TensorScatter. They move
  * elements bitwise (strings are deep-copied); every index read from a tensor
  * is range-checked and a bad one is a KF_ERR_RUNTIME naming the node.
  */
@@ -867,4 +868,100 @@ int64_t kf_index_bound(const kf_graph *g, kf_id v) {
     kf_free(queue);
     kf_free(seen);
     return bound;
+}
+
+/* ---- TensorScatter (opset 24) ------------------------------------------- */
+
+/* A key/value cache update: present = past, with update's rows written
+ * along `axis` (not the batch dim 0) from write_indices[b] on (0 without
+ * the input) for every position of the dims before the axis, b being the
+ * first of them. "circular" wraps the row index modulo the cache length;
+ * "linear" requires it inside the cache, and a write past the end is a
+ * KF_ERR_RUNTIME naming the node.
+ *
+ *   past [B, H, L, D], update [B, H, S, D], axis 2:
+ *   present[b, h, w[b] + s, :] = update[b, h, s, :]   for s < S */
+static kf_status tscatter_attrs(const kf_node *n, int rank, int *axis, bool *circular) {
+    if (rank < 2) return kf_node_fail(n, KF_ERR_SHAPE, "the cache needs a batch and a sequence dim, it has rank %d", rank);
+    KF_TRY(kf_norm_axis(n, kf_attr_i(n, "axis", -2), rank, axis));
+    if (*axis == 0) return kf_node_fail(n, KF_ERR_BAD_MODEL, "axis cannot be the batch dim 0");
+    const char *mode = kf_attr_s(n, "mode", "linear");
+    *circular = strcmp(mode, "circular") == 0;
+    if (!*circular && strcmp(mode, "linear") != 0)
+        return kf_node_fail(n, KF_ERR_BAD_MODEL, "mode '%s' is not \"linear\" or \"circular\"", mode);
+    return KF_OK;
+}
+
+kf_status kf_index_shape_tensor_scatter(const kf_node *n, int nin, const kf_type *const *in,
+                                        const kf_tensor *const *val, int nout, kf_type *out) {
+    (void)val;
+    if (nin < 2 || !in[0] || nout < 1) return KF_OK;
+    const kf_type *past = in[0], *upd = in[1];
+    out[0] = *past;
+    if (upd && past->dtype && upd->dtype && upd->dtype != past->dtype)
+        return kf_node_fail(n, KF_ERR_SHAPE, "update is %s, the cache %s", kf_dtype_name(upd->dtype),
+                            kf_dtype_name(past->dtype));
+    if (nin > 2 && in[2] && in[2]->dtype && in[2]->dtype != KF_DT_INT64)
+        return kf_node_fail(n, KF_ERR_SHAPE, "write_indices must be int64, not %s", kf_dtype_name(in[2]->dtype));
+    if (past->rank < 0) return KF_OK;
+    int axis;
+    bool circular;
+    KF_TRY(tscatter_attrs(n, past->rank, &axis, &circular));
+    if (!upd || upd->rank < 0) return KF_OK;
+    if (upd->rank != past->rank)
+        return kf_node_fail(n, KF_ERR_SHAPE, "update has rank %d, the cache %d", upd->rank, past->rank);
+    for (int d = 0; d < past->rank; d++) {
+        int64_t p = past->dims[d], u = upd->dims[d];
+        if (p < 0 || u < 0) continue;
+        if (d == axis ? u > p : u != p)
+            return kf_node_fail(n, KF_ERR_SHAPE, "update dim %d is %lld, the cache's %lld", d, (long long)u,
+                                (long long)p);
+    }
+    return KF_OK;
+}
+
+kf_status kf_index_eval_tensor_scatter(const kf_node *n, int nin, const kf_tensor *const *in, int nout,
+                                       kf_tensor *out) {
+    (void)nout;
+    const kf_tensor *past = in[0], *upd = in[1], *wi = nin > 2 ? in[2] : NULL;
+    kf_type tp, tu, tw, res;
+    const kf_type *ty[3] = {&tp, &tu, NULL};
+    kf_type_of_tensor(&tp, past);
+    kf_type_of_tensor(&tu, upd);
+    if (wi) {
+        kf_type_of_tensor(&tw, wi);
+        ty[2] = &tw;
+    }
+    kf_type_unknown(&res);
+    KF_TRY(kf_index_shape_tensor_scatter(n, wi ? 3 : 2, ty, NULL, 1, &res));
+    int axis;
+    bool circular;
+    KF_TRY(tscatter_attrs(n, past->rank, &axis, &circular));
+    int64_t batch = past->dims[0];
+    if (wi && (wi->rank != 1 || wi->numel != batch))
+        return kf_node_fail(n, KF_ERR_SHAPE, "write_indices must have shape [%lld]", (long long)batch);
+    if (!out[0].data || out[0].dtype != past->dtype) KF_TRY(kf_tensor_alloc(&out[0], past->dtype, past->rank, past->dims));
+    KF_TRY(copy_block(&out[0], 0, past, 0, past->numel));
+    int64_t outer = 1, inner = 1, len = past->dims[axis], seq = upd->dims[axis];
+    for (int d = 0; d < axis; d++) outer *= past->dims[d];
+    for (int d = axis + 1; d < past->rank; d++) inner *= past->dims[d];
+    if (past->numel == 0 || upd->numel == 0) return KF_OK;
+    int64_t per_batch = outer / batch;
+    for (int64_t o = 0; o < outer; o++) {
+        int64_t w = wi ? ((const int64_t *)wi->data)[o / per_batch] : 0;
+        for (int64_t s = 0; s < seq; s++) {
+            int64_t row;
+            if (circular) {
+                row = (w % len + s) % len; /* w % len > -len and s < len: no overflow */
+                if (row < 0) row += len;
+            } else {
+                if (w < 0 || w > len - seq)
+                    return kf_node_fail(n, KF_ERR_RUNTIME, "write index %lld with %lld rows leaves a cache of %lld",
+                                        (long long)w, (long long)seq, (long long)len);
+                row = w + s;
+            }
+            KF_TRY(copy_block(&out[0], (o * len + row) * inner, upd, (o * seq + s) * inner, inner));
+        }
+    }
+    return KF_OK;
 }

@@ -11,7 +11,8 @@
  * rounded to the input type where the reference's numpy code rounds it, dot
  * products of 16-bit types accumulate in float32 (as numpy and ml_dtypes
  * do), so float16 and bfloat16 results match its test data bit for bit;
- * float32 and double products accumulate in double.
+ * float32 and double products accumulate in double. LinearAttention
+ * (opset 27) is a recurrence of its own at the end of the file.
  */
 #include <math.h>
 #include <string.h>
@@ -578,4 +579,166 @@ kf_status kf_nn_attention_eval(const kf_node *n, int nin, const kf_tensor *const
     kf_free(rows);
     kf_free(nonpad);
     return st;
+}
+
+/* ---- LinearAttention (opset 27) ---------------------------------------------------- */
+
+/*
+ * Recurrent linear attention over 3-D inputs: q [B, T, Hq*dk], k [B, T,
+ * Hkv*dk], v [B, T, Hkv*dv]. Each kv head keeps a state S [dk, dv]
+ * (past_state [B, Hkv, dk, dv], or zeros) and, for every step t:
+ *
+ *   gated:  S *= exp(g_t)             g per head, or per key dim (decay)
+ *   delta:  v_t = beta_t * (v_t - S^T k_t)                        (beta)
+ *   always: S += k_t v_t^T;  out_t(query head h) = scale * S^T q_t
+ *
+ * with query head h reading kv head h / (Hq / Hkv); update_rule picks the
+ * steps: linear (neither), gated, delta, gated_delta (both, the default).
+ * scale 0 means 1/sqrt(dk). The state is kept in double and rounded to
+ * the output types once; present_state has past_state's type (else q's).
+ * chunk_size only tunes chunked implementations and changes nothing here.
+ */
+static const kf_dtype la_types[] = {KF_DT_FLOAT, KF_DT_FLOAT16, KF_DT_BFLOAT16, KF_DT_UNDEFINED};
+
+typedef struct la_plan {
+    int64_t hq, hkv, dk, dv;
+    bool gating, delta;
+} la_plan;
+
+static kf_status la_attrs(const kf_node *n, la_plan *p) {
+    const char *rule = kf_attr_s(n, "update_rule", "gated_delta");
+    if (!strcmp(rule, "linear")) p->gating = false, p->delta = false;
+    else if (!strcmp(rule, "gated")) p->gating = true, p->delta = false;
+    else if (!strcmp(rule, "delta")) p->gating = false, p->delta = true;
+    else if (!strcmp(rule, "gated_delta")) p->gating = true, p->delta = true;
+    else return kf_nn_fail(n, KF_ERR_BAD_MODEL, "update_rule '%s' is not linear, gated, delta or gated_delta", rule);
+    p->hq = kf_attr_i(n, "q_num_heads", 0);
+    p->hkv = kf_attr_i(n, "kv_num_heads", 0);
+    if (p->hq <= 0 || p->hkv <= 0 || p->hq % p->hkv)
+        return kf_nn_fail(n, KF_ERR_BAD_MODEL, "q_num_heads %lld must be a positive multiple of kv_num_heads %lld",
+                          (long long)p->hq, (long long)p->hkv);
+    return KF_OK;
+}
+
+kf_status kf_nn_linear_attention_shape(const kf_node *n, int nin, const kf_type *const *in,
+                                       const kf_tensor *const *val, int nout, kf_type *out) {
+    (void)val;
+    la_plan p;
+    KF_TRY(la_attrs(n, &p));
+    const kf_type *q = nin > 0 ? in[0] : NULL, *k = nin > 1 ? in[1] : NULL, *v = nin > 2 ? in[2] : NULL;
+    const kf_type *past = nin > 3 ? in[3] : NULL, *decay = nin > 4 ? in[4] : NULL, *beta = nin > 5 ? in[5] : NULL;
+    if (p.gating != (decay != NULL) || p.delta != (beta != NULL))
+        return kf_nn_fail(n, KF_ERR_BAD_MODEL, "update_rule %s decay and %s beta", p.gating ? "needs" : "forbids",
+                          p.delta ? "needs" : "forbids");
+    const char *names[6] = {"query", "key", "value", "past_state", "decay", "beta"};
+    for (int i = 0; i < nin && i < 6; i++)
+        if (in[i]) KF_TRY(kf_nn_check_dtype(n, in[i]->dtype, names[i], la_types));
+    if (!q || !k || !v) return KF_OK;
+    for (int i = 0; i < 3; i++)
+        if (in[i]->rank >= 0 && in[i]->rank != 3)
+            return kf_nn_fail(n, KF_ERR_SHAPE, "%s must be rank 3 (batch, seq, heads * size), it has rank %d",
+                              names[i], in[i]->rank);
+    if (q->rank != 3 || v->rank != 3) {
+        out[0].dtype = q->dtype;
+        if (nout > 1) out[1].dtype = past ? past->dtype : q->dtype;
+        return KF_OK;
+    }
+    if ((q->dims[2] >= 0 && q->dims[2] % p.hq) || (v->dims[2] >= 0 && v->dims[2] % p.hkv))
+        return kf_nn_fail(n, KF_ERR_SHAPE, "hidden sizes %lld and %lld do not split into %lld and %lld heads",
+                          (long long)q->dims[2], (long long)v->dims[2], (long long)p.hq, (long long)p.hkv);
+    int64_t dk = q->dims[2] >= 0 ? q->dims[2] / p.hq : -1, dv = v->dims[2] >= 0 ? v->dims[2] / p.hkv : -1;
+    out[0] = *q;
+    out[0].dims[2] = dv >= 0 ? p.hq * dv : -1;
+    out[0].syms[2] = 0;
+    if (nout > 1) {
+        out[1].dtype = past ? past->dtype : q->dtype;
+        out[1].rank = 4;
+        int64_t d[4] = {q->dims[0], p.hkv, dk, dv};
+        memcpy(out[1].dims, d, sizeof d);
+        out[1].syms[0] = q->syms[0];
+    }
+    return KF_OK;
+}
+
+kf_status kf_nn_linear_attention_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout,
+                                      kf_tensor *out) {
+    la_plan p;
+    KF_TRY(la_attrs(n, &p));
+    kf_type ty[6], to[2];
+    const kf_type *tp[6] = {NULL};
+    for (int i = 0; i < nin && i < 6; i++)
+        if (in[i]) {
+            kf_type_of_tensor(&ty[i], in[i]);
+            tp[i] = &ty[i];
+        }
+    kf_type_unknown(&to[0]);
+    kf_type_unknown(&to[1]);
+    KF_TRY(kf_nn_linear_attention_shape(n, nin < 6 ? nin : 6, tp, NULL, 2, to));
+    const kf_tensor *q = in[0], *k = in[1], *v = in[2];
+    const kf_tensor *past = nin > 3 ? in[3] : NULL, *decay = nin > 4 ? in[4] : NULL, *beta = nin > 5 ? in[5] : NULL;
+    int64_t B = q->dims[0], T = q->dims[1], dk = q->dims[2] / p.hq, dv = v->dims[2] / p.hkv, group = p.hq / p.hkv;
+    if (k->dims[0] != B || v->dims[0] != B || k->dims[1] != T || v->dims[1] != T || k->dims[2] != p.hkv * dk)
+        return kf_nn_fail(n, KF_ERR_SHAPE, "key and value must be [%lld, %lld, kv_num_heads * size]", (long long)B,
+                          (long long)T);
+    int64_t dlast = decay ? decay->dims[decay->rank - 1] : 0, blast = beta ? beta->dims[beta->rank - 1] : 0;
+    if (decay && (decay->rank != 3 || decay->dims[0] != B || decay->dims[1] != T ||
+                  (dlast != p.hkv && dlast != p.hkv * dk)))
+        return kf_nn_fail(n, KF_ERR_SHAPE, "decay must be [%lld, %lld, kv_num_heads or kv_num_heads * %lld]",
+                          (long long)B, (long long)T, (long long)dk);
+    if (beta && (beta->rank != 3 || beta->dims[0] != B || beta->dims[1] != T || (blast != p.hkv && blast != 1)))
+        return kf_nn_fail(n, KF_ERR_SHAPE, "beta must be [%lld, %lld, kv_num_heads or 1]", (long long)B, (long long)T);
+    if (past && (past->rank != 4 || past->dims[0] != B || past->dims[1] != p.hkv || past->dims[2] != dk ||
+                 past->dims[3] != dv))
+        return kf_nn_fail(n, KF_ERR_SHAPE, "past_state must be [%lld, %lld, %lld, %lld]", (long long)B,
+                          (long long)p.hkv, (long long)dk, (long long)dv);
+    for (int j = 0; j < nout && j < 2; j++)
+        if (!out[j].data) KF_TRY(kf_tensor_alloc(&out[j], to[j].dtype, to[j].rank, to[j].dims));
+    float sattr = kf_attr_f(n, "scale", 0.0f);
+    double scale = sattr == 0.0f ? 1.0 / sqrt((double)dk) : (double)sattr;
+    int64_t ssz;
+    if (!kf_mul_ok(dk, dv, &ssz)) return kf_nn_fail(n, KF_ERR_SHAPE, "state too large");
+    double *S = kf_calloc((size_t)ssz + 1, sizeof(double)), *vt = kf_calloc((size_t)dv + 1, sizeof(double));
+    if (!S || !vt) {
+        kf_free(S), kf_free(vt);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t h = 0; h < p.hkv; h++) {
+            for (int64_t e = 0; e < ssz; e++) S[e] = past ? kf_get_f64(past, (b * p.hkv + h) * ssz + e) : 0.0;
+            for (int64_t t = 0; t < T; t++) {
+                int64_t row = b * T + t;
+                const int64_t kb = row * p.hkv * dk + h * dk, vb = row * p.hkv * dv + h * dv;
+                if (decay)
+                    for (int64_t d = 0; d < dk; d++) {
+                        double g = exp(kf_get_f64(decay, row * dlast + (dlast == p.hkv ? h : h * dk + d)));
+                        for (int64_t m = 0; m < dv; m++) S[d * dv + m] *= g;
+                    }
+                for (int64_t m = 0; m < dv; m++) vt[m] = kf_get_f64(v, vb + m);
+                if (beta) {
+                    double bt = kf_get_f64(beta, row * blast + (blast == 1 ? 0 : h));
+                    for (int64_t m = 0; m < dv; m++) {
+                        double r = 0;
+                        for (int64_t d = 0; d < dk; d++) r += S[d * dv + m] * kf_get_f64(k, kb + d);
+                        vt[m] = bt * (vt[m] - r);
+                    }
+                }
+                for (int64_t d = 0; d < dk; d++) {
+                    double kd = kf_get_f64(k, kb + d);
+                    for (int64_t m = 0; m < dv; m++) S[d * dv + m] += kd * vt[m];
+                }
+                for (int64_t hq = h * group; hq < (h + 1) * group; hq++) {
+                    const int64_t qb = row * p.hq * dk + hq * dk, ob = row * p.hq * dv + hq * dv;
+                    for (int64_t m = 0; m < dv; m++) {
+                        double o = 0;
+                        for (int64_t d = 0; d < dk; d++) o += kf_get_f64(q, qb + d) * S[d * dv + m];
+                        kf_set_f64(&out[0], ob + m, scale * o);
+                    }
+                }
+            }
+            if (nout > 1)
+                for (int64_t e = 0; e < ssz; e++) kf_set_f64(&out[1], (b * p.hkv + h) * ssz + e, S[e]);
+        }
+    kf_free(S);
+    kf_free(vt);
+    return KF_OK;
 }

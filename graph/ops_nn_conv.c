@@ -4,6 +4,7 @@
  * dims, groups, dilations, strides, explicit or automatic padding. One
  * direct loop nest per direction, instantiated for double (float types) and
  * wrapping 64-bit integers (quantised types), so integer results are exact.
+ * CausalConvWithState (opset 27) is a depthwise 1-D loop of its own.
  */
 #include <math.h>
 #include <string.h>
@@ -486,4 +487,115 @@ done:
     kf_free(y);
     kf_free(ws);
     return st;
+}
+
+/* ---- CausalConvWithState (opset 27) ------------------------------------------------- */
+
+/*
+ * A causal depthwise 1-D convolution with a carried state, for decoding one
+ * chunk at a time. x [B, C, L], weight [C, 1, k], bias [C], past [B, C, k-1]
+ * (zeros when absent). Over padded = past ++ x along the length:
+ *
+ *   y[b, c, t]          = bias[c] + sum_j w[c, 0, j] * padded[b, c, t + j]
+ *   present[b, c, 0..k-1) = the last k-1 positions of padded
+ *
+ * then y rounds to x's type and, for activation "silu"/"swish", becomes
+ * y * sigmoid(y) in float32, as ONNX's reference computes it.
+ */
+static const kf_dtype ccs_types[] = {KF_DT_FLOAT, KF_DT_FLOAT16, KF_DT_BFLOAT16, KF_DT_DOUBLE, KF_DT_UNDEFINED};
+
+static kf_status ccs_activation(const kf_node *n, bool *silu) {
+    const char *a = kf_attr_s(n, "activation", "none");
+    *silu = !strcmp(a, "silu") || !strcmp(a, "swish");
+    if (!*silu && strcmp(a, "none"))
+        return kf_nn_fail(n, KF_ERR_BAD_MODEL, "activation '%s' is not none, silu or swish", a);
+    return KF_OK;
+}
+
+kf_status kf_nn_causal_conv_shape(const kf_node *n, int nin, const kf_type *const *in,
+                                  const kf_tensor *const *val, int nout, kf_type *out) {
+    (void)val;
+    bool silu;
+    KF_TRY(ccs_activation(n, &silu));
+    if (nin < 2 || !in[0] || !in[1]) return KF_OK;
+    const kf_type *x = in[0], *w = in[1];
+    const char *names[4] = {"input", "weight", "bias", "past_state"};
+    for (int i = 0; i < nin && i < 4; i++) {
+        if (!in[i]) continue;
+        KF_TRY(kf_nn_check_dtype(n, in[i]->dtype, names[i], ccs_types));
+        if (x->dtype && in[i]->dtype && in[i]->dtype != x->dtype)
+            return kf_nn_fail(n, KF_ERR_SHAPE, "%s is %s, input %s", names[i], kf_dtype_name(in[i]->dtype),
+                              kf_dtype_name(x->dtype));
+    }
+    if ((x->rank >= 0 && x->rank != 3) || (w->rank >= 0 && w->rank != 3))
+        return kf_nn_fail(n, KF_ERR_SHAPE, "input and weight must be rank 3, they have %d and %d", x->rank, w->rank);
+    out[0] = *x;
+    if (nout > 1) {
+        out[1].dtype = x->dtype;
+        out[1].rank = 3;
+        out[1].dims[0] = x->rank == 3 ? x->dims[0] : -1;
+        out[1].dims[1] = x->rank == 3 ? x->dims[1] : -1;
+        out[1].dims[2] = w->rank == 3 && w->dims[2] >= 1 ? w->dims[2] - 1 : -1;
+        if (x->rank == 3) {
+            out[1].syms[0] = x->syms[0];
+            out[1].syms[1] = x->syms[1];
+        }
+    }
+    if (x->rank != 3 || w->rank != 3) return KF_OK;
+    int64_t C = x->dims[1], k = w->dims[2];
+    if ((w->dims[0] >= 0 && C >= 0 && w->dims[0] != C) || (w->dims[1] >= 0 && w->dims[1] != 1) || k == 0)
+        return kf_nn_fail(n, KF_ERR_SHAPE, "weight must be [channels, 1, k>=1]");
+    if (nin > 2 && in[2] && in[2]->rank >= 0 &&
+        (in[2]->rank != 1 || (in[2]->dims[0] >= 0 && C >= 0 && in[2]->dims[0] != C)))
+        return kf_nn_fail(n, KF_ERR_SHAPE, "bias must be [channels]");
+    if (nin > 3 && in[3] && in[3]->rank >= 0) {
+        const kf_type *p = in[3];
+        bool bad = p->rank != 3;
+        for (int d = 0; !bad && d < 3; d++) {
+            int64_t want = d < 2 ? x->dims[d] : (k >= 1 ? k - 1 : -1);
+            if (p->dims[d] >= 0 && want >= 0 && p->dims[d] != want) bad = true;
+        }
+        if (bad) return kf_nn_fail(n, KF_ERR_SHAPE, "past_state must be [batch, channels, k-1]");
+    }
+    return KF_OK;
+}
+
+kf_status kf_nn_causal_conv_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout,
+                                 kf_tensor *out) {
+    const kf_tensor *x = in[0], *w = in[1], *bias = nin > 2 ? in[2] : NULL, *past = nin > 3 ? in[3] : NULL;
+    kf_type ty[4], to[2];
+    const kf_type *tp[4] = {NULL, NULL, NULL, NULL};
+    for (int i = 0; i < nin && i < 4; i++)
+        if (in[i]) {
+            kf_type_of_tensor(&ty[i], in[i]);
+            tp[i] = &ty[i];
+        }
+    kf_type_unknown(&to[0]);
+    kf_type_unknown(&to[1]);
+    KF_TRY(kf_nn_causal_conv_shape(n, nin < 4 ? nin : 4, tp, NULL, 2, to));
+    bool silu;
+    KF_TRY(ccs_activation(n, &silu));
+    for (int j = 0; j < nout && j < 2; j++)
+        if (!out[j].data) KF_TRY(kf_tensor_alloc(&out[j], to[j].dtype, to[j].rank, to[j].dims));
+    int64_t B = x->dims[0], C = x->dims[1], L = x->dims[2], k = w->dims[2], h = k - 1;
+    kf_dtype dt = x->dtype;
+    for (int64_t b = 0; b < B; b++)
+        for (int64_t c = 0; c < C; c++) {
+            int64_t row = b * C + c;
+            /* padded[p]: past (or 0) for p < h, then x */
+#define PADDED(p) ((p) < h ? (past ? kf_get_f64(past, row * h + (p)) : 0.0) : kf_get_f64(x, row * L + (p)-h))
+            for (int64_t t = 0; t < L; t++) {
+                double acc = bias ? kf_get_f64(bias, c) : 0.0;
+                for (int64_t j = 0; j < k; j++) acc += kf_get_f64(w, c * k + j) * PADDED(t + j);
+                acc = kf_nn_round_to(dt, dt == KF_DT_FLOAT ? (double)(float)acc : acc);
+                if (silu) {
+                    float v = (float)acc;
+                    acc = (double)(v * (1.0f / (1.0f + expf(-v))));
+                }
+                kf_set_f64(&out[0], row * L + t, acc);
+            }
+            for (int64_t p = 0; nout > 1 && p < h; p++) kf_set_f64(&out[1], row * h + p, PADDED(L + p));
+#undef PADDED
+        }
+    return KF_OK;
 }

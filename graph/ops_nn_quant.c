@@ -3,7 +3,11 @@
  * quantisation: QuantizeLinear and DequantizeLinear (per tensor, per axis
  * and, from opset 21, per block) and DynamicQuantizeLinear. Rounding is to
  * nearest, ties to even, in float32 arithmetic as the ONNX formulas state;
- * results saturate to the integer type.
+ * results saturate to the integer type. Opset 23 lets the scale's type
+ * differ from x's and adds QuantizeLinear's `precision` (the type the
+ * division rounds to) and DequantizeLinear's `output_dtype`; 23-28 also
+ * add float8/float4/int4/int2/float6 quantised types (handled) and
+ * float8e8m0 scales (refused by name).
  */
 #include <math.h>
 #include <string.h>
@@ -12,10 +16,27 @@
 
 static const kf_dtype q_in_types[] = {KF_DT_FLOAT, KF_DT_FLOAT16, KF_DT_BFLOAT16, KF_DT_INT32,
                                       KF_DT_UNDEFINED};
-static const kf_dtype q_out_types[] = {KF_DT_INT8, KF_DT_UINT8, KF_DT_INT16, KF_DT_UINT16,
+/* The small types (graph/dtype_small.c) are read and written through
+ * kf_get_f64/kf_set_f64 like the others; float8 ignores the zero point
+ * and may not saturate, float4/float6 add it as a value. */
+static const kf_dtype q_out_types[] = {KF_DT_INT8,         KF_DT_UINT8,          KF_DT_INT16,
+                                       KF_DT_UINT16,       KF_DT_INT4,           KF_DT_UINT4,
+                                       KF_DT_INT2,         KF_DT_UINT2,          KF_DT_FLOAT8E4M3FN,
+                                       KF_DT_FLOAT8E4M3FNUZ, KF_DT_FLOAT8E5M2,   KF_DT_FLOAT8E5M2FNUZ,
+                                       KF_DT_FLOAT4E2M1,   KF_DT_FLOAT6E2M3,     KF_DT_FLOAT6E3M2,
                                        KF_DT_UNDEFINED};
-static const kf_dtype dq_in_types[] = {KF_DT_INT8,   KF_DT_UINT8, KF_DT_INT16,
-                                       KF_DT_UINT16, KF_DT_INT32, KF_DT_UNDEFINED};
+static const kf_dtype dq_in_types[] = {KF_DT_INT8,         KF_DT_UINT8,          KF_DT_INT16,
+                                       KF_DT_UINT16,       KF_DT_INT32,          KF_DT_INT4,
+                                       KF_DT_UINT4,        KF_DT_INT2,           KF_DT_UINT2,
+                                       KF_DT_FLOAT8E4M3FN, KF_DT_FLOAT8E4M3FNUZ, KF_DT_FLOAT8E5M2,
+                                       KF_DT_FLOAT8E5M2FNUZ, KF_DT_FLOAT4E2M1,   KF_DT_FLOAT6E2M3,
+                                       KF_DT_FLOAT6E3M2,   KF_DT_UNDEFINED};
+
+/* float8 quantised values carry no zero point (ONNX's reference ignores it) */
+static bool is_float8(kf_dtype dt) {
+    return dt == KF_DT_FLOAT8E4M3FN || dt == KF_DT_FLOAT8E4M3FNUZ || dt == KF_DT_FLOAT8E5M2 ||
+           dt == KF_DT_FLOAT8E5M2FNUZ;
+}
 static const kf_dtype scale_types[] = {KF_DT_FLOAT, KF_DT_FLOAT16, KF_DT_BFLOAT16, KF_DT_UNDEFINED};
 
 /* Output dtype of QuantizeLinear: the zero point's, else output_dtype
@@ -33,6 +54,27 @@ static kf_status q_out_dtype(const kf_node *n, const kf_type *zp, kf_dtype *dt) 
         return kf_nn_fail(n, KF_ERR_UNSUPPORTED, "quantised dtype %s is not supported",
                           kf_dtype_name(want));
     *dt = want;
+    return KF_OK;
+}
+
+/* A float type attribute of opset 23+ (precision, output_dtype): 0 when
+ * absent, else float/float16/bfloat16. */
+static kf_status float_attr(const kf_node *n, const char *name, kf_dtype *dt) {
+    int64_t v = kf_attr_i(n, name, 0);
+    *dt = (kf_dtype)0;
+    if (!v) return KF_OK;
+    if (!kf_dtype_valid((int)v) || !kf_nn_dtype_in((kf_dtype)v, scale_types))
+        return kf_nn_fail(n, KF_ERR_UNSUPPORTED, "%s %lld is not float, float16 or bfloat16", name, (long long)v);
+    *dt = (kf_dtype)v;
+    return KF_OK;
+}
+
+/* The output dtype of DequantizeLinear: output_dtype (opset 23), else the
+ * scale's. */
+static kf_status dq_out_dtype(const kf_node *n, kf_dtype scale, kf_dtype *dt) {
+    kf_dtype od = (kf_dtype)0;
+    if (!n->opset || n->opset >= 23) KF_TRY(float_attr(n, "output_dtype", &od));
+    *dt = od ? od : scale;
     return KF_OK;
 }
 
@@ -54,8 +96,11 @@ kf_status kf_nn_dequant_shape(const kf_node *n, int nin, const kf_type *const *i
     if (nin < 2 || !in[0]) return KF_OK;
     KF_TRY(kf_nn_check_dtype(n, in[0]->dtype, "x", dq_in_types));
     out[0] = *in[0];
-    out[0].dtype = in[1] ? in[1]->dtype : KF_DT_UNDEFINED;
-    if (in[1]) KF_TRY(kf_nn_check_dtype(n, in[1]->dtype, "x_scale", scale_types));
+    out[0].dtype = KF_DT_UNDEFINED;
+    if (in[1]) {
+        KF_TRY(kf_nn_check_dtype(n, in[1]->dtype, "x_scale", scale_types));
+        if (in[1]->dtype) KF_TRY(dq_out_dtype(n, in[1]->dtype, &out[0].dtype));
+    }
     if (nin > 2 && in[2] && in[2]->dtype && in[0]->dtype && in[2]->dtype != in[0]->dtype)
         return kf_nn_fail(n, KF_ERR_SHAPE, "x_zero_point has dtype %s, x has %s",
                           kf_dtype_name(in[2]->dtype), kf_dtype_name(in[0]->dtype));
@@ -72,8 +117,11 @@ kf_status kf_nn_dequant_shape(const kf_node *n, int nin, const kf_type *const *i
 static kf_status param_offsets(const kf_node *n, const kf_tensor *x, const kf_tensor *scale,
                                const kf_tensor *zp, int64_t **offs) {
     if (scale->numel == 0) return kf_nn_fail(n, KF_ERR_SHAPE, "scale is empty");
-    if (zp && (zp->rank != scale->rank ||
-               memcmp(zp->dims, scale->dims, sizeof(int64_t) * (size_t)scale->rank)))
+    /* a one-element scale and zero point are both per tensor, whatever
+     * their ranks ([] and [1] in ONNX's own int4/float8 tests) */
+    bool one = scale->numel == 1 && zp && zp->numel == 1;
+    if (zp && !one && (zp->rank != scale->rank ||
+                       memcmp(zp->dims, scale->dims, sizeof(int64_t) * (size_t)scale->rank)))
         return kf_nn_fail(n, KF_ERR_SHAPE, "scale and zero point must have the same shape");
     int64_t block = kf_attr_i(n, "block_size", 0);
     if (block < 0) return kf_nn_fail(n, KF_ERR_BAD_MODEL, "block_size must be >= 0");
@@ -135,11 +183,38 @@ kf_status kf_nn_quant_eval(const kf_node *n, int nin, const kf_tensor *const *in
             return st;
         }
     }
+    kf_dtype prec = (kf_dtype)0;
+    if (!n->opset || n->opset >= 23) {
+        kf_status st = float_attr(n, "precision", &prec);
+        if (st) {
+            kf_free(offs);
+            return st;
+        }
+    }
     double lo, hi;
     kf_nn_int_range(odt, &lo, &hi);
-    for (int64_t i = 0; i < x->numel; i++) {
+    bool saturate = kf_attr_i(n, "saturate", 1) != 0;
+    for (int64_t i = 0; i < x->numel && kf_dtype_is_small_float(odt); i++) {
         float s = (float)kf_get_f64(scale, offs[i]);
-        float q = (float)kf_get_f64(x, i) / s;
+        float xv = (float)kf_get_f64(x, i);
+        if (prec == KF_DT_FLOAT16 || prec == KF_DT_BFLOAT16) {
+            s = (float)kf_nn_round_to(prec, s);
+            xv = (float)kf_nn_round_to(prec, xv);
+        }
+        double q = (double)(xv / s);
+        if (prec == KF_DT_FLOAT16 || prec == KF_DT_BFLOAT16) q = kf_nn_round_to(prec, q);
+        if (!is_float8(odt) && zp) q += kf_get_f64(zp, offs[i]);
+        ((uint8_t *)out[0].data)[i] = kf_f64_to_small(odt, q, saturate || !is_float8(odt));
+    }
+    for (int64_t i = 0; i < x->numel && !kf_dtype_is_small_float(odt); i++) {
+        float s = (float)kf_get_f64(scale, offs[i]);
+        float xv = (float)kf_get_f64(x, i);
+        if (prec == KF_DT_FLOAT16 || prec == KF_DT_BFLOAT16) { /* operands and quotient in that type */
+            s = (float)kf_nn_round_to(prec, s);
+            xv = (float)kf_nn_round_to(prec, xv);
+        }
+        float q = xv / s;
+        if (prec == KF_DT_FLOAT16 || prec == KF_DT_BFLOAT16) q = (float)kf_nn_round_to(prec, q);
         double v = kf_nn_round_even((double)q) + (zp ? (double)kf_get_i64(zp, offs[i]) : 0.0);
         kf_set_f64(&out[0], i, v < lo ? lo : v > hi ? hi : v);
     }
@@ -156,16 +231,24 @@ kf_status kf_nn_dequant_eval(const kf_node *n, int nin, const kf_tensor *const *
     if (zp && zp->dtype != x->dtype)
         return kf_nn_fail(n, KF_ERR_SHAPE, "x_zero_point has dtype %s, x has %s",
                           kf_dtype_name(zp->dtype), kf_dtype_name(x->dtype));
+    kf_dtype odt;
+    KF_TRY(dq_out_dtype(n, scale->dtype, &odt));
     int64_t *offs = NULL;
     KF_TRY(param_offsets(n, x, scale, zp, &offs));
     if (!out[0].data) {
-        kf_status st = kf_tensor_alloc(&out[0], scale->dtype, x->rank, x->dims);
+        kf_status st = kf_tensor_alloc(&out[0], odt, x->rank, x->dims);
         if (st) {
             kf_free(offs);
             return st;
         }
     }
     for (int64_t i = 0; i < x->numel; i++) {
+        if (kf_dtype_is_small_float(x->dtype)) {
+            bool use_zp = zp && !is_float8(x->dtype) && x->dtype != KF_DT_FLOAT4E2M1;
+            double dx = kf_get_f64(x, i) - (use_zp ? kf_get_f64(zp, offs[i]) : 0);
+            kf_set_f64(&out[0], i, (double)(float)dx * kf_get_f64(scale, offs[i]));
+            continue;
+        }
         int64_t c = kf_get_i64(x, i) - (zp ? kf_get_i64(zp, offs[i]) : 0);
         kf_set_f64(&out[0], i, (double)c * kf_get_f64(scale, offs[i]));
     }

@@ -434,6 +434,22 @@ void kf_nn_int_range(kf_dtype dt, double *lo, double *hi) {
         *lo = 0;
         *hi = 65535;
         break;
+    case KF_DT_INT4:
+        *lo = -8;
+        *hi = 7;
+        break;
+    case KF_DT_UINT4:
+        *lo = 0;
+        *hi = 15;
+        break;
+    case KF_DT_INT2:
+        *lo = -2;
+        *hi = 1;
+        break;
+    case KF_DT_UINT2:
+        *lo = 0;
+        *hi = 3;
+        break;
     case KF_DT_INT32:
         *lo = -2147483648.0;
         *hi = 2147483647.0;

@@ -1,7 +1,7 @@
 /*
  * ops_reduce.c: shape functions and reference kernels of the axis
  * reductions: Reduce{Sum,Mean,Max,Min,Prod,L1,L2,LogSum,LogSumExp,SumSquare},
- * ArgMax/ArgMin, MeanVarianceNormalization, CumSum and TopK. Floats
+ * ArgMax/ArgMin, MeanVarianceNormalization, CumSum, CumProd and TopK. Floats
  * accumulate in double; integer sums, products and extrema are exact
  * (wrapping like the fixed-width ONNX types do). Softmax and losses live in
  * ops_reduce_softmax.c, the other normalisations in ops_reduce_norm.c.
@@ -429,11 +429,13 @@ kf_status kf_red_eval_argmin(const kf_node *n, int nin, const kf_tensor *const *
     return arg_eval(n, in, out, false);
 }
 
-/* ---- CumSum --------------------------------------------------------------- */
+/* ---- CumSum, CumProd ------------------------------------------------------ */
 
-kf_status kf_red_eval_cumsum(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
-    (void)nin;
-    (void)nout;
+/* The running sum or product along the axis input, inclusive or exclusive
+ * (the first element sees 0 or 1), forward or reversed. Floats accumulate
+ * in double and are rounded once per element; integers wrap like the
+ * fixed-width type. */
+static kf_status cumulate(const kf_node *n, const kf_tensor *const *in, kf_tensor *out, bool prod) {
     const kf_tensor *x = in[0];
     KF_TRY(red_check_numeric(n, x, 0));
     KF_TRY(kf_check_dtype(n, in[1], 1, KF_DT_INT32, KF_DT_INT64, KF_DT_UNDEFINED));
@@ -451,25 +453,37 @@ kf_status kf_red_eval_cumsum(const kf_node *n, int nin, const kf_tensor *const *
     bool exact = !kf_dtype_is_float(x->dtype);
     for (int64_t o = 0; o < outer; o++)
         for (int64_t i = 0; i < inner; i++) {
-            double facc = 0;
-            uint64_t iacc = 0; /* wraps like the fixed-width type */
+            double facc = prod ? 1 : 0;
+            uint64_t iacc = prod ? 1 : 0; /* wraps like the fixed-width type */
             for (int64_t s = 0; s < len; s++) {
                 int64_t k = reverse ? len - 1 - s : s;
                 int64_t off = (o * len + k) * inner + i;
                 if (exact) {
                     uint64_t v = kf_get_u64(x, off);
-                    if (!exclusive) iacc += v;
-                    kf_set_u64(y, off, iacc);
-                    if (exclusive) iacc += v;
+                    if (exclusive) kf_set_u64(y, off, iacc);
+                    iacc = prod ? iacc * v : iacc + v;
+                    if (!exclusive) kf_set_u64(y, off, iacc);
                 } else {
                     double v = kf_get_f64(x, off);
-                    if (!exclusive) facc += v;
-                    kf_set_f64(y, off, facc);
-                    if (exclusive) facc += v;
+                    if (exclusive) kf_set_f64(y, off, facc);
+                    facc = prod ? facc * v : facc + v;
+                    if (!exclusive) kf_set_f64(y, off, facc);
                 }
             }
         }
     return KF_OK;
+}
+
+kf_status kf_red_eval_cumsum(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
+    (void)nin;
+    (void)nout;
+    return cumulate(n, in, out, false);
+}
+
+kf_status kf_red_eval_cumprod(const kf_node *n, int nin, const kf_tensor *const *in, int nout, kf_tensor *out) {
+    (void)nin;
+    (void)nout;
+    return cumulate(n, in, out, true);
 }
 
 /* ---- TopK ----------------------------------------------------------------- */

@@ -245,12 +245,33 @@ kf_status kf_layout_range_shape(const kf_node *n, int nin, const kf_type *const 
     return range_count(n, val, &out[0].dims[0]);
 }
 
+/* Range 27's stash_type: the precision of the steps for float16 and
+ * bfloat16 outputs, float (1, the default) or double (11). */
+static kf_status range_stash(const kf_node *n, int64_t *stash) {
+    const kf_attr *a = kf_attr_find(n, "stash_type");
+    *stash = a && a->type == KF_ATTR_INT ? a->i : KF_DT_FLOAT;
+    if (*stash != KF_DT_FLOAT && *stash != KF_DT_DOUBLE)
+        return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): stash_type %lld is not float (1) or double (11)",
+                       kf_node_label(n), n->op_type, (long long)*stash);
+    return KF_OK;
+}
+
 kf_status kf_layout_range_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout,
                                kf_tensor *out) {
     KF_TRY(kf_layout_prepare(n, nin, in, nout, out, kf_layout_range_shape));
     kf_tensor *o = &out[0];
     if (kf_dtype_is_float(o->dtype)) {
         double s = kf_get_f64(in[0], 0), d = kf_get_f64(in[2], 0);
+        int64_t stash = KF_DT_DOUBLE;
+        if ((o->dtype == KF_DT_FLOAT16 || o->dtype == KF_DT_BFLOAT16) && kf_layout_opset(n) >= 27)
+            KF_TRY(range_stash(n, &stash));
+        if (stash == KF_DT_FLOAT) {
+            /* steps in float32, as numpy's arange fills a float32 array:
+             * the step is the difference of the first two values */
+            float fs = (float)s, fd = (float)(s + d) - fs;
+            for (int64_t i = 0; i < o->numel; i++) kf_set_f64(o, i, (double)(fs + (float)i * fd));
+            return KF_OK;
+        }
         for (int64_t i = 0; i < o->numel; i++) kf_set_f64(o, i, s + (double)i * d);
         return KF_OK;
     }

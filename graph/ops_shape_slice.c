@@ -306,9 +306,11 @@ static kf_status block_size(const kf_node *n, int64_t *bs) {
     return KF_OK;
 }
 
-/* DepthToSpace mode: true for CRD, false for DCR (the default). */
-static kf_status d2s_crd(const kf_node *n, bool *crd) {
-    const char *mode = kf_layout_opset(n) >= 11 ? kf_attr_s(n, "mode", "DCR") : "DCR";
+/* Block order: true for CRD, false for DCR (the default). DepthToSpace
+ * has the `mode` attribute from opset 11, SpaceToDepth from 28. */
+static kf_status block_crd(const kf_node *n, bool *crd) {
+    int64_t since = n->op == KF_OP_SPACE_TO_DEPTH ? 28 : 11;
+    const char *mode = kf_layout_opset(n) >= since ? kf_attr_s(n, "mode", "DCR") : "DCR";
     *crd = strcmp(mode, "CRD") == 0;
     if (!*crd && strcmp(mode, "DCR") != 0)
         return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): unknown mode '%s'", kf_node_label(n),
@@ -323,10 +325,8 @@ static kf_status block_shape(const kf_node *n, int nin, const kf_type *const *in
     const kf_type *x = in[0];
     int64_t bs = 0;
     KF_TRY(block_size(n, &bs));
-    if (!to_depth) {
-        bool crd;
-        KF_TRY(d2s_crd(n, &crd));
-    }
+    bool crd;
+    KF_TRY(block_crd(n, &crd));
     out[0].dtype = x->dtype;
     if (x->rank < 0) return KF_OK;
     if (x->rank != 4)
@@ -375,17 +375,26 @@ kf_status kf_layout_depthtospace_shape(const kf_node *n, int nin, const kf_type 
 }
 
 /* SpaceToDepth: x viewed as [N, C, H/b, b, W/b, b], transposed to
- * [N, b, b, C, H/b, W/b], which is the output's element order. */
+ * [N, b, b, C, H/b, W/b] (DCR) or [N, C, b, b, H/b, W/b] (CRD), which is
+ * the output's element order. */
 kf_status kf_layout_spacetodepth_eval(const kf_node *n, int nin, const kf_tensor *const *in,
                                       int nout, kf_tensor *out) {
     KF_TRY(kf_layout_prepare(n, nin, in, nout, out, kf_layout_spacetodepth_shape));
     const kf_tensor *x = in[0];
     int64_t bs = 0;
+    bool crd;
     KF_TRY(block_size(n, &bs));
+    KF_TRY(block_crd(n, &crd));
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3];
     kf_layout_view v = {.rank = 6};
     int64_t dims[6] = {N, bs, bs, C, H / bs, W / bs};
     int64_t sstr[6] = {C * H * W, W, 1, H * W, bs * W, bs};
+    if (crd) {
+        int64_t cd[6] = {N, C, bs, bs, H / bs, W / bs};
+        int64_t cs[6] = {C * H * W, H * W, W, 1, bs * W, bs};
+        memcpy(dims, cd, sizeof cd);
+        memcpy(sstr, cs, sizeof cs);
+    }
     memcpy(v.dims, dims, sizeof dims);
     memcpy(v.sstr, sstr, sizeof sstr);
     kf_strides(6, v.dims, v.dstr);
@@ -401,7 +410,7 @@ kf_status kf_layout_depthtospace_eval(const kf_node *n, int nin, const kf_tensor
     int64_t bs = 0;
     bool crd;
     KF_TRY(block_size(n, &bs));
-    KF_TRY(d2s_crd(n, &crd));
+    KF_TRY(block_crd(n, &crd));
     int64_t N = x->dims[0], C = x->dims[1], H = x->dims[2], W = x->dims[3], Co = C / (bs * bs);
     int64_t hw = H * W;
     kf_layout_view v = {.rank = 6};

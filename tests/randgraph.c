@@ -295,9 +295,45 @@ static val *partner(gen *G, const val *a, double lo, double hi, val_ok ok) {
 
 static double sigm(double x) { return 1 / (1 + exp(-x)); }
 
+/* Swish (opset 24), or SwiGLU (28) gating a value of x's shape: an existing
+ * one or a new constant. For alpha > 0, Swish(x) = x * sigmoid(alpha * x)
+ * lies between max(x, -0.279 / alpha) (its minimum is -0.2785 / alpha)
+ * and max(x, 0). */
+static bool emit_swish(gen *G, const val *x) {
+    static const float alphas[] = {1.0f, 0.5f, 1.702f};
+    float alpha = alphas[irand(&G->r, 3)];
+    double lo = x->lo >= 0 ? 0 : fmax(x->lo, -0.279 / alpha), hi = fmax(x->hi, 0);
+    kf_id in[2] = {x->id, 0};
+    int nin = 1;
+    const char *op = "Swish";
+    if (G->opset >= 28 && chance(&G->r, 0.5)) {
+        val b = {0};
+        int idx[MAX_VALS], n = 0;
+        for (int i = 0; i < G->nv; i++)
+            if (G->v[i].rank == x->rank && !memcmp(G->v[i].dims, x->dims, sizeof(int64_t) * (size_t)x->rank))
+                idx[n++] = i;
+        if (n && chance(&G->r, 0.5)) b = G->v[idx[irand(&G->r, n)]];
+        else b = *fconst(G, x->rank, x->dims, -2, 2, false);
+        double c[4] = {lo * b.lo, lo * b.hi, hi * b.lo, hi * b.hi};
+        lo = fmin(fmin(c[0], c[1]), fmin(c[2], c[3]));
+        hi = fmax(fmax(c[0], c[1]), fmax(c[2], c[3]));
+        op = "SwiGLU";
+        in[1] = b.id;
+        nin = 2;
+    }
+    if (!bounded(G, lo, hi)) return false;
+    val xv = *x;
+    kf_id out;
+    kf_node *n = mk(G, op, in, nin, &out);
+    if (alpha != 1.0f || chance(&G->r, 0.5)) attr_f(n, "alpha", alpha);
+    push(G, out, xv.rank, xv.dims, lo, hi, false);
+    return true;
+}
+
 static bool emit_unary(gen *G) {
     val *x = pick(G, NULL);
     if (!x) return false;
+    if (G->opset >= 24 && chance(&G->r, 0.12)) return emit_swish(G, x);
     static const char *ops[] = {"Relu", "Sigmoid", "Tanh", "Neg", "Abs", "Erf", "LeakyRelu", "Exp",
                                 "Log", "Sqrt", "Reciprocal", "Softplus", "Clip", "Identity", "Floor", "Sign",
                                 "HardSigmoid", "Elu", "Softsign", "Selu", "Sin", "Cos", "Ceil", "Round"};
@@ -2033,10 +2069,10 @@ kf_model *rg_generate(uint64_t seed) {
     m->nopsets = 1;
     m->ir_version = 8;
     /* 17 mostly (LayerNormalization); 18 moves every reduction's axes to an
-     * input; 20 has Gelu; 23 Attention and RotaryEmbedding; 11-13 have
-     * Softmax over a 2-D coercion (before 13) and the older
-     * Split/Squeeze/ReduceSum attribute forms */
-    static const int64_t opsets[] = {17, 17, 17, 17, 17, 18, 18, 20, 23, 23, 13, 12, 11};
+     * input; 20 has Gelu; 23 Attention and RotaryEmbedding; 28 Swish and
+     * SwiGLU; 11-13 have Softmax over a 2-D coercion (before 13) and the
+     * older Split/Squeeze/ReduceSum attribute forms */
+    static const int64_t opsets[] = {17, 17, 17, 17, 17, 18, 18, 20, 23, 23, 28, 13, 12, 11};
     G->opset = opsets[irand(&G->r, (int)(sizeof opsets / sizeof *opsets))];
     m->opsets[0].version = G->opset;
     bool fp16 = chance(&G->r, 0.15);

@@ -538,6 +538,16 @@ Test(cg, gelu_tanh_hard_sigmoid_hard_swish_on_opencl) {
     cr_assert_eq(n, 1, "one elementwise kernel, got %u", n);
 }
 
+/* Swish and SwiGLU (opset 28) with alpha attributes: one elementwise kernel */
+Test(cg, swish_and_swiglu_on_opencl) {
+    cgu_need_opencl();
+    uint32_t n;
+    check_graph("opset 28\ninput a float[6, 40]\ninput b float[6, 40]\nconst k float[] = 6\ns = Mul(a, k)\n"
+                "y = Swish(s) {alpha=0.7}\nz = SwiGLU(s, b) {alpha=1.3}\nw = Swish(s)\noutput y\noutput z\noutput w\n",
+                &n);
+    cr_assert_eq(n, 1, "one elementwise kernel, got %u", n);
+}
+
 /* NaN and infinities go through the clamps as in the reference */
 Test(cg, hard_sigmoid_hard_swish_carry_nan_on_opencl) {
     cgu_need_opencl();

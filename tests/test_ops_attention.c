@@ -730,3 +730,84 @@ Test(rotary, rejects_bad_inputs) {
     kf_tensor_release(&x3);
     kf_tensor_release(&pos);
 }
+
+/* ---- LinearAttention ---------------------------------------------------------- */
+
+/* LinearAttention (27) against its closed form rather than its recurrence:
+ * with the gated rule and a per-head decay g,
+ *   out_t = scale * sum_{s<=t} exp(g_{s+1} + ... + g_t) (q_t . k_s) v_s
+ *           + scale * exp(g_1 + ... + g_t) S0^T q_t
+ * and the linear rule is the same with g = 0. Two query heads share each
+ * kv head; present_state is the final S. The delta rules are covered by
+ * ONNX's own test data (kfuse conform); a rule that needs decay refuses
+ * to run without it. */
+Test(linear_attention, linear_and_gated_match_the_closed_form) {
+    enum { B = 2, T = 5, HQ = 4, HKV = 2, DK = 3, DV = 2, G = HQ / HKV };
+    int64_t dq[3] = {B, T, HQ * DK}, dk[3] = {B, T, HKV * DK}, dv[3] = {B, T, HKV * DV};
+    int64_t dg[3] = {B, T, HKV}, ds[4] = {B, HKV, DK, DV};
+    kf_tensor q = tu_rand(KF_DT_FLOAT, 3, dq, -1, 1), k = tu_rand(KF_DT_FLOAT, 3, dk, -1, 1);
+    kf_tensor v = tu_rand(KF_DT_FLOAT, 3, dv, -1, 1), g = tu_rand(KF_DT_FLOAT, 3, dg, -0.5, 0);
+    kf_tensor s0 = tu_rand(KF_DT_FLOAT, 4, ds, -1, 1);
+    for (int gated = 0; gated < 2; gated++) {
+        kf_node *n = mk("LinearAttention", 5, 2, 27);
+        tu_attr_s(n, "update_rule", gated ? "gated" : "linear");
+        tu_attr_i(n, "q_num_heads", HQ);
+        tu_attr_i(n, "kv_num_heads", HKV);
+        const kf_tensor *in[5] = {&q, &k, &v, &s0, gated ? &g : NULL};
+        kf_tensor out[2] = {{0}};
+        cr_assert_eq(kf_eval_node(n, 5, in, out), KF_OK, "%s", kf_last_error());
+        kf_tensor want = {0};
+        cr_assert_eq(kf_tensor_alloc(&want, KF_DT_FLOAT, 3, (int64_t[]){B, T, HQ * DV}), KF_OK);
+        double scale = 1 / sqrt((double)DK);
+        for (int b = 0; b < B; b++)
+            for (int t = 0; t < T; t++)
+                for (int hq = 0; hq < HQ; hq++) {
+                    int h = hq / G;
+                    for (int m = 0; m < DV; m++) {
+                        double o = 0, gsum = 0; /* gsum: g_{s+1} + ... + g_t */
+                        for (int s = t; s >= 0; s--) {
+                            double qk = 0;
+                            for (int d = 0; d < DK; d++)
+                                qk += kf_get_f64(&q, (b * T + t) * HQ * DK + hq * DK + d) *
+                                      kf_get_f64(&k, (b * T + s) * HKV * DK + h * DK + d);
+                            double gs = gated ? kf_get_f64(&g, (b * T + s) * HKV + h) : 0;
+                            o += exp(gsum) * qk * kf_get_f64(&v, (b * T + s) * HKV * DV + h * DV + m);
+                            gsum += gs;
+                        }
+                        double init = 0;
+                        for (int d = 0; d < DK; d++)
+                            init += kf_get_f64(&q, (b * T + t) * HQ * DK + hq * DK + d) *
+                                    kf_get_f64(&s0, ((b * HKV + h) * DK + d) * DV + m);
+                        kf_set_f64(&want, (b * T + t) * HQ * DV + hq * DV + m, scale * (o + exp(gsum) * init));
+                    }
+                }
+        check_close(&out[0], &want, 1e-5, 1e-4, gated ? "gated" : "linear");
+        /* present_state: sum_s exp(g_{s+1} + ... + g_T) k_s v_s^T + decayed S0 */
+        for (int b = 0; b < B; b++)
+            for (int h = 0; h < HKV; h++)
+                for (int d = 0; d < DK; d++)
+                    for (int m = 0; m < DV; m++) {
+                        double sd = 0, gsum = 0;
+                        for (int s = T - 1; s >= 0; s--) {
+                            sd += exp(gsum) * kf_get_f64(&k, (b * T + s) * HKV * DK + h * DK + d) *
+                                  kf_get_f64(&v, (b * T + s) * HKV * DV + h * DV + m);
+                            gsum += gated ? kf_get_f64(&g, (b * T + s) * HKV + h) : 0;
+                        }
+                        sd += exp(gsum) * kf_get_f64(&s0, ((b * HKV + h) * DK + d) * DV + m);
+                        double got = kf_get_f64(&out[1], ((b * HKV + h) * DK + d) * DV + m);
+                        cr_assert(fabs(got - sd) <= 1e-5 + 1e-4 * fabs(sd), "state %g, expected %g", got, sd);
+                    }
+        kf_tensor_release(&want);
+        kf_tensor_release(&out[0]);
+        kf_tensor_release(&out[1]);
+        tu_node_free(n);
+    }
+    kf_node *n = mk("LinearAttention", 3, 2, 27);
+    tu_attr_i(n, "q_num_heads", HQ);
+    tu_attr_i(n, "kv_num_heads", HKV);
+    const kf_tensor *in3[3] = {&q, &k, &v};
+    expect_fail(n, 3, in3, KF_ERR_BAD_MODEL, "decay"); /* gated_delta by default */
+    tu_node_free(n);
+    kf_tensor_release(&q), kf_tensor_release(&k), kf_tensor_release(&v), kf_tensor_release(&g);
+    kf_tensor_release(&s0);
+}

@@ -99,6 +99,7 @@ static double r_softsign(double x) { return x / (1 + fabs(x)); }
 static double r_mish(double x) { return x * tanh(log(1 + exp(x))); }
 static double r_gelu(double x) { return x * 0.5 * (1 + erf(x / sqrt(2))); }
 static double r_shrink(double x) { return x < -0.5 ? x : x > 0.5 ? x : 0; }
+static double r_swish(double x) { return x / (1 + exp(-x)); }
 static double r_neg(double x) { return -x; }
 static double r_recip(double x) { return 1 / x; }
 
@@ -126,7 +127,7 @@ static const struct {
     {"Celu", 12, r_celu, -5, 5},       {"ThresholdedRelu", 10, r_thr, -3, 3},
     {"Softplus", 1, r_softplus, -8, 8}, {"Softsign", 1, r_softsign, -5, 5},
     {"Mish", 18, r_mish, -5, 5},       {"Gelu", 20, r_gelu, -4, 4},
-    {"Shrink", 9, r_shrink, -2, 2},
+    {"Shrink", 9, r_shrink, -2, 2},    {"Swish", 24, r_swish, -6, 6},
 };
 
 Test(ew_unary, every_float_op_matches_its_formula) {
@@ -151,6 +152,40 @@ Test(ew_unary, every_float_op_matches_its_formula) {
             kf_tensor_release(&got);
         }
     }
+}
+
+/* Swish (24) reads alpha; SwiGLU (28) is Swish of the gate times the
+ * value, with the same alpha, and refuses shapes that would broadcast. */
+Test(ew_unary, swish_and_swiglu_with_alpha) {
+    int64_t dims[2] = {5, 9}, row[1] = {9};
+    kf_tensor a = tu_rand(KF_DT_FLOAT, 2, dims, -6, 6), b = tu_rand(KF_DT_FLOAT, 2, dims, -3, 3);
+    float alpha = (float)tu_uniform(0.3, 2.5);
+    for (int glu = 0; glu < 2; glu++) {
+        kf_node *n = mk(glu ? "SwiGLU" : "Swish", glu ? 2 : 1, glu ? 28 : 24);
+        tu_attr_f(n, "alpha", alpha);
+        const kf_tensor *in[2] = {&a, &b};
+        kf_tensor got = eval_n(n, glu ? 2 : 1, in);
+        kf_tensor want = alloc_like(KF_DT_FLOAT, 2, dims);
+        for (int64_t i = 0; i < a.numel; i++) {
+            double x = kf_get_f64(&a, i), s = x / (1 + exp(-(double)alpha * x));
+            kf_set_f64(&want, i, glu ? s * kf_get_f64(&b, i) : s);
+        }
+        expect_close(&got, &want, 1e-6, 1e-5, glu ? "SwiGLU" : "Swish");
+        tu_node_free(n);
+        kf_tensor_release(&got);
+        kf_tensor_release(&want);
+    }
+    kf_tensor r = tu_rand(KF_DT_FLOAT, 1, row, -1, 1);
+    kf_node *n = mk("SwiGLU", 2, 28);
+    const kf_tensor *bad[2] = {&a, &r};
+    expect_fail(n, 2, bad, KF_ERR_SHAPE);
+    tu_node_free(n);
+    kf_tensor i32 = tu_rand(KF_DT_INT32, 2, dims, -5, 5);
+    n = mk("Swish", 1, 24);
+    const kf_tensor *ints[1] = {&i32};
+    expect_fail(n, 1, ints, KF_ERR_SHAPE);
+    tu_node_free(n);
+    release(1, &a), release(1, &b), release(1, &r), release(1, &i32);
 }
 
 Test(ew_unary, activations_read_their_attributes) {
@@ -527,6 +562,124 @@ Test(ew_binary, bit_shift_both_directions) {
         }
         release(1, &a), release(1, &s);
     }
+}
+
+/* Opset 28: signed operands shift arithmetically to the right; counts that
+ * are negative or at least the width leave the sign fill; before 28 a
+ * signed input is refused with the node and dtype named. */
+Test(ew_binary, bit_shift_signed_from_opset_28) {
+    int64_t d[1] = {40};
+    const kf_dtype dts[2] = {KF_DT_INT8, KF_DT_INT32};
+    const int width[2] = {8, 32};
+    for (int k = 0; k < 2; k++) {
+        double lim = k ? 2e9 : 127;
+        kf_tensor a = tu_rand(dts[k], 1, d, -lim, lim), s = tu_rand(dts[k], 1, d, 0, width[k]);
+        kf_set_f64(&s, 0, -1);
+        kf_set_f64(&s, 1, width[k]);
+        kf_set_f64(&s, 2, width[k] + 3);
+        kf_set_f64(&a, 1, -5);
+        kf_set_f64(&a, 2, -7);
+        for (int dir = 0; dir < 2; dir++) {
+            kf_node *n = mk("BitShift", 2, 28);
+            tu_attr_s(n, "direction", dir ? "RIGHT" : "LEFT");
+            const kf_tensor *in[2] = {&a, &s};
+            kf_tensor got = eval_n(n, 2, in);
+            for (int i = 0; i < 40; i++) {
+                int64_t x = kf_get_i64(&a, i), sh = kf_get_i64(&s, i), w;
+                if (sh < 0 || sh >= width[k]) {
+                    w = (dir && x < 0) ? -1 : 0;
+                } else if (dir) {
+                    w = (int64_t)floor((double)x / ldexp(1, (int)sh));
+                } else { /* keep the low width bits, read back as signed */
+                    uint64_t m = (((uint64_t)x) << sh) & ((width[k] == 64 ? 0 : (1ull << width[k])) - 1);
+                    w = m >= (1ull << (width[k] - 1)) ? (int64_t)m - (int64_t)(1ull << width[k]) : (int64_t)m;
+                }
+                cr_assert_eq(kf_get_i64(&got, i), w, "%s %lld by %lld: %lld", dir ? "RIGHT" : "LEFT",
+                             (long long)x, (long long)sh, (long long)kf_get_i64(&got, i));
+            }
+            tu_node_free(n);
+            kf_tensor_release(&got);
+        }
+        kf_node *old = mk("BitShift", 2, 11);
+        tu_attr_s(old, "direction", "LEFT");
+        const kf_tensor *in[2] = {&a, &s};
+        kf_tensor out[1] = {{0}};
+        cr_assert_eq(kf_eval_node(old, 2, in, out), KF_ERR_SHAPE);
+        cr_assert(strstr(kf_last_error(), "BitShift") && strstr(kf_last_error(), kf_dtype_name(dts[k])),
+                  "%s", kf_last_error());
+        kf_tensor_release(&out[0]);
+        tu_node_free(old);
+        release(1, &a), release(1, &s);
+    }
+}
+
+/* BitCast (26): float32 <-> int32 and float64 -> uint64 keep each
+ * element's bits (checked through a union, not through the kernel's
+ * memcpy); int4 <-> uint4 keep the 4-bit code (sign-extended for int4);
+ * a width mismatch and a string input are refused naming both dtypes. */
+Test(ew_bitcast, keeps_bits_and_refuses_other_widths) {
+    int64_t d[2] = {4, 7};
+    kf_tensor f = tu_rand(KF_DT_FLOAT, 2, d, -1e6, 1e6);
+    kf_node *n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT32);
+    const kf_tensor *in[1] = {&f};
+    kf_tensor i32 = eval_n(n, 1, in);
+    cr_assert_eq(i32.dtype, KF_DT_INT32);
+    cr_assert_eq(i32.rank, 2);
+    for (int64_t i = 0; i < f.numel; i++) {
+        union { float f; int32_t i; } u = {.f = ((float *)f.data)[i]};
+        cr_assert_eq(((int32_t *)i32.data)[i], u.i, "element %lld", (long long)i);
+    }
+    tu_node_free(n);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_FLOAT);
+    const kf_tensor *back_in[1] = {&i32};
+    kf_tensor back = eval_n(n, 1, back_in);
+    cr_assert(kf_tensor_equal(&back, &f), "float -> int32 -> float changed bits");
+    tu_node_free(n);
+
+    kf_tensor g = tu_rand(KF_DT_DOUBLE, 2, d, -50, 50);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_UINT64);
+    const kf_tensor *gin[1] = {&g};
+    kf_tensor u64 = eval_n(n, 1, gin);
+    for (int64_t i = 0; i < g.numel; i++) {
+        union { double d; uint64_t u; } u = {.d = ((double *)g.data)[i]};
+        cr_assert_eq(((uint64_t *)u64.data)[i], u.u);
+    }
+    tu_node_free(n);
+
+    kf_tensor i4 = tu_rand(KF_DT_INT4, 2, d, -8, 8);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_UINT4);
+    const kf_tensor *i4in[1] = {&i4};
+    kf_tensor u4 = eval_n(n, 1, i4in);
+    for (int64_t i = 0; i < i4.numel; i++) {
+        int64_t v = kf_get_i64(&i4, i);
+        cr_assert_eq(kf_get_i64(&u4, i), v < 0 ? v + 16 : v, "int4 %lld", (long long)v);
+    }
+    tu_node_free(n);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT4);
+    const kf_tensor *u4in[1] = {&u4};
+    kf_tensor i4b = eval_n(n, 1, u4in);
+    cr_assert(kf_tensor_equal(&i4b, &i4), "int4 -> uint4 -> int4 changed values");
+    tu_node_free(n);
+
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT64);
+    expect_fail(n, 1, in, KF_ERR_SHAPE);
+    cr_assert(strstr(kf_last_error(), "float") && strstr(kf_last_error(), "int64"), "%s", kf_last_error());
+    tu_node_free(n);
+    const char *words[2] = {"ab", "cd"};
+    kf_tensor s = str_tensor(2, words);
+    n = mk("BitCast", 1, 26);
+    tu_attr_i(n, "to", KF_DT_INT8);
+    const kf_tensor *sin[1] = {&s};
+    expect_fail(n, 1, sin, KF_ERR_SHAPE);
+    tu_node_free(n);
+    release(1, &f), release(1, &i32), release(1, &back), release(1, &g), release(1, &u64);
+    release(1, &i4), release(1, &u4), release(1, &i4b), release(1, &s);
 }
 
 Test(ew_binary, logic_ops_on_bool) {

@@ -269,6 +269,74 @@ Test(index_scatter_nd, bad_shapes_and_indices_fail) {
     kf_tensor_release(&up);
 }
 
+/* TensorScatter (24): cache [B, H, L, D] with update rows written from
+ * write_indices[b], linear and circular (random indices, some wrapping),
+ * axis -2 and an explicit axis 1; checked element by element against the
+ * definition; a linear write past the end, axis 0 and a mismatched update
+ * fail. */
+Test(index_tensor_scatter, linear_and_circular_match_the_definition) {
+    enum { B = 3, H = 2, L = 7, D = 4, S = 3 };
+    int64_t dp[4] = {B, H, L, D}, du[4] = {B, H, S, D}, dw[1] = {B};
+    kf_tensor past = tu_rand(KF_DT_FLOAT, 4, dp, -1, 1), upd = tu_rand(KF_DT_FLOAT, 4, du, 2, 3);
+    for (int circ = 0; circ < 2; circ++) {
+        int64_t w[B];
+        for (int b = 0; b < B; b++) w[b] = circ ? rand_int(0, 2 * L) : rand_int(0, L - S + 1);
+        kf_tensor wi = tu_i64(1, dw, w);
+        for (int with_w = 0; with_w < 2; with_w++) {
+            kf_node *n = node("TensorScatter", with_w ? 3 : 2, 1, 24);
+            if (circ) tu_attr_s(n, "mode", "circular");
+            const kf_tensor *in[3] = {&past, &upd, &wi};
+            kf_tensor out[1] = {{0}};
+            tu_eval(n, with_w ? 3 : 2, in, out);
+            for (int b = 0; b < B; b++)
+                for (int h = 0; h < H; h++)
+                    for (int l = 0; l < L; l++)
+                        for (int d = 0; d < D; d++) {
+                            int64_t start = with_w ? w[b] : 0, rel = ((l - start) % L + L) % L;
+                            bool written = circ ? rel < S : (l >= start && l < start + S);
+                            int64_t s = circ ? rel : l - start;
+                            double want = written ? kf_get_f64(&upd, ((b * H + h) * S + s) * D + d)
+                                                  : kf_get_f64(&past, ((b * H + h) * L + l) * D + d);
+                            cr_assert_eq(kf_get_f64(&out[0], ((b * H + h) * L + l) * D + d), want,
+                                         "circ %d, b %d h %d l %d d %d", circ, b, h, l, d);
+                        }
+            release(1, out);
+            tu_node_free(n);
+        }
+        kf_tensor_release(&wi);
+    }
+    /* axis 1 of a [B, L, D] cache equals axis -2 */
+    int64_t d3[3] = {B, L, D}, u3[3] = {B, S, D};
+    kf_tensor p3 = tu_rand(KF_DT_INT32, 3, d3, -100, 100), q3 = tu_rand(KF_DT_INT32, 3, u3, -100, 100);
+    kf_node *a1 = node("TensorScatter", 2, 1, 24), *a2 = node("TensorScatter", 2, 1, 24);
+    tu_attr_i(a1, "axis", 1);
+    const kf_tensor *in3[2] = {&p3, &q3};
+    kf_tensor o1[1] = {{0}}, o2[1] = {{0}};
+    tu_eval(a1, 2, in3, o1);
+    tu_eval(a2, 2, in3, o2);
+    cr_assert(kf_tensor_equal(&o1[0], &o2[0]));
+    cr_assert_eq(kf_get_i64(&o1[0], D + 1), kf_get_i64(&q3, D + 1));
+    release(1, o1), release(1, o2);
+    tu_node_free(a1), tu_node_free(a2);
+    /* errors */
+    int64_t late[B] = {0, L - S + 1, 0};
+    kf_tensor wl = tu_i64(1, dw, late);
+    kf_node *n = node("TensorScatter", 3, 1, 24);
+    const kf_tensor *bad[3] = {&past, &upd, &wl};
+    expect_fail(n, 3, bad, KF_ERR_RUNTIME);
+    tu_node_free(n);
+    n = node("TensorScatter", 2, 1, 24);
+    tu_attr_i(n, "axis", 0);
+    expect_fail(n, 2, bad, KF_ERR_BAD_MODEL);
+    tu_node_free(n);
+    n = node("TensorScatter", 2, 1, 24);
+    const kf_tensor *mism[2] = {&past, &p3};
+    expect_fail(n, 2, mism, KF_ERR_SHAPE);
+    tu_node_free(n);
+    kf_tensor_release(&wl), kf_tensor_release(&p3), kf_tensor_release(&q3);
+    kf_tensor_release(&past), kf_tensor_release(&upd);
+}
+
 Test(index_scatter_elements, float_reductions_and_old_scatter_match_a_loop) {
     const char *reds[5] = {"none", "add", "mul", "max", "min"};
     for (int r = 0; r < 6; r++) {

@@ -605,6 +605,55 @@ Test(nn_det, matches_cofactor_expansion) {
     tu_node_free(n);
 }
 
+/* CausalConvWithState (27): each output is bias + the k taps over the past
+ * state followed by the input; present_state holds the last k-1 of them
+ * (reaching into the past when the input is shorter); silu multiplies by
+ * the sigmoid. Checked against direct sums for a long and a short input,
+ * with and without past, bias and activation. */
+Test(nn_conv, causal_conv_with_state_matches_direct_sums) {
+    enum { B = 2, C = 3, K = 4, H = K - 1 };
+    for (int shape = 0; shape < 2; shape++) {
+        int64_t L = shape ? 2 : 6; /* shorter than k-1 the second time */
+        int64_t dx[3] = {B, C, L}, dw[3] = {C, 1, K}, db[1] = {C}, dp[3] = {B, C, H};
+        kf_tensor x = tu_rand(KF_DT_FLOAT, 3, dx, -2, 2), w = tu_rand(KF_DT_FLOAT, 3, dw, -1, 1);
+        kf_tensor bias = tu_rand(KF_DT_FLOAT, 1, db, -1, 1), past = tu_rand(KF_DT_FLOAT, 3, dp, -2, 2);
+        for (int variant = 0; variant < 4; variant++) {
+            bool with_past = variant & 1, silu = variant & 2;
+            kf_node *n = tu_node("CausalConvWithState", 4, 2, 27);
+            if (silu) tu_attr_s(n, "activation", variant == 3 ? "silu" : "swish");
+            const kf_tensor *in[4] = {&x, &w, silu ? &bias : NULL, with_past ? &past : NULL};
+            kf_tensor out[2] = {{0}};
+            cr_assert_eq(kf_eval_node(n, 4, in, out), KF_OK, "%s", kf_last_error());
+            cr_assert_eq(out[1].dims[2], H);
+            for (int64_t b = 0; b < B; b++)
+                for (int64_t c = 0; c < C; c++) {
+                    double padded[H + 6];
+                    for (int64_t p = 0; p < H; p++) padded[p] = with_past ? at(&past, (b * C + c) * H + p) : 0;
+                    for (int64_t t = 0; t < L; t++) padded[H + t] = at(&x, (b * C + c) * L + t);
+                    for (int64_t t = 0; t < L; t++) {
+                        double s = silu ? at(&bias, c) : 0;
+                        for (int j = 0; j < K; j++) s += at(&w, c * K + j) * padded[t + j];
+                        if (silu) s = s / (1 + exp(-s));
+                        cr_assert_float_eq(at(&out[0], (b * C + c) * L + t), s, 1e-5, "y[%lld,%lld,%lld]",
+                                           (long long)b, (long long)c, (long long)t);
+                    }
+                    for (int64_t p = 0; p < H; p++)
+                        cr_assert_eq(at(&out[1], (b * C + c) * H + p), padded[L + p], "state %lld", (long long)p);
+                }
+            kf_tensor_release(&out[0]);
+            kf_tensor_release(&out[1]);
+            tu_node_free(n);
+        }
+        kf_node *bad = tu_node("CausalConvWithState", 2, 2, 27);
+        tu_attr_s(bad, "activation", "relu");
+        const kf_tensor *in2[2] = {&x, &w};
+        kf_tensor o2[2] = {{0}};
+        cr_assert_eq(kf_eval_node(bad, 2, in2, o2), KF_ERR_BAD_MODEL);
+        tu_node_free(bad);
+        kf_tensor_release(&x), kf_tensor_release(&w), kf_tensor_release(&bias), kf_tensor_release(&past);
+    }
+}
+
 /* ---- quantisation --------------------------------------------------------------------------- */
 
 Test(nn_quant, quantize_per_axis_rounds_half_even_and_saturates) {
@@ -679,6 +728,97 @@ Test(nn_quant, dequantize_per_axis_and_dynamic_quantize) {
     kf_tensor_release(&x);
     kf_tensor_release(&s);
     kf_tensor_release(&z);
+}
+
+/* Opset 23: QuantizeLinear divides in `precision` (here float16: both
+ * operands and the quotient rounded to it) with a float16 scale for
+ * float32 x; DequantizeLinear writes `output_dtype`. The small quantised
+ * types: float8 takes x / scale converted (saturating, zero point
+ * ignored), int4 rounds, adds the zero point and clips to [-8, 7], and
+ * int2 dequantises as (x - zero point) * scale; a float8e8m0 scale is
+ * refused naming node and type. */
+Test(nn_quant, opset_23_precision_output_dtype_and_refused_types) {
+    int64_t dx[2] = {4, 6};
+    kf_tensor x = tu_rand(KF_DT_FLOAT, 2, dx, -100, 100), y = {0};
+    double sv = tu_uniform(0.3, 3);
+    kf_tensor s = from(KF_DT_FLOAT16, 0, NULL, &sv);
+    kf_node *n = mk("QuantizeLinear", 2, 1, 25);
+    tu_attr_i(n, "precision", KF_DT_FLOAT16);
+    tu_attr_i(n, "output_dtype", KF_DT_INT16);
+    const kf_tensor *in[2] = {&x, &s};
+    tu_eval(n, 2, in, &y);
+    cr_assert_eq(y.dtype, KF_DT_INT16);
+    float sh = kf_half_to_float(kf_float_to_half((float)kf_get_f64(&s, 0)));
+    for (int i = 0; i < 24; i++) {
+        float xh = kf_half_to_float(kf_float_to_half((float)kf_get_f64(&x, i)));
+        float q = kf_half_to_float(kf_float_to_half(xh / sh));
+        cr_assert_eq(kf_get_i64(&y, i), (int64_t)nearbyint(q), "element %d", i);
+    }
+    kf_tensor_release(&y);
+    tu_node_free(n);
+
+    kf_tensor xi = tu_rand(KF_DT_INT8, 2, dx, -128, 128), sf = from(KF_DT_FLOAT, 0, NULL, &sv);
+    n = mk("DequantizeLinear", 2, 1, 23);
+    tu_attr_i(n, "output_dtype", KF_DT_BFLOAT16);
+    const kf_tensor *din[2] = {&xi, &sf};
+    tu_eval(n, 2, din, &y);
+    cr_assert_eq(y.dtype, KF_DT_BFLOAT16);
+    for (int i = 0; i < 24; i++) {
+        float want = kf_bf16_to_float(kf_float_to_bf16((float)(kf_get_i64(&xi, i) * kf_get_f64(&sf, 0))));
+        cr_assert_float_eq(at(&y, i), want, fabsf(want) * 1e-2f, "element %d", i);
+    }
+    kf_tensor_release(&y);
+    tu_node_free(n);
+
+    const kf_tensor *fin[2] = {&x, &sf};
+    n = mk("QuantizeLinear", 2, 1, 25);
+    tu_attr_i(n, "output_dtype", KF_DT_FLOAT8E4M3FN);
+    tu_eval(n, 2, fin, &y);
+    cr_assert_eq(y.dtype, KF_DT_FLOAT8E4M3FN);
+    for (int i = 0; i < 24; i++) {
+        float q = (float)kf_get_f64(&x, i) / (float)kf_get_f64(&sf, 0);
+        cr_assert_eq(((uint8_t *)y.data)[i], kf_f64_to_small(KF_DT_FLOAT8E4M3FN, q, true), "element %d", i);
+    }
+    kf_tensor_release(&y);
+    tu_node_free(n);
+    double zv = tu_uniform(-3, 3);
+    kf_tensor z4 = {0};
+    cr_assert_eq(kf_tensor_alloc(&z4, KF_DT_INT4, 0, NULL), KF_OK);
+    kf_set_f64(&z4, 0, nearbyint(zv));
+    const kf_tensor *qin[3] = {&x, &sf, &z4};
+    n = mk("QuantizeLinear", 3, 1, 21);
+    tu_eval(n, 3, qin, &y);
+    cr_assert_eq(y.dtype, KF_DT_INT4);
+    for (int i = 0; i < 24; i++) {
+        double v = nearbyint((float)kf_get_f64(&x, i) / (float)kf_get_f64(&sf, 0)) + nearbyint(zv);
+        cr_assert_eq(kf_get_i64(&y, i), (int64_t)(v < -8 ? -8 : v > 7 ? 7 : v), "element %d", i);
+    }
+    kf_tensor_release(&y);
+    tu_node_free(n);
+    kf_tensor x2 = {0}, z2 = {0};
+    cr_assert_eq(kf_tensor_alloc(&x2, KF_DT_INT2, 2, dx), KF_OK);
+    cr_assert_eq(kf_tensor_alloc(&z2, KF_DT_INT2, 0, NULL), KF_OK);
+    for (int i = 0; i < 24; i++) kf_set_i64(&x2, i, (int64_t)floor(tu_uniform(-2, 2)));
+    kf_set_i64(&z2, 0, -1);
+    n = mk("DequantizeLinear", 3, 1, 25);
+    const kf_tensor *in2[3] = {&x2, &sf, &z2};
+    tu_eval(n, 3, in2, &y);
+    for (int i = 0; i < 24; i++)
+        cr_assert_float_eq(at(&y, i), (float)((kf_get_i64(&x2, i) + 1) * kf_get_f64(&sf, 0)), 1e-6, "element %d", i);
+    kf_tensor_release(&y);
+    tu_node_free(n);
+    kf_tensor e8 = {0};
+    cr_assert_eq(kf_tensor_alloc(&e8, KF_DT_FLOAT8E8M0, 0, NULL), KF_OK);
+    ((uint8_t *)e8.data)[0] = 127;
+    n = mk("DequantizeLinear", 2, 1, 25);
+    const kf_tensor *ine[2] = {&x2, &e8};
+    cr_assert_neq(kf_eval_node(n, 2, ine, &y), KF_OK);
+    cr_assert(strstr(kf_last_error(), "float8e8m0") && strstr(kf_last_error(), kf_node_label(n)), "%s",
+              kf_last_error());
+    tu_node_free(n);
+    kf_tensor_release(&x2), kf_tensor_release(&z2), kf_tensor_release(&z4), kf_tensor_release(&e8);
+    kf_tensor_release(&xi), kf_tensor_release(&sf);
+    kf_tensor_release(&x), kf_tensor_release(&s);
 }
 
 Test(nn_quant, matmulinteger_and_qlinearmatmul) {

@@ -608,6 +608,60 @@ Test(red_cumsum, int64_is_exact_and_bad_axis_fails) {
     kf_tensor_release(&x);
 }
 
+/* CumProd (26): the product of the elements each position takes along the
+ * axis, for every flag; int32 products wrap like the type. */
+Test(red_cumprod, every_flag_combination_and_int32_wraps) {
+    int64_t dims[3] = {2, 6, 3};
+    kf_tensor x = tu_rand(KF_DT_FLOAT, 3, dims, 0.5, 1.8);
+    for (int64_t i = 0; i < x.numel; i += 4) kf_set_f64(&x, i, -kf_get_f64(&x, i));
+    int64_t one[1] = {1};
+    kf_tensor axis = tu_i64(1, one, (int64_t[]){1});
+    for (int excl = 0; excl < 2; excl++)
+        for (int rev = 0; rev < 2; rev++) {
+            kf_node *n = tu_node("CumProd", 2, 1, 26);
+            tu_attr_i(n, "exclusive", excl);
+            tu_attr_i(n, "reverse", rev);
+            const kf_tensor *in[2] = {&x, &axis};
+            kf_tensor out[1] = {0};
+            tu_eval(n, 2, in, out);
+            kf_tensor want = dbl(3, dims);
+            for (int64_t a = 0; a < 2; a++)
+                for (int64_t c = 0; c < 3; c++)
+                    for (int64_t b = 0; b < 6; b++) {
+                        double p = 1;
+                        for (int64_t k = 0; k < 6; k++) {
+                            bool take = rev ? (excl ? k > b : k >= b) : (excl ? k < b : k <= b);
+                            if (take) p *= kf_get_f64(&x, (a * 6 + k) * 3 + c);
+                        }
+                        ((double *)want.data)[(a * 6 + b) * 3 + c] = p;
+                    }
+            kf_tensor w = as(&want, KF_DT_FLOAT, 3, dims);
+            expect_close(&out[0], &w, 1e-6, 1e-5, "CumProd");
+            kf_tensor_release(&w);
+            kf_tensor_release(&want);
+            release(out, 1);
+            tu_node_free(n);
+        }
+    int64_t d1[1] = {5};
+    kf_tensor xi = tu_rand(KF_DT_INT32, 1, d1, 1000, 60000);
+    kf_tensor ax0 = tu_i64(0, NULL, (int64_t[]){0});
+    kf_node *n = tu_node("CumProd", 2, 1, 26);
+    const kf_tensor *in[2] = {&xi, &ax0};
+    kf_tensor out[1] = {0};
+    tu_eval(n, 2, in, out);
+    uint32_t p = 1;
+    for (int i = 0; i < 5; i++) {
+        p *= (uint32_t)kf_get_i64(&xi, i);
+        cr_assert_eq(kf_get_i64(&out[0], i), (int64_t)(int32_t)p, "element %d", i);
+    }
+    release(out, 1);
+    tu_node_free(n);
+    kf_tensor_release(&ax0);
+    kf_tensor_release(&xi);
+    kf_tensor_release(&axis);
+    kf_tensor_release(&x);
+}
+
 /* ---- TopK ---------------------------------------------------------------- */
 
 static void check_topk(const kf_tensor *x, const kf_tensor *vals, const kf_tensor *idx, int64_t k, bool largest) {

@@ -1006,6 +1006,47 @@ Test(shape_constantofshape, fills_with_value) {
     kf_tensor_release(&v);
 }
 
+/* Range 27 steps float16/bfloat16 outputs in float32 (stash_type 1, the
+ * default: the step is the difference of the first two float32 values, as
+ * numpy fills) or double (11), rounding each value once; other stash
+ * types are refused. */
+Test(shape_range, stash_type_from_opset_27) {
+    int64_t one = 1;
+    const kf_dtype dts[2] = {KF_DT_FLOAT16, KF_DT_BFLOAT16};
+    for (int k = 0; k < 2; k++) {
+        double s = tu_uniform(-300, -200), d = tu_uniform(0.5, 1.5), l = s + 600 * d + 0.25 * d;
+        kf_tensor ts = tu_tensor(dts[k], 0, &one, &s), tl = tu_tensor(dts[k], 0, &one, &l),
+                  td = tu_tensor(dts[k], 0, &one, &d);
+        double sv = kf_get_f64(&ts, 0), dv = kf_get_f64(&td, 0), lv = kf_get_f64(&tl, 0);
+        int64_t count = (int64_t)ceil((lv - sv) / dv);
+        const kf_tensor *in[3] = {&ts, &tl, &td};
+        for (int st = 0; st < 3; st++) { /* default, float, double */
+            kf_node *n = tu_node("Range", 3, 1, 27);
+            if (st) tu_attr_i(n, "stash_type", st == 1 ? KF_DT_FLOAT : KF_DT_DOUBLE);
+            kf_tensor out[1] = {{0}};
+            tu_eval(n, 3, in, out);
+            cr_assert_eq(out[0].dtype, dts[k]);
+            cr_assert_eq(out[0].dims[0], count);
+            kf_tensor want = {0};
+            cr_assert_eq(kf_tensor_alloc(&want, dts[k], 1, &count), KF_OK);
+            float fs = (float)sv, fd = (float)(sv + dv) - fs;
+            for (int64_t i = 0; i < count; i++)
+                kf_set_f64(&want, i, st == 2 ? sv + (double)i * dv : (double)(fs + (float)i * fd));
+            cr_assert(kf_tensor_equal(&out[0], &want), "Range %s stash %d", kf_dtype_name(dts[k]), st);
+            release_all(out, 1);
+            kf_tensor_release(&want);
+            tu_node_free(n);
+        }
+        kf_node *bad = tu_node("Range", 3, 1, 27);
+        tu_attr_i(bad, "stash_type", KF_DT_FLOAT16);
+        expect_fail(bad, 3, in, KF_ERR_BAD_MODEL);
+        tu_node_free(bad);
+        kf_tensor_release(&ts);
+        kf_tensor_release(&tl);
+        kf_tensor_release(&td);
+    }
+}
+
 Test(shape_range, integer_exact_and_float) {
     int64_t one = 1;
     int64_t big = ((int64_t)1 << 60) + 1 + (int64_t)tu_uniform(0, 1000);
@@ -1170,6 +1211,60 @@ Test(shape_depthtospace, dcr_crd_and_inverse) {
         }
         kf_tensor_release(&x);
     }
+}
+
+/* Opset 28 gives SpaceToDepth a mode: CRD puts block (by, bx) of channel
+ * c at c*b*b + by*b + bx; each mode is undone by DepthToSpace of the same
+ * mode. Before 28 the attribute is not read (DCR). */
+Test(shape_spacetodepth, crd_mode_from_opset_28) {
+    int64_t bs = 2, xd[4] = {2, 3, 4, 6};
+    kf_tensor x = rnd(KF_DT_FLOAT, 4, xd);
+    const kf_tensor *in[1] = {&x};
+    for (int crd = 0; crd < 2; crd++) {
+        kf_node *n = tu_node("SpaceToDepth", 1, 1, 28);
+        tu_attr_i(n, "blocksize", bs);
+        tu_attr_s(n, "mode", crd ? "CRD" : "DCR");
+        kf_tensor out[1] = {{0}};
+        tu_eval(n, 1, in, out);
+        int64_t od[4] = {2, 12, 2, 3};
+        kf_tensor want = alloc_t(x.dtype, 4, od);
+        for (int64_t e = 0; e < want.numel; e++) {
+            int64_t o[4];
+            unravel(4, od, e, o);
+            int64_t c = crd ? o[1] / (bs * bs) : o[1] % 3, blk = crd ? o[1] % (bs * bs) : o[1] / 3;
+            int64_t ii[4] = {o[0], c, o[2] * bs + blk / bs, o[3] * bs + blk % bs};
+            put(&want, e, &x, ravel(4, xd, ii));
+        }
+        assert_same(&out[0], &want, crd ? "SpaceToDepth CRD" : "SpaceToDepth DCR");
+        kf_node *m = tu_node("DepthToSpace", 1, 1, 13);
+        tu_attr_i(m, "blocksize", bs);
+        tu_attr_s(m, "mode", crd ? "CRD" : "DCR");
+        kf_tensor back[1] = {{0}};
+        const kf_tensor *bin[1] = {&out[0]};
+        tu_eval(m, 1, bin, back);
+        assert_same(&back[0], &x, "DepthToSpace(SpaceToDepth(x))");
+        release_all(back, 1);
+        tu_node_free(m);
+        if (crd) { /* at opset 13 the mode is not an attribute of SpaceToDepth */
+            kf_node *o13 = tu_node("SpaceToDepth", 1, 1, 13);
+            tu_attr_i(o13, "blocksize", bs);
+            tu_attr_s(o13, "mode", "CRD");
+            kf_tensor o2[1] = {{0}};
+            tu_eval(o13, 1, in, o2);
+            cr_assert(!kf_tensor_equal(&o2[0], &want), "opset 13 read the mode");
+            release_all(o2, 1);
+            tu_node_free(o13);
+        }
+        kf_tensor_release(&want);
+        release_all(out, 1);
+        tu_node_free(n);
+    }
+    kf_node *bad = tu_node("SpaceToDepth", 1, 1, 28);
+    tu_attr_i(bad, "blocksize", bs);
+    tu_attr_s(bad, "mode", "XYZ");
+    expect_fail(bad, 1, in, KF_ERR_BAD_MODEL);
+    tu_node_free(bad);
+    kf_tensor_release(&x);
 }
 
 Test(shape_spacetodepth, index_math_and_errors) {

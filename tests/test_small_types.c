@@ -396,3 +396,45 @@ Test(small_types, arithmetic_refuses_them_by_name_data_movement_keeps_codes) {
     kf_tensor_release(&out[0]);
     kf_tensor_release(&x);
 }
+
+/* Opsets 24 and 25 add float8e8m0 and int2/uint2 to the shape ops: Shape
+ * and Size read only the shape, Reshape moves the codes, and an op
+ * that would read them as numbers is still refused naming node and type. */
+Test(small_types, opset_25_shape_ops_take_int2_and_e8m0) {
+    int64_t dims[2] = {3, 4};
+    const kf_dtype dts[2] = {KF_DT_INT2, KF_DT_FLOAT8E8M0};
+    for (int k = 0; k < 2; k++) {
+        kf_tensor x = {0};
+        cr_assert_eq(kf_tensor_alloc(&x, dts[k], 2, dims), KF_OK);
+        for (int64_t i = 0; i < x.numel; i++)
+            ((uint8_t *)x.data)[i] = k ? (uint8_t)tu_uniform(0, 255) : (uint8_t)(int8_t)tu_uniform(-2, 2);
+        const kf_tensor *ins[1] = {&x};
+        kf_tensor out[1] = {{0}};
+        kf_node *sh = tu_node("Shape", 1, 1, 25);
+        tu_eval(sh, 1, ins, out);
+        cr_assert(out[0].numel == 2 && ((int64_t *)out[0].data)[0] == 3 && ((int64_t *)out[0].data)[1] == 4);
+        kf_tensor_release(&out[0]);
+        tu_node_free(sh);
+        kf_node *sz = tu_node("Size", 1, 1, 25);
+        tu_eval(sz, 1, ins, out);
+        cr_assert_eq(((int64_t *)out[0].data)[0], 12);
+        kf_tensor_release(&out[0]);
+        tu_node_free(sz);
+        int64_t one = 2, nd[2] = {4, 3};
+        kf_tensor shape = tu_i64(1, &one, nd);
+        const kf_tensor *rin[2] = {&x, &shape};
+        kf_node *rs = tu_node("Reshape", 2, 1, 25);
+        tu_eval(rs, 2, rin, out);
+        cr_assert_eq(out[0].dtype, dts[k]);
+        cr_assert(!memcmp(out[0].data, x.data, 12), "Reshape moved the codes");
+        kf_tensor_release(&out[0]);
+        tu_node_free(rs);
+        kf_node *neg = tu_node("Neg", 1, 1, 25);
+        cr_assert_eq(kf_eval_node(neg, 1, ins, out), KF_ERR_UNSUPPORTED);
+        cr_assert(strstr(kf_last_error(), kf_dtype_name(dts[k])) && strstr(kf_last_error(), kf_node_label(neg)), "%s",
+                  kf_last_error());
+        tu_node_free(neg);
+        kf_tensor_release(&shape);
+        kf_tensor_release(&x);
+    }
+}
