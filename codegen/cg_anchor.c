@@ -399,6 +399,21 @@ static bool anchor_value(gen *st, const kf_node *n, const gemm *gm, const char *
     return true;
 }
 
+/* The end of a tiled kernel whose header and shared arrays are written:
+ * a grid-stride loop over ntiles tiles holding body, then body released;
+ * returns ok. */
+static bool tiles_end(gen *st, kf_cg_str *s, kf_cg_str *body, int64_t ntiles, bool ok) {
+    if (ok) {
+        kf_cg_printf(s, "    for (%s tile = (%s)KF_GROUP_ID; tile < %lld; tile += (%s)KF_NUM_GROUPS) {\n", st->ity,
+                     st->ity, (long long)ntiles, st->ity);
+        kf_cg_puts(s, body->p ? body->p : "");
+        kf_cg_puts(s, "    }\n}\n");
+    }
+    if (body->oom) s->oom = true;
+    kf_cg_str_release(body);
+    return ok;
+}
+
 static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     gemm gm;
     if (!gemm_setup(st, n, &gm)) return false;
@@ -459,14 +474,8 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
         kf_cg_printf(s, "    KF_SHARED float kf_as[%d][%d];\n", GEMM_TK, GEMM_TM + 1);
         kf_cg_printf(s, "    KF_SHARED float kf_bs[%d][%d];\n", GEMM_TK, GEMM_TN);
         kf_cg_puts(s, "    const int tx = KF_LOCAL_ID % 16, ty = KF_LOCAL_ID / 16;\n");
-        kf_cg_printf(s, "    for (%s tile = (%s)KF_GROUP_ID; tile < %lld; tile += (%s)KF_NUM_GROUPS) {\n", I, I,
-                     (long long)ntiles, I);
-        kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
     }
-    if (body.oom) s->oom = true;
-    kf_cg_str_release(&body);
-    return ok;
+    return tiles_end(st, s, &body, ntiles, ok);
 }
 
 /* ---- GEMM + row reduction ----------------------------------------------------
@@ -752,14 +761,8 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
         if (r_after) kf_cg_printf(s, "    KF_SHARED float kf_row2[%lld][%lld];\n", (long long)rm, (long long)gm2.N);
         if (r) kf_cg_printf(s, "    KF_SHARED float kf_red[%d];\n", GEMM_WG);
         kf_cg_puts(s, "    const int tx = KF_LOCAL_ID % 16, ty = KF_LOCAL_ID / 16;\n");
-        kf_cg_printf(s, "    for (%s tile = (%s)KF_GROUP_ID; tile < %lld; tile += (%s)KF_NUM_GROUPS) {\n", I, I,
-                     (long long)ntiles, I);
-        kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
     }
-    if (body.oom) s->oom = true;
-    kf_cg_str_release(&body);
-    return ok;
+    return tiles_end(st, s, &body, ntiles, ok);
 }
 
 /* ---- direct convolution -----------------------------------------------------
@@ -1018,14 +1021,8 @@ static bool gen_conv_b2b(gen *st, kf_cg_str *s, const kf_node *n, const kf_node 
     if (ok) {
         header(st, s, "conv -> 1x1 conv");
         kf_cg_printf(s, "    KF_SHARED float kf_mid[%lld][%lld];\n", (long long)cv.M, (long long)P);
-        kf_cg_printf(s, "    for (%s tile = (%s)KF_GROUP_ID; tile < %lld; tile += (%s)KF_NUM_GROUPS) {\n", I, I,
-                     (long long)ntiles, I);
-        kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
     }
-    if (body.oom) s->oom = true;
-    kf_cg_str_release(&body);
-    return ok;
+    return tiles_end(st, s, &body, ntiles, ok);
 }
 
 /* The kernel of an anchor group, or false with a reason naming the node. */

@@ -372,14 +372,8 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
         kf_cg_printf(s, "    KF_SHARED %s kf_p[%lld] KF_ALIGN16;\n", T, (long long)(BQ * a->ldp));
         kf_cg_printf(s, "    KF_SHARED float kf_qr[%d];\n", 32 * a->w);
         kf_cg_puts(s, "    const int lane = KF_LOCAL_ID % 32, warp = KF_LOCAL_ID / 32;\n");
-        kf_cg_printf(s, "    for (%s tile = (%s)KF_GROUP_ID; tile < %lld; tile += (%s)KF_NUM_GROUPS) {\n", I, I,
-                     (long long)ntiles, I);
-        kf_cg_puts(s, body.p ? body.p : "");
-        kf_cg_puts(s, "    }\n}\n");
     }
-    if (body.oom) s->oom = true;
-    kf_cg_str_release(&body);
-    return ok;
+    return tiles_end(st, s, &body, ntiles, ok);
 }
 
 /* An Attention node (opset 23+) as the streaming kernel: Q, K, V of one

@@ -35,22 +35,8 @@ static const char *MODEL = "opset 13\n"
                            "output t\n";
 
 /* Each test compiles into its own cache folder, emptied and removed after. */
-static char cache_dir[64];
-
-static void use_temp_cache(void) {
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/kf-api-test-XXXXXX");
-    if (mkdtemp(cache_dir)) setenv("KFUSE_CACHE_DIR", cache_dir, 1);
-    else cache_dir[0] = 0;
-}
-
-static void remove_temp_cache(void) {
-    if (!cache_dir[0]) return;
-    kf_cache *c = NULL;
-    if (kf_cache_open(cache_dir, &c) == KF_OK) kf_cache_clear(c, NULL, NULL);
-    kf_cache_close(c);
-    rmdir(cache_dir);
-}
-
+static void use_temp_cache(void) { tu_cache_dir_begin("kf-api-test"); }
+static void remove_temp_cache(void) { tu_cache_dir_end(); }
 TestSuite(api, .init = use_temp_cache, .fini = remove_temp_cache);
 
 static void need_backend(kf_backend b) {

@@ -20,27 +20,15 @@
 #include "kf_kernels.h"
 #include "kf_onnx.h"
 #include "kfuse/kfuse.h"
+#include "test_util.h"
 
 #ifdef KF_TEST_OPENCL
 #define CL_TARGET_OPENCL_VERSION 120
 #include <CL/cl.h>
 
-static char cache_dir[64];
-
-static void use_temp_cache(void) {
-    snprintf(cache_dir, sizeof cache_dir, "/tmp/kf-apidev-test-XXXXXX");
-    if (mkdtemp(cache_dir)) setenv("KFUSE_CACHE_DIR", cache_dir, 1);
-    else cache_dir[0] = 0;
-}
-
-static void remove_temp_cache(void) {
-    if (!cache_dir[0]) return;
-    kf_cache *c = NULL;
-    if (kf_cache_open(cache_dir, &c) == KF_OK) kf_cache_clear(c, NULL, NULL);
-    kf_cache_close(c);
-    rmdir(cache_dir);
-}
-
+/* Each test compiles into its own cache folder, emptied and removed after. */
+static void use_temp_cache(void) { tu_cache_dir_begin("kf-apidev-test"); }
+static void remove_temp_cache(void) { tu_cache_dir_end(); }
 TestSuite(api_device, .init = use_temp_cache, .fini = remove_temp_cache);
 
 static void need_cl(void) {

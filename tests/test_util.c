@@ -1,5 +1,6 @@
 /* test_util.c: see test_util.h. */
 #include "test_util.h"
+#include "kf_cache.h"
 
 #include <criterion/criterion.h>
 #include <math.h>
@@ -224,4 +225,20 @@ int tu_cli_run(const char *bin, const char *env, const char *args, char *out, si
     int status = pclose(p);
     cr_assert(WIFEXITED(status), "kfuse %s did not exit normally", args);
     return WEXITSTATUS(status);
+}
+
+static char cache_dir[64];
+
+void tu_cache_dir_begin(const char *prefix) {
+    snprintf(cache_dir, sizeof cache_dir, "/tmp/%s-XXXXXX", prefix);
+    if (mkdtemp(cache_dir)) setenv("KFUSE_CACHE_DIR", cache_dir, 1);
+    else cache_dir[0] = 0;
+}
+
+void tu_cache_dir_end(void) {
+    if (!cache_dir[0]) return;
+    kf_cache *c = NULL;
+    if (kf_cache_open(cache_dir, &c) == KF_OK) kf_cache_clear(c, NULL, NULL);
+    kf_cache_close(c);
+    rmdir(cache_dir);
 }

@@ -33,6 +33,11 @@ const char *tu_source_dir(void);
 
 /* The run's seed: $KF_SEED or the clock, printed once. */
 uint64_t tu_seed(void);
+/* A suite's private kernel cache: a fresh folder under /tmp named from
+ * prefix, set as KFUSE_CACHE_DIR (tu_cache_dir_begin, a suite's .init),
+ * then emptied and removed (tu_cache_dir_end, its .fini). */
+void tu_cache_dir_begin(const char *prefix);
+void tu_cache_dir_end(void);
 double tu_uniform(double lo, double hi);
 
 /* |got - want| <= atol + rtol*|want| elementwise, NaN matches NaN, Inf
