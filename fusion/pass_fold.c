@@ -4,6 +4,12 @@
  * runs once on the reference evaluator and its outputs become initializers;
  * so do Shape and Size of a value whose type is static, and Gather of the
  * static dims out of a Shape. Constant nodes become initializers on the way.
+ * With symbolic dims, shape inference tracks what shape computations hold
+ * (kf_sym.h): one whose symbols cancel folds to its constant, and a
+ * Reshape or Expand whose target holds symbols gets a constant target
+ * instead (0 where Reshape keeps the input's dim, one -1 for the dim the
+ * rest implies, 1 where Expand keeps it), so the Shape -> Gather -> Concat
+ * chain feeding it dies.
  * A size cap keeps folding from ever inflating the model; a caller that
  * compiles the model instead of saving it may raise it (kf_pass_ctx).
  */
@@ -11,6 +17,7 @@
 #include <string.h>
 
 #include "kf_opt.h"
+#include "kf_sym.h"
 
 /* Folded outputs of one node may hold up to the larger of this and the
  * bytes of its constant inputs (attribute tensors included): small shape
@@ -208,6 +215,215 @@ static kf_status fold_gather_of_shape(kf_model *m, kf_id node, bool *done) {
     return st;
 }
 
+/* A node whose output 0 inference knows to hold constants only (a shape
+ * computation whose symbols cancelled): the output becomes them. */
+static kf_status fold_symval(kf_graph *g, kf_id node, bool *done) {
+    const kf_node *n = &g->nodes[node];
+    *done = false;
+    if (n->nout != 1 || !n->out[0]) return KF_OK;
+    const kf_value *o = &g->values[n->out[0]];
+    if (!o->symval || !kf_symvec_const(o->symval) || !kf_dtype_valid(o->type.dtype)) return KF_OK;
+    kf_tensor t = {0};
+    KF_TRY(kf_symvec_tensor(o->symval, o->type.dtype, &t));
+    kf_status st = commit(g, node, &t);
+    kf_tensor_release(&t);
+    *done = st == KF_OK;
+    return st;
+}
+
+/* The constant that can stand for a Reshape or Expand target whose
+ * contents hold symbols; false when none can. */
+static bool const_target(const kf_graph *g, const kf_node *n, const kf_symvec *s, int64_t *out) {
+    const kf_type *x = &g->values[n->in[0]].type;
+    if (x->rank < 0 || s->rank != 1) return false;
+    bool reshape = n->op == KF_OP_RESHAPE, allowzero = reshape && kf_attr_i(n, "allowzero", 0);
+    int open = -1;
+    for (int d = 0; d < s->n; d++) {
+        kf_sdim e = s->e[d];
+        if (!kf_sdim_known(e)) return false;
+        if (e.sym == 0) {
+            out[d] = e.v;
+            if (reshape && e.v == -1) {
+                if (open >= 0) return false;
+                open = d;
+            }
+            continue;
+        }
+        int dx = reshape ? d : d - (s->n - x->rank); /* Expand aligns the ends */
+        if (dx >= 0 && dx < x->rank && kf_sdim_eq(kf_type_sdim(x, dx), e) && !allowzero) {
+            out[d] = reshape ? 0 : 1;
+        } else if (reshape && open < 0) {
+            out[d] = -1;
+            open = d;
+        } else {
+            return false;
+        }
+    }
+    return true;
+}
+
+/* Targets the pass built this sweep, so equal targets share one value. */
+typedef struct target_cache {
+    kf_symvec *keys;
+    kf_id *vals;
+    uint32_t n, capk, capv;
+    kf_id *shape_of; /* [value id] -> Shape(value) output built, 0 if none */
+} target_cache;
+
+static void cache_free(target_cache *c) {
+    kf_free(c->keys);
+    kf_free(c->vals);
+    kf_free(c->shape_of);
+}
+
+static bool const_input(const kf_model *m, const kf_node *n, int i) {
+    return i < n->nin && n->in[i] && kf_value_is_constant(m, n->in[i]);
+}
+
+/* A real graph input (not an initializer) with a dim whose symbol is sym;
+ * *pos gets the dim. */
+static kf_id input_with(const kf_model *m, uint32_t sym, int *pos) {
+    const kf_graph *g = m->graph;
+    for (uint32_t i = 0; i < g->ninputs; i++) {
+        kf_id v = g->inputs[i];
+        if (kf_value_is_constant(m, v) || g->values[v].init) continue;
+        const kf_type *t = &g->values[v].type;
+        for (int d = 0; d < t->rank; d++)
+            if (t->dims[d] < 0 && t->syms[d] == sym) {
+                *pos = d;
+                return v;
+            }
+    }
+    return 0;
+}
+
+/* True when v is already the form build_target writes: Gather(Shape(a
+ * graph input), constant), or a Concat of such Gathers and constants. */
+static bool built_form(const kf_model *m, kf_id v) {
+    const kf_graph *g = m->graph;
+    kf_id p = g->values[v].producer;
+    const kf_node *n = p ? &g->nodes[p] : NULL;
+    if (!n) return false;
+    if (n->op == KF_OP_GATHER) {
+        kf_id sp = n->in[0] ? g->values[n->in[0]].producer : 0;
+        const kf_node *s = sp ? &g->nodes[sp] : NULL;
+        return s && s->op == KF_OP_SHAPE && s->in[0] && g->values[s->in[0]].is_input && const_input(m, n, 1);
+    }
+    if (n->op != KF_OP_CONCAT) return false;
+    for (int i = 0; i < n->nin; i++)
+        if (!const_input(m, n, i) && !built_form(m, n->in[i])) return false;
+    return true;
+}
+
+static kf_status add_node(kf_model *m, const char *op, kf_op code, const char *base, const kf_id *in, int nin,
+                          kf_id *out) {
+    kf_graph *g = m->graph;
+    kf_id node;
+    KF_TRY(kf_graph_fresh_value(g, base, out));
+    KF_TRY(kf_graph_add_node(g, op, "", base, in, nin, out, 1, &node));
+    g->nodes[node].op = code;
+    g->nodes[node].opset = kf_model_opset(m, "");
+    if (code == KF_OP_CONCAT) {
+        kf_attr axis = {.name = "axis", .type = KF_ATTR_INT, .i = 0};
+        KF_TRY(kf_node_add_attr(&g->nodes[node], &axis));
+    }
+    return kf_infer_node(m, node);
+}
+
+static kf_status int64_const(kf_graph *g, const int64_t *v, int n, kf_id *id) {
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    int64_t dims[1] = {n};
+    kf_status st = kf_tensor_alloc(t, KF_DT_INT64, 1, dims);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    for (int k = 0; k < n; k++) kf_set_i64(t, k, v[k]);
+    return kf_graph_add_constant(g, "shape", t, id);
+}
+
+/* The smallest computation of target s that stays: dims read off the graph
+ * inputs that carry their symbols (one Shape per input, one Gather per run
+ * of symbols), constants between, one Concat. *out 0: no input carries
+ * some symbol. */
+static kf_status build_target(kf_model *m, target_cache *c, const kf_symvec *s, kf_id *out) {
+    kf_graph *g = m->graph;
+    *out = 0;
+    for (uint32_t i = 0; i < c->n; i++)
+        if (!memcmp(&c->keys[i], s, sizeof *s)) {
+            *out = c->vals[i];
+            return KF_OK;
+        }
+    kf_id src[KF_SYMVEC_MAX];
+    int pos[KF_SYMVEC_MAX];
+    for (int d = 0; d < s->n; d++) {
+        src[d] = 0;
+        if (!kf_sdim_known(s->e[d])) return KF_OK;
+        if (s->e[d].sym && !(src[d] = input_with(m, s->e[d].sym, &pos[d]))) return KF_OK;
+    }
+    if (!c->shape_of) {
+        c->shape_of = kf_calloc(g->nvalues, sizeof(kf_id));
+        if (!c->shape_of) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    kf_id pieces[KF_SYMVEC_MAX];
+    int np = 0;
+    for (int d = 0; d < s->n;) {
+        int e = d;
+        int64_t vals[KF_SYMVEC_MAX];
+        int nv = 0;
+        if (!src[d]) {
+            while (e < s->n && !src[e]) vals[nv++] = s->e[e++].v;
+            KF_TRY(int64_const(g, vals, nv, &pieces[np++]));
+        } else {
+            kf_id from = src[d];
+            while (e < s->n && src[e] == from) vals[nv++] = pos[e++];
+            if (!c->shape_of[from]) {
+                kf_id in[1] = {from};
+                KF_TRY(add_node(m, "Shape", KF_OP_SHAPE, "input_shape", in, 1, &c->shape_of[from]));
+            }
+            kf_id idx, in[2];
+            KF_TRY(int64_const(g, vals, nv, &idx));
+            in[0] = c->shape_of[from];
+            in[1] = idx;
+            KF_TRY(add_node(m, "Gather", KF_OP_GATHER, "dims", in, 2, &pieces[np++]));
+        }
+        d = e;
+    }
+    if (np == 1 && src[0]) *out = pieces[0];
+    else KF_TRY(add_node(m, "Concat", KF_OP_CONCAT, "target", pieces, np, out));
+    KF_TRY(kf_grow((void **)&c->keys, &c->capk, c->n + 1, sizeof *c->keys));
+    KF_TRY(kf_grow((void **)&c->vals, &c->capv, c->n + 1, sizeof *c->vals));
+    c->keys[c->n] = *s;
+    c->vals[c->n++] = *out;
+    return KF_OK;
+}
+
+/* Reshape/Expand whose target inference knows symbolically: a constant
+ * target replaces it, else the smallest computation of it from the graph
+ * inputs' shapes. */
+static kf_status fold_sym_target(kf_model *m, target_cache *c, kf_id node, bool *done) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[node];
+    *done = false;
+    if (kf_node_onnx_nin(n) != 2 || !n->in[0] || !n->in[1]) return KF_OK;
+    const kf_value *t = &g->values[n->in[1]];
+    if (t->init || !t->symval || t->symval->n > KF_MAX_RANK || t->symval->rank != 1) return KF_OK;
+    int64_t vals[KF_MAX_RANK];
+    kf_id cv = 0;
+    kf_symvec key = *t->symval;
+    if (const_target(g, n, &key, vals)) {
+        KF_TRY(int64_const(g, vals, key.n, &cv));
+    } else {
+        if (built_form(m, n->in[1])) return KF_OK;
+        KF_TRY(build_target(m, c, &key, &cv));
+        if (!cv) return KF_OK;
+    }
+    KF_TRY(kf_graph_set_input(g, node, 1, cv));
+    *done = true;
+    return KF_OK;
+}
+
 kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
     kf_graph *g = m->graph;
     kf_id *order;
@@ -222,6 +438,7 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
     kf_status st = KF_OK;
+    target_cache cache = {0};
     for (uint32_t k = 0; k < norder && !st && ctx->fuel != 0; k++) {
         kf_id id = order[k];
         const kf_node *n = &g->nodes[id];
@@ -244,11 +461,15 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         } else if (n->op == KF_OP_GATHER) {
             st = fold_gather_of_shape(m, id, &done);
         }
+        if (!done && !st && (n->op == KF_OP_RESHAPE || n->op == KF_OP_EXPAND))
+            st = fold_sym_target(m, &cache, id, &done);
+        if (!done && !st) st = fold_symval(g, id, &done);
         if (!done) continue;
         ctx->changes++;
         if (ctx->fuel > 0) ctx->fuel--;
         if (ctx->trace) fprintf(stderr, "kfuse: fold at node '%s'\n", label);
     }
+    cache_free(&cache);
     kf_free(in);
     kf_free(order);
     return st;

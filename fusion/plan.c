@@ -11,6 +11,7 @@
 
 #include "kf_cost.h"
 #include "plan_int.h"
+#include "kf_sym.h"
 
 /* ---- node facts ---------------------------------------------------------- */
 
@@ -41,48 +42,14 @@ static int node_cost(kf_fclass fc) {
 
 /* ---- iteration spaces ------------------------------------------------------ */
 
-/* Are two types the same iteration space (same element count)? Symbols
- * count as independent unknowns: equal when the multiset of symbols and the
- * product of the static dims agree; 1-dims are ignored. */
+/* Are two types the same iteration space (same element count)? With
+ * symbolic dims, when the counts are equal as expressions ([N, S, 64]
+ * against [N*S, 64]); different symbols count as different. */
 pl_same pl_space_cmp(const pl_state *s, kf_id va, kf_id vb) {
     if (!va || !vb) return PL_UNKNOWN;
     if (va == vb || s->sc[va] == s->sc[vb]) return PL_SAME;
-    const kf_type *a = &s->g->values[va].type, *b = &s->g->values[vb].type;
-    if (a->rank < 0 || b->rank < 0) return PL_UNKNOWN;
-    uint32_t sa[KF_MAX_RANK], sb[KF_MAX_RANK];
-    int na = 0, nb = 0;
-    int64_t pa = 1, pb = 1;
-    for (int i = 0; i < a->rank; i++) {
-        if (a->dims[i] >= 0) {
-            if (!kf_mul_ok(pa, a->dims[i], &pa)) return PL_UNKNOWN;
-        } else if (a->syms[i]) {
-            sa[na++] = a->syms[i];
-        } else {
-            return PL_UNKNOWN;
-        }
-    }
-    for (int i = 0; i < b->rank; i++) {
-        if (b->dims[i] >= 0) {
-            if (!kf_mul_ok(pb, b->dims[i], &pb)) return PL_UNKNOWN;
-        } else if (b->syms[i]) {
-            sb[nb++] = b->syms[i];
-        } else {
-            return PL_UNKNOWN;
-        }
-    }
-    if (pa != pb || na != nb) return PL_DIFFERENT;
-    /* tiny insertion sorts: rank <= KF_MAX_RANK */
-    for (int i = 1; i < na; i++)
-        for (int j = i; j > 0 && sa[j - 1] > sa[j]; j--) {
-            uint32_t t = sa[j]; sa[j] = sa[j - 1]; sa[j - 1] = t;
-        }
-    for (int i = 1; i < nb; i++)
-        for (int j = i; j > 0 && sb[j - 1] > sb[j]; j--) {
-            uint32_t t = sb[j]; sb[j] = sb[j - 1]; sb[j - 1] = t;
-        }
-    for (int i = 0; i < na; i++)
-        if (sa[i] != sb[i]) return PL_DIFFERENT;
-    return PL_SAME;
+    int c = kf_type_numel_cmp(s->g, &s->g->values[va].type, &s->g->values[vb].type);
+    return c < 0 ? PL_UNKNOWN : c ? PL_SAME : PL_DIFFERENT;
 }
 
 /* Output shape equals input 0's shape whatever the shapes are. */
@@ -428,9 +395,11 @@ static const char *b2b_reason(pl_state *s, uint32_t ra, uint32_t rb, const kf_id
     const kf_type *to = &s->g->values[ao].type, *ti = &s->g->values[bi].type;
     if (to->rank < 2 || ti->rank < 2) return KF_REASON_B2B_OPERAND;
     int da = gemm ? to->rank - 1 : 1, db = gemm ? ti->rank - 1 : 1;
-    if (to->dims[da] < 0 || ti->dims[db] < 0) return KF_REASON_SHAPES;
-    if (to->dims[da] != ti->dims[db]) return KF_REASON_B2B_OPERAND;
-    if (R && gemm && streams_keys(s, X[0], R)) return NULL;
+    kf_sdim rowa = kf_type_sdim(to, da), rowb = kf_type_sdim(ti, db);
+    if (!kf_sdim_known(rowa) || !kf_sdim_known(rowb)) return KF_REASON_SHAPES;
+    if (!kf_sdim_eq(rowa, rowb)) return rowa.sym || rowb.sym ? KF_REASON_SHAPES : KF_REASON_B2B_OPERAND;
+    if (R && gemm && streams_keys(s, X[0], R)) return NULL; /* any row length, symbolic too */
+    if (rowa.sym) return KF_REASON_SHAPES;
     return row_fits(s, ao, to->dims[da]) ? NULL : KF_REASON_B2B_CAP;
 }
 
@@ -445,10 +414,12 @@ static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
     if (c == PL_DIFFERENT) return KF_REASON_RED_AXIS;
     const kf_type *to = &s->g->values[xo].type, *ti = &s->g->values[ri].type;
     if (to->rank < 1 || ti->rank < 1) return KF_REASON_SHAPES_RED;
-    int64_t n = to->dims[to->rank - 1];
-    if (n < 0 || ti->dims[ti->rank - 1] < 0) return KF_REASON_SHAPES_RED;
-    if (n != ti->dims[ti->rank - 1]) return KF_REASON_RED_AXIS;
-    return row_fits(s, xo, n) || streams_keys(s, x, r) ? NULL : KF_REASON_ROW_CAP;
+    kf_sdim n = kf_type_sdim(to, to->rank - 1), m = kf_type_sdim(ti, ti->rank - 1);
+    if (!kf_sdim_known(n) || !kf_sdim_known(m)) return KF_REASON_SHAPES_RED;
+    if (!kf_sdim_eq(n, m)) return n.sym || m.sym ? KF_REASON_SHAPES_RED : KF_REASON_RED_AXIS;
+    if (streams_keys(s, x, r)) return NULL; /* any row length, symbolic too */
+    if (n.sym) return KF_REASON_SHAPES_RED;
+    return row_fits(s, xo, n.v) ? NULL : KF_REASON_ROW_CAP;
 }
 
 /* Does the output of non-master node x sit in one of the union's
@@ -734,13 +705,23 @@ static bool value_const(pl_state *s, kf_id v) {
     return val->producer && s->pos[val->producer] != UINT32_MAX && s->gs[val->producer].kind == KF_GROUP_CONST;
 }
 
-/* A node needs no kernel: Constant; Shape/Size of a static shape; or any
- * non-opaque-data op whose inputs are all constant and whose outputs are
- * small static tensors (what shape inference already computes on the way). */
+/* A node needs no kernel: Constant; Shape/Size; or any non-opaque-data op
+ * whose inputs are all constant and whose outputs are small static tensors
+ * (what shape inference already computes on the way) or have symbolic
+ * dims. With symbolic dims, Shape/Size and what is computed from them and
+ * constants alone (an exporter's shape arithmetic, a position-id Range, a
+ * causal mask) are known once the shapes are: a runtime binds the dims and
+ * computes them once per shape, as a static model folds them. */
 static bool node_const(pl_state *s, const kf_node *n) {
     if (n->op == KF_OP_CONSTANT) return true;
-    if ((n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE) && n->nin >= 1 && n->in[0])
-        return kf_type_is_static(&s->g->values[n->in[0]].type);
+    if ((n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE) && n->nin >= 1 && n->in[0]) {
+        const kf_type *t = &s->g->values[n->in[0]].type;
+        if (kf_type_is_static(t) || value_const(s, n->in[0])) return true;
+        if (t->rank < 0) return false;
+        for (int d = 0; d < t->rank; d++)
+            if (t->dims[d] < 0 && !t->syms[d]) return false;
+        return true;
+    }
     if (!n->op || n->nin == 0) return false;
     for (int i = 0; i < n->nin; i++)
         if (n->in[i] && !value_const(s, n->in[i])) return false;
@@ -748,7 +729,7 @@ static bool node_const(pl_state *s, const kf_node *n) {
         if (!n->out[j]) continue;
         const kf_type *t = &s->g->values[n->out[j]].type;
         int64_t numel;
-        if (!kf_type_is_static(t) || kf_shape_numel(t->rank, t->dims, 1, &numel) || numel > KF_INFER_CONST_MAX)
+        if (kf_type_is_static(t) && (kf_shape_numel(t->rank, t->dims, 1, &numel) || numel > KF_INFER_CONST_MAX))
             return false;
     }
     return true;

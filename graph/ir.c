@@ -60,9 +60,12 @@ void kf_graph_free(kf_graph *g) {
         kf_free(v->doc);
         kf_tensor_free(v->init);
         kf_free(v->users);
+        kf_free(v->symval);
     }
     for (uint32_t i = 1; i < g->nnodes; i++) node_release(&g->nodes[i]);
     for (uint32_t i = 1; i < g->nsyms; i++) kf_free(g->syms[i]);
+    for (uint32_t i = 1; i < g->nsymx; i++) kf_free(g->symx[i]);
+    kf_free(g->symx);
     kf_free(g->values);
     kf_free(g->nodes);
     kf_free(g->syms);

@@ -8,6 +8,7 @@
 #include <string.h>
 
 #include "kf_ir.h"
+#include "kf_sym.h"
 
 /* Removes one use of v by node. Searches from the end: rewrites and DCE
  * mostly remove the newest users first, so a constant read by 100k nodes
@@ -170,16 +171,15 @@ bool kf_value_is_constant(const kf_model *m, kf_id v) {
 kf_status kf_graph_bind_sym(kf_graph *g, const char *name, int64_t value) {
     uint32_t sym = 0;
     for (uint32_t i = 1; i < g->nsyms; i++)
-        if (!strcmp(g->syms[i], name)) sym = i;
+        if (!kf_sym_is_expr(g, i) && !strcmp(g->syms[i], name)) sym = i;
     if (!sym) return kf_fail(KF_ERR_INVALID_ARG, "the model has no symbolic dimension named '%s'", name);
     if (value < 0) return kf_fail(KF_ERR_INVALID_ARG, "dimension '%s' cannot be %lld", name, (long long)value);
     for (kf_id v = 1; v < g->nvalues; v++) {
         kf_type *t = &g->values[v].type;
         for (int d = 0; d < t->rank; d++)
-            if (t->dims[d] < 0 && t->syms[d] == sym) {
-                t->dims[d] = value;
-                t->syms[d] = 0;
-            }
+            if (t->dims[d] < 0 && t->syms[d]) kf_type_set_sdim(t, d, kf_sdim_bind(g, kf_type_sdim(t, d), sym, value));
+        kf_symvec *sv = g->values[v].symval;
+        for (int k = 0; sv && k < sv->n; k++) sv->e[k] = kf_sdim_bind(g, sv->e[k], sym, value);
     }
-    return KF_OK;
+    return kf_sym_take_nomem(g);
 }

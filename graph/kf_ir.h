@@ -94,6 +94,10 @@ typedef struct kf_value {
     /* the file declared it a sequence, optional, map or sparse tensor (this
      * word, a static string), kinds kfuse has no type for; NULL otherwise */
     const char *other_kind;
+    /* what shape inference knows of the contents of a small integer value
+     * that is not a constant (Shape's output and what is computed from it;
+     * kf_sym.h), owned; NULL when nothing symbolic is known */
+    struct kf_symvec *symval;
 } kf_value;
 
 typedef struct kf_graph {
@@ -105,6 +109,13 @@ typedef struct kf_graph {
     uint32_t ninputs, noutputs, capinputs, capoutputs;
     char **syms;      /* symbolic dim names; [0] unused */
     uint32_t nsyms, capsyms;
+    /* symx[i]: the expression symbol i stands for (kf_sym.h), NULL for a
+     * name of the file; entries past nsymx are NULL */
+    struct kf_symexpr **symx;
+    uint32_t nsymx, capsymx;
+    /* an expression could not be interned for lack of memory (the dim it
+     * would have named became unknown); kf_sym_take_nomem reports it */
+    bool sym_nomem;
     char *name;
     char *doc;
     /* name -> value id hash (open addressing), rebuilt as values grow */

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kf_ref.h"
+#include "kf_sym.h"
 
 /* Records a declared shape that the graph contradicts; the computed shape
  * replaces it. Files exported with one sequence length and traced with
@@ -68,6 +69,38 @@ static kf_status merge(kf_model *m, const kf_node *n, kf_id v, kf_type *dec, con
     return KF_OK;
 }
 
+/* Runs node n's shape function on tin/vin, refined by the symbolic contents
+ * sv of shape operands, merges the result into its outputs' types and sets
+ * output 0's symbolic contents (NULL when none). */
+static kf_status infer_one(kf_model *m, kf_node *n, const kf_type **tin, const kf_tensor **vin,
+                           const kf_symvec **sv, kf_type *tout) {
+    kf_graph *g = m->graph;
+    const kf_op_info *info = kf_op_get(n->op);
+    for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
+    KF_TRY(info->shape(n, n->nin, tin, vin, n->nout, tout));
+    /* a shape operand (Reshape/Expand/ConstantOfShape/Tile/Range) that is
+     * symbolic, or constant against symbolic dims (Reshape to [-1, 64] of
+     * [batch, seq, 64] is [batch*seq, 64]) */
+    if (n->nout >= 1 && !kf_type_is_static(&tout[0])) {
+        kf_type t = tout[0];
+        if (kf_symvec_shape(g, n, tin, vin, sv, &t)) tout[0] = t;
+        KF_TRY(kf_sym_take_nomem(g));
+    }
+    for (int j = 0; j < n->nout; j++)
+        if (n->out[j]) KF_TRY(merge(m, n, n->out[j], &g->values[n->out[j]].type, &tout[j]));
+    if (n->nout < 1 || !n->out[0]) return KF_OK;
+    kf_value *o = &g->values[n->out[0]];
+    kf_free(o->symval);
+    o->symval = NULL;
+    kf_symvec v;
+    bool known = kf_symvec_node(g, n, tin, vin, sv, &v);
+    KF_TRY(kf_sym_take_nomem(g));
+    if (!known) return KF_OK;
+    if (!(o->symval = kf_malloc(sizeof v))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    *o->symval = v;
+    return KF_OK;
+}
+
 kf_status kf_infer_shapes(kf_model *m) {
     kf_graph *g = m->graph;
     kf_id *order;
@@ -79,6 +112,7 @@ kf_status kf_infer_shapes(kf_model *m) {
     const kf_tensor **vin = NULL;
     kf_type *tout = NULL;
     kf_tensor *vout = NULL;
+    const kf_symvec **sv = NULL;
     uint32_t maxio = 1;
     for (uint32_t k = 0; k < norder; k++) {
         const kf_node *n = &g->nodes[order[k]];
@@ -89,9 +123,14 @@ kf_status kf_infer_shapes(kf_model *m) {
     vin = kf_calloc(maxio, sizeof *vin);
     tout = kf_calloc(maxio, sizeof *tout);
     vout = kf_calloc(maxio, sizeof *vout);
-    if (!known || !tin || !vin || !tout || !vout) {
+    sv = kf_calloc(maxio, sizeof *sv);
+    if (!known || !tin || !vin || !tout || !vout || !sv) {
         st = kf_fail(KF_ERR_NOMEM, "out of memory");
         goto done;
+    }
+    for (kf_id v = 1; v < g->nvalues; v++) {
+        kf_free(g->values[v].symval);
+        g->values[v].symval = NULL;
     }
     for (uint32_t k = 0; k < norder && !st; k++) {
         kf_node *n = &g->nodes[order[k]];
@@ -104,13 +143,10 @@ kf_status kf_infer_shapes(kf_model *m) {
             kf_id v = n->in[i];
             tin[i] = v ? &g->values[v].type : NULL;
             vin[i] = !v ? NULL : kf_value_is_constant(m, v) ? g->values[v].init : known[v].data ? &known[v] : NULL;
+            sv[i] = v && !vin[i] ? g->values[v].symval : NULL;
             if (v && !vin[i]) all_const = false;
         }
-        for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
-        if ((st = info->shape(n, n->nin, tin, vin, n->nout, tout))) break;
-        for (int j = 0; j < n->nout && !st; j++)
-            if (n->out[j]) st = merge(m, n, n->out[j], &g->values[n->out[j]].type, &tout[j]);
-        if (st) break;
+        if ((st = infer_one(m, n, tin, vin, sv, tout))) break;
         /* small constant results let later shape functions see values */
         bool small = all_const && info->eval;
         for (int j = 0; j < n->nout && small; j++) {
@@ -118,13 +154,24 @@ kf_status kf_infer_shapes(kf_model *m) {
             small = kf_type_is_static(&tout[j]) &&
                     kf_shape_numel(tout[j].rank, tout[j].dims, 1, &cnt) == KF_OK && cnt <= KF_INFER_CONST_MAX;
         }
-        if (small && kf_eval_node(n, n->nin, vin, vout) == KF_OK) {
+        kf_status es = small ? kf_eval_node(n, n->nin, vin, vout) : KF_ERR_UNSUPPORTED;
+        if (es == KF_ERR_NOMEM) {
+            st = es;
+            break;
+        }
+        if (es == KF_OK) {
             for (int j = 0; j < n->nout; j++) {
                 if (n->out[j]) kf_tensor_move(&known[n->out[j]], &vout[j]);
                 else kf_tensor_release(&vout[j]);
             }
+        } else if (n->nout >= 1 && n->out[0]) {
+            /* a shape computation whose symbols cancelled (a static dim of
+             * a partly symbolic shape) is a constant from here on */
+            const kf_value *o = &g->values[n->out[0]];
+            if (o->symval && kf_symvec_const(o->symval) && kf_dtype_valid(o->type.dtype))
+                st = kf_symvec_tensor(o->symval, o->type.dtype, &known[n->out[0]]);
         }
-        kf_clear_error();
+        if (!st) kf_clear_error();
     }
 done:
     if (known)
@@ -134,27 +181,37 @@ done:
     kf_free(vin);
     kf_free(tout);
     kf_free(vout);
+    kf_free(sv);
     kf_free(order);
     return st;
 }
 
 kf_status kf_infer_node(kf_model *m, kf_id node) {
     kf_graph *g = m->graph;
-    const kf_node *n = &g->nodes[node];
+    kf_node *n = &g->nodes[node];
     const kf_op_info *info = kf_op_get(n->op);
     if (!info || !info->shape || n->nin > 64 || n->nout > 64) return KF_OK;
     if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max)) return KF_OK;
     const kf_type *tin[64];
     const kf_tensor *vin[64];
+    const kf_symvec *sv[64];
+    kf_tensor held[64]; /* symbolic contents that turned out constant */
     kf_type tout[64];
-    for (int i = 0; i < n->nin; i++) {
+    memset(held, 0, sizeof(kf_tensor) * (size_t)n->nin);
+    kf_status st = KF_OK;
+    for (int i = 0; i < n->nin && !st; i++) {
         kf_id v = n->in[i];
-        tin[i] = v ? &g->values[v].type : NULL;
-        vin[i] = v && kf_value_is_constant(m, v) ? g->values[v].init : NULL;
+        const kf_value *val = v ? &g->values[v] : NULL;
+        tin[i] = val ? &val->type : NULL;
+        vin[i] = val && kf_value_is_constant(m, v) ? val->init : NULL;
+        sv[i] = val && !vin[i] ? val->symval : NULL;
+        if (sv[i] && kf_symvec_const(sv[i]) && kf_dtype_valid(val->type.dtype)) {
+            st = kf_symvec_tensor(sv[i], val->type.dtype, &held[i]);
+            vin[i] = &held[i];
+            sv[i] = NULL;
+        }
     }
-    for (int j = 0; j < n->nout; j++) kf_type_unknown(&tout[j]);
-    KF_TRY(info->shape(n, n->nin, tin, vin, n->nout, tout));
-    for (int j = 0; j < n->nout; j++)
-        if (n->out[j]) KF_TRY(merge(m, n, n->out[j], &g->values[n->out[j]].type, &tout[j]));
-    return KF_OK;
+    if (!st) st = infer_one(m, n, tin, vin, sv, tout);
+    for (int i = 0; i < n->nin; i++) kf_tensor_release(&held[i]);
+    return st;
 }

@@ -367,7 +367,7 @@ uint32_t gt_count(const kf_model *m, const char *op_type) {
     return n;
 }
 
-void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins) {
+static void random_inputs(const kf_model *m, int64_t base, kf_tensor **ins, uint32_t *nins) {
     kf_id *real;
     uint32_t n;
     cr_assert_eq(kf_graph_real_inputs(m->graph, &real, &n), KF_OK);
@@ -375,7 +375,8 @@ void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins) {
     for (uint32_t i = 0; i < n; i++) {
         const kf_type *ty = &m->graph->values[real[i]].type;
         int64_t dims[KF_MAX_RANK];
-        for (int d = 0; d < ty->rank; d++) dims[d] = ty->dims[d] >= 0 ? ty->dims[d] : 3;
+        for (int d = 0; d < ty->rank; d++)
+            dims[d] = ty->dims[d] >= 0 ? ty->dims[d] : base < 0 ? 3 : base + (ty->syms[d] ? ty->syms[d] - 1 : 0);
         t[i] = tu_rand(ty->dtype, ty->rank, dims, -2, 2);
     }
     free(real);
@@ -383,10 +384,16 @@ void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins) {
     *nins = n;
 }
 
+void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins) { random_inputs(m, -1, ins, nins); }
+
 void gt_expect_same_outputs(const kf_model *a, const kf_model *b, double atol, double rtol) {
+    gt_expect_same_outputs_sized(a, b, atol, rtol, -1);
+}
+
+void gt_expect_same_outputs_sized(const kf_model *a, const kf_model *b, double atol, double rtol, int64_t base) {
     kf_tensor *ins;
     uint32_t n;
-    gt_random_inputs(a, &ins, &n);
+    random_inputs(a, base, &ins, &n);
     uint32_t no = a->graph->noutputs;
     cr_assert_eq(no, b->graph->noutputs, "output counts differ");
     kf_tensor *oa = calloc(no + 1, sizeof(kf_tensor)), *ob = calloc(no + 1, sizeof(kf_tensor));

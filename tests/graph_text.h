@@ -34,6 +34,9 @@ uint32_t gt_count(const kf_model *m, const char *op_type);
 void gt_random_inputs(const kf_model *m, kf_tensor **ins, uint32_t *nins);
 /* Runs both models on the same random inputs; asserts outputs agree. */
 void gt_expect_same_outputs(const kf_model *a, const kf_model *b, double atol, double rtol);
+/* The same with symbolic dims of a's inputs at base + (symbol id - 1), so
+ * different symbols get different sizes. */
+void gt_expect_same_outputs_sized(const kf_model *a, const kf_model *b, double atol, double rtol, int64_t base);
 /* Registers a rule pass (e.g. kf_pass_noop_rules) into a fresh rule set,
  * runs it to a fixed point on m, and returns the set with its statistics
  * and near misses (caller frees with kf_rules_free). */

@@ -1772,6 +1772,53 @@ static bool motif_attention(gen *G) {
     return true;
 }
 
+static bool rank2plus_ok(const gen *G, const val *x) {
+    (void)G;
+    return x->rank >= 2;
+}
+
+/* What exporters write for dynamic axes: the leading two dims merged by a
+ * target computed from Shape (Gather, Mul, Unsqueeze, Slice, Concat), and
+ * split back by a target read off the original's Shape; an identity on the
+ * values. Symbolic inputs make the targets symbolic (kf_sym.h); the fold
+ * pass must turn them into constants or the smallest computation. */
+static bool motif_shape_reshape(gen *G) {
+    val *x = G->opset >= 13 ? pick(G, rank2plus_ok) : NULL; /* Unsqueeze axes as an input */
+    if (!x || G->nodes + 12 > G->target) return false;
+    val xx = *x;
+    int r = xx.rank;
+    int64_t zero = 0, one = 1, two = 2, end = r, ax = 0;
+    kf_id s, g0, g1, m, u, rest, t, y, s2, h, h1, t2, z;
+    mk(G, "Shape", &xx.id, 1, &s);
+    kf_id in0[2] = {s, iconst(G, 0, NULL, &zero)}, in1[2] = {s, iconst(G, 0, NULL, &one)};
+    attr_i(mk(G, "Gather", in0, 2, &g0), "axis", 0);
+    attr_i(mk(G, "Gather", in1, 2, &g1), "axis", 0);
+    m = bin(G, "Mul", g0, g1, false);
+    kf_id uin[2] = {m, ilist(G, 1, &ax)};
+    mk(G, "Unsqueeze", uin, 2, &u);
+    kf_id sl[3] = {s, ilist(G, 1, &two), ilist(G, 1, &end)};
+    mk(G, "Slice", sl, 3, &rest);
+    kf_id cin[2] = {u, rest};
+    attr_i(mk(G, "Concat", cin, 2, &t), "axis", 0);
+    kf_id rin[2] = {xx.id, t};
+    mk(G, "Reshape", rin, 2, &y);
+    /* back: [d0, d1, rest...] from y's own shape: d0 = y.shape[0] / d1 */
+    mk(G, "Shape", &y, 1, &s2);
+    kf_id hin[2] = {s2, iconst(G, 0, NULL, &zero)};
+    attr_i(mk(G, "Gather", hin, 2, &h), "axis", 0);
+    h1 = bin(G, "Div", h, g1, false);
+    kf_id u2in[2] = {h1, ilist(G, 1, &ax)}, u3in[2] = {g1, ilist(G, 1, &ax)};
+    kf_id a2, a3;
+    mk(G, "Unsqueeze", u2in, 2, &a2);
+    mk(G, "Unsqueeze", u3in, 2, &a3);
+    kf_id c2[3] = {a2, a3, rest};
+    attr_i(mk(G, "Concat", c2, 3, &t2), "axis", 0);
+    kf_id r2[2] = {y, t2};
+    mk(G, "Reshape", r2, 2, &z);
+    push(G, z, r, xx.dims, xx.lo, xx.hi, xx.exact);
+    return true;
+}
+
 /* A graph input without size-1 or symbolic dims: Squeeze without axes
  * keeps it as it is. (Any dim derived from a symbolic one may be 1 as far
  * as the model says, so the squeezed rank would be unknown to inference;
@@ -2048,7 +2095,7 @@ static const emitter emitters[] = {
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
     {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
-    {emit_if, 2},        {emit_loop, 2},
+    {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17

@@ -16,6 +16,7 @@
 #include "kf_onnx.h"
 #include "kf_opt.h"
 #include "kf_ref.h"
+#include "kf_sym.h"
 #include "kf_run.h"
 #include "kfuse_tool.h"
 
@@ -214,6 +215,16 @@ static int cmd_info(int argc, char **argv) {
             if (!g->values[v].producer || g->nodes[g->values[v].producer].dead) continue;
             printf("  %s: ", g->values[v].name);
             print_type(g, &g->values[v].type);
+            const kf_symvec *sv = g->values[v].symval;
+            if (sv) { /* a shape computation's contents */
+                printf(" = %s", sv->rank ? "[" : "");
+                for (int k = 0; k < sv->n; k++) {
+                    kf_sdim e = sv->e[k];
+                    if (e.sym) printf("%s%s", k ? "," : "", kf_sym_name(g, e.sym));
+                    else printf("%s%lld", k ? "," : "", (long long)e.v);
+                }
+                printf("%s", sv->rank ? "]" : "");
+            }
             printf("  <- %s\n", g->nodes[g->values[v].producer].op_type);
         }
     }
