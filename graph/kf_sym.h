@@ -103,10 +103,11 @@ bool kf_symvec_node(kf_graph *g, const kf_node *n, const kf_type *const *tin, co
 /* s (all constants) as a tensor of dtype dt, rank s->rank. */
 kf_status kf_symvec_tensor(const kf_symvec *s, kf_dtype dt, kf_tensor *out);
 
-/* Output type of a node that takes a shape operand (Reshape, Expand,
- * ConstantOfShape, Tile) whose contents are symbolic: fills out[0]'s
- * rank/dims/syms (dtype left to the op's shape function) and returns true
- * when it can say more than the op's shape function did. */
+/* Output type of a node whose dims are products or quotients of symbolic
+ * ones, or come from a shape operand: Reshape, Expand, ConstantOfShape,
+ * Tile (operand symbolic, or constant against symbolic dims), Range
+ * (symbolic bounds) and Flatten. Fills out[0]'s rank/dims/syms (dtype left
+ * to the op's shape function) and returns true when it has an answer. */
 bool kf_symvec_shape(kf_graph *g, const kf_node *n, const kf_type *const *tin, const kf_tensor *const *in,
                      const kf_symvec *const *sv, kf_type *out);
 

@@ -307,6 +307,22 @@ bool kf_symvec_shape(kf_graph *g, const kf_node *n, const kf_type *const *tin, c
         kf_type_set_sdim(out, 0, cnt);
         return kf_sdim_known(cnt);
     }
+    if (n->op == KF_OP_FLATTEN) {
+        const kf_type *x = nin >= 1 ? tin[0] : NULL;
+        if (!x || x->rank < 0) return false;
+        int64_t axis = kf_attr_i(n, "axis", 1);
+        if (axis < 0) axis += x->rank;
+        if (axis < 0 || axis > x->rank) return false;
+        kf_sdim lo = kf_sdim_const(1), hi = kf_sdim_const(1);
+        for (int d = 0; d < x->rank; d++) {
+            if (d < axis) lo = kf_sdim_mul(g, lo, kf_type_sdim(x, d));
+            else hi = kf_sdim_mul(g, hi, kf_type_sdim(x, d));
+        }
+        out->rank = 2;
+        kf_type_set_sdim(out, 0, lo);
+        kf_type_set_sdim(out, 1, hi);
+        return true;
+    }
     if (n->op != KF_OP_RESHAPE && n->op != KF_OP_EXPAND && n->op != KF_OP_TILE && n->op != KF_OP_CONSTANT_OF_SHAPE)
         return false;
     int slot = n->op == KF_OP_CONSTANT_OF_SHAPE ? 0 : 1;

@@ -168,12 +168,14 @@ Test(symdim_infer, reshape_products_ranges_and_expand) {
                            "sz = Size(x)\n"
                            "e = Expand(y, s)\n"
                            "c = ConstantOfShape(s)\n"
-                           "output f, k, h, sz, e, c\n");
+                           "fl = Flatten(x) {axis=2}\n"
+                           "output f, k, h, sz, e, c, fl\n");
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
     cr_expect_str_eq(dims_text(m, "f"), "N*S,64");
     cr_expect_str_eq(dims_text(m, "k"), "S");
     cr_expect_str_eq(dims_text(m, "e"), "N,S,64");
     cr_expect_str_eq(dims_text(m, "c"), "N,S,64");
+    cr_expect_str_eq(dims_text(m, "fl"), "N*S,64");
     const kf_symvec *sz = m->graph->values[kf_graph_find(m->graph, "sz")].symval;
     cr_assert(sz && sz->n == 1 && sz->e[0].sym);
     cr_expect_str_eq(kf_sym_name(m->graph, sz->e[0].sym), "64*N*S");
