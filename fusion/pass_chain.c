@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kf_opt.h"
+#include "kf_sym.h"
 
 /* Reshape takes its target shape as an input from opset 5 on. */
 #define RESHAPE_SHAPE_INPUT_OPSET 5
@@ -135,8 +136,14 @@ static kf_status collapse_reshape_chain(kf_model *m, kf_id node, void *user, boo
     }
     if (oom) return KF_ERR_NOMEM;
     const kf_type *y = &g->values[n->out[0]].type;
-    if (!kf_type_is_static(y)) {
-        *why = "the result's shape is not static and the outer node is not a Reshape by a constant shape free of 0";
+    /* the result's dims as a target: static, or symbols kept in place (0)
+     * with at most one other (-1) */
+    int64_t target[KF_MAX_RANK];
+    kf_symvec want = {1, y->rank > 0 ? y->rank : 0, {{0, 0}}};
+    for (int d = 0; d < want.n; d++) want.e[d] = kf_type_sdim(y, d);
+    if (y->rank < 0 || !kf_symvec_target(&g->values[x].type, &want, true, false, target)) {
+        *why = "the result's shape is neither static nor its input's symbols in place with one other, and the "
+               "outer node is not a Reshape by a constant shape free of 0";
         return KF_OK;
     }
     for (int d = 0; d < y->rank; d++)
@@ -156,7 +163,7 @@ static kf_status collapse_reshape_chain(kf_model *m, kf_id node, void *user, boo
         kf_tensor_free(shape);
         return st;
     }
-    for (int d = 0; d < y->rank; d++) kf_set_i64(shape, d, y->dims[d]);
+    for (int d = 0; d < y->rank; d++) kf_set_i64(shape, d, target[d]);
     kf_id ins[2] = {x, 0};
     char base[512];
     snprintf(base, sizeof base, "%s/shape", g->values[n->out[0]].name);

@@ -231,37 +231,6 @@ static kf_status fold_symval(kf_graph *g, kf_id node, bool *done) {
     return st;
 }
 
-/* The constant that can stand for a Reshape or Expand target whose
- * contents hold symbols; false when none can. */
-static bool const_target(const kf_graph *g, const kf_node *n, const kf_symvec *s, int64_t *out) {
-    const kf_type *x = &g->values[n->in[0]].type;
-    if (x->rank < 0 || s->rank != 1) return false;
-    bool reshape = n->op == KF_OP_RESHAPE, allowzero = reshape && kf_attr_i(n, "allowzero", 0);
-    int open = -1;
-    for (int d = 0; d < s->n; d++) {
-        kf_sdim e = s->e[d];
-        if (!kf_sdim_known(e)) return false;
-        if (e.sym == 0) {
-            out[d] = e.v;
-            if (reshape && e.v == -1) {
-                if (open >= 0) return false;
-                open = d;
-            }
-            continue;
-        }
-        int dx = reshape ? d : d - (s->n - x->rank); /* Expand aligns the ends */
-        if (dx >= 0 && dx < x->rank && kf_sdim_eq(kf_type_sdim(x, dx), e) && !allowzero) {
-            out[d] = reshape ? 0 : 1;
-        } else if (reshape && open < 0) {
-            out[d] = -1;
-            open = d;
-        } else {
-            return false;
-        }
-    }
-    return true;
-}
-
 /* Targets the pass built this sweep, so equal targets share one value. */
 typedef struct target_cache {
     kf_symvec *keys;
@@ -412,7 +381,9 @@ static kf_status fold_sym_target(kf_model *m, target_cache *c, kf_id node, bool 
     int64_t vals[KF_MAX_RANK];
     kf_id cv = 0;
     kf_symvec key = *t->symval;
-    if (const_target(g, n, &key, vals)) {
+    const kf_type *x = &g->values[n->in[0]].type;
+    bool allowzero = n->op == KF_OP_RESHAPE && kf_attr_i(n, "allowzero", 0);
+    if (kf_symvec_target(x, &key, n->op == KF_OP_RESHAPE, allowzero, vals)) {
         KF_TRY(int64_const(g, vals, key.n, &cv));
     } else {
         if (built_form(m, n->in[1])) return KF_OK;

@@ -111,4 +111,11 @@ kf_status kf_symvec_tensor(const kf_symvec *s, kf_dtype dt, kf_tensor *out);
 bool kf_symvec_shape(kf_graph *g, const kf_node *n, const kf_type *const *tin, const kf_tensor *const *in,
                      const kf_symvec *const *sv, kf_type *out);
 
+/* A constant target that stands for symbolic target s of a Reshape
+ * (reshape true; allowzero as the node says) or an Expand of x: the
+ * constants of s as they are, a symbol equal to x's dim at that place as 0
+ * (Reshape keeps it; not with allowzero) or 1 (Expand keeps it), and one
+ * remaining symbol of a Reshape as -1. False when s needs more. */
+bool kf_symvec_target(const kf_type *x, const kf_symvec *s, bool reshape, bool allowzero, int64_t *out);
+
 #endif

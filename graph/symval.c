@@ -396,3 +396,31 @@ kf_status kf_symvec_tensor(const kf_symvec *s, kf_dtype dt, kf_tensor *out) {
     for (int k = 0; k < s->n; k++) kf_set_i64(out, k, s->e[k].v);
     return KF_OK;
 }
+
+bool kf_symvec_target(const kf_type *x, const kf_symvec *s, bool reshape, bool allowzero, int64_t *out) {
+    if (x->rank < 0 || s->rank != 1 || s->n > KF_MAX_RANK) return false;
+    int open = -1;
+    for (int d = 0; d < s->n; d++) {
+        kf_sdim e = s->e[d];
+        if (!kf_sdim_known(e)) return false;
+        if (e.sym == 0) {
+            if (!reshape && e.v < 0) return false;
+            out[d] = e.v;
+            if (reshape && e.v == -1) {
+                if (open >= 0) return false;
+                open = d;
+            }
+            continue;
+        }
+        int dx = reshape ? d : d - (s->n - x->rank); /* Expand aligns the ends */
+        if (dx >= 0 && dx < x->rank && kf_sdim_eq(kf_type_sdim(x, dx), e) && !allowzero) {
+            out[d] = reshape ? 0 : 1;
+        } else if (reshape && open < 0) {
+            out[d] = -1;
+            open = d;
+        } else {
+            return false;
+        }
+    }
+    return true;
+}

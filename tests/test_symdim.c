@@ -426,66 +426,11 @@ static void expect_parity(const char *name, uint32_t slack) {
 }
 
 /* bert/gpt2: the attention mask's Flatten -> Gather -> Reshape of the
- * user's mask stays a gather with computed indices (static: a reshape). */
-Test(symdim_models, bert) { expect_parity("bert", 3); }
+ * user's mask keeps a gather with computed indices (static: a reshape);
+ * gpt2's token embedding Gather also feeds the Shape its position ids are
+ * computed from, which keeps it out of the LayerNorm group. */
+Test(symdim_models, bert) { expect_parity("bert", 2); }
 Test(symdim_models, gpt2) { expect_parity("gpt2", 3); }
-/* vit: the unbind of q/k/v through Squeeze with a computed axis */
-Test(symdim_models, vit_b16) { expect_parity("vit_b16", 2); }
+Test(symdim_models, vit_b16) { expect_parity("vit_b16", 0); }
 Test(symdim_models, resnet50) { expect_parity("resnet50", 0); }
 Test(symdim_models, mobilenetv2) { expect_parity("mobilenetv2", 0); }
-
-/* ---- guards on symbolic dims -------------------------------------------------- */
-
-/* Rules whose guards ask for a rank, a last axis or equal shapes decide on
- * values whose dims are symbols and expressions: a Gelu and a LayerNorm
- * spelled out after a Reshape to [N*S, 64] whose target is computed from
- * the input's Shape, as exporters write it. */
-Test(symdim_guards, rules_fire_behind_a_computed_reshape) {
-    kf_model *m = gt_parse("opset 18\n"
-                           "input x float[N, S, 64]\n"
-                           "const i0 int64[] = 0\n"
-                           "const i1 int64[] = 1\n"
-                           "const ax int64[1] = 0\n"
-                           "const k int64[1] = 64\n"
-                           "const s2 float[] = 1.4142135\n"
-                           "const one float[] = 1\n"
-                           "const half float[] = 0.5\n"
-                           "const two float[] = 2\n"
-                           "const eps float[] = 0.00001\n"
-                           "const axes int64[1] = -1\n"
-                           "const gamma float[64] = random\n"
-                           "s = Shape(x)\n"
-                           "n = Gather(s, i0) {axis=0}\n"
-                           "l = Gather(s, i1) {axis=0}\n"
-                           "nl = Mul(n, l)\n"
-                           "u = Unsqueeze(nl, ax)\n"
-                           "t = Concat(u, k) {axis=0}\n"
-                           "f = Reshape(x, t)\n"
-                           "d = Div(f, s2)\n"
-                           "e = Erf(d)\n"
-                           "a = Add(e, one)\n"
-                           "h = Mul(f, a)\n"
-                           "g = Mul(h, half)\n"
-                           "mu = ReduceMean(g, axes)\n"
-                           "c = Sub(g, mu)\n"
-                           "sq = Pow(c, two)\n"
-                           "var = ReduceMean(sq, axes)\n"
-                           "ve = Add(var, eps)\n"
-                           "sd = Sqrt(ve)\n"
-                           "nr = Div(c, sd)\n"
-                           "y = Mul(nr, gamma)\n"
-                           "output y\n");
-    kf_model *orig = gt_copy(m);
-    kf_opt_options o;
-    kf_opt_options_default(&o);
-    kf_opt_result res;
-    cr_assert_eq(kf_optimize(m, &o, &res), KF_OK, "%s", kf_last_error());
-    cr_expect_eq(gt_count(m, "Gelu"), 1);
-    cr_expect_eq(gt_count(m, "LayerNormalization"), 1, "%s", gt_reasons(&res.rules, "layernorm_div_input"));
-    kf_rules_free(&res.rules);
-    cr_expect_eq(gt_count(m, "Shape"), 0, "the target folds to [-1, 64]");
-    cr_expect_str_eq(dims_text(m, "y"), "N*S,64");
-    expect_same_at_sizes(orig, m, 1e-5, 1e-4);
-    kf_model_free(m);
-    kf_model_free(orig);
-}
