@@ -12,9 +12,10 @@ Two exporters (--exporter, default both):
   torchscript  torch.onnx.export(dynamo=False), opset 17, constant folding; batch and
                sequence dimensions symbolic ("batch", "seq"). Into small/ and .cache/models/.
   dynamo       today's default, torch.onnx.export with no exporter options (opset 20,
-               static shapes), into small_dynamo/ and .cache/models/dynamo/; and the same
-               with dynamic_shapes (batch and sequence symbolic) into small_dynamo_dynamic/
-               and .cache/models/dynamo_dynamic/.
+               static shapes), into small_dynamo/ and .cache/models/dynamo/; and for the
+               transformers the same with dynamic_shapes (batch and sequence symbolic) into
+               small_dynamo_dynamic/ and .cache/models/dynamo_dynamic/. Saved as one file,
+               without the exporter's per-node metadata (strip_dynamo_extras).
 
 Run with bench/.venv (bench/setup_venv.sh):
 
