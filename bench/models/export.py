@@ -2,14 +2,25 @@
 """Exports real architectures from PyTorch to ONNX for kfuse's benchmarks and checks.
 
 Every model is built from its config with random weights (fixed seed); nothing is
-downloaded. Full-size models (BERT-base, GPT-2 small, ResNet-50, MobileNetV2, ViT-B/16) go
-to bench/.cache/models/<name>/ (not committed); small versions with the same op structure
-go to bench/models/small/<name>/ (committed). Each folder holds model.onnx and
-test_data_set_0/{input_N.pb, output_N.pb}, the outputs computed by PyTorch, so that
-`kfuse run --inputs` and `kfuse conform` can use it. Batch and sequence dimensions are
-symbolic ("batch", "seq"). Run with bench/.venv (bench/setup_venv.sh):
+downloaded. Full-size models (BERT-base, GPT-2 small, ResNet-50, MobileNetV2, ViT-B/16,
+a ~100M-parameter Llama) go to bench/.cache/models/<name>/ (not committed); small versions
+with the same op structure go to bench/models/small/<name>/ (committed). Each folder holds
+model.onnx and test_data_set_0/{input_N.pb, output_N.pb}, the outputs computed by PyTorch,
+so that `kfuse run --inputs` and `kfuse conform` can use it.
+
+Two exporters (--exporter, default both):
+  torchscript  torch.onnx.export(dynamo=False), opset 17, constant folding; batch and
+               sequence dimensions symbolic ("batch", "seq"). Into small/ and .cache/models/.
+  dynamo       today's default, torch.onnx.export with no exporter options (opset 20,
+               static shapes), into small_dynamo/ and .cache/models/dynamo/; and for the
+               transformers the same with dynamic_shapes (batch and sequence symbolic) into
+               small_dynamo_dynamic/ and .cache/models/dynamo_dynamic/. Saved as one file,
+               without the exporter's per-node metadata (strip_dynamo_extras).
+
+Run with bench/.venv (bench/setup_venv.sh):
 
     bench/.venv/bin/python bench/models/export.py [--small] [--full] [--only NAME ...]
+        [--exporter torchscript|dynamo|both]
 """
 import argparse
 import os
@@ -29,7 +40,13 @@ BENCH = os.path.dirname(HERE)
 SMALL_DIR = os.path.join(HERE, "small")
 FULL_DIR = os.path.join(BENCH, ".cache", "models")
 OPSET = 17
-NAMES = ["bert", "gpt2", "resnet50", "mobilenetv2", "vit_b16"]
+NAMES = ["bert", "gpt2", "resnet50", "mobilenetv2", "vit_b16", "llama"]
+# (exporter, dynamic shapes) -> (small root, full root)
+ROOTS = {
+    ("torchscript", True): (SMALL_DIR, FULL_DIR),
+    ("dynamo", False): (os.path.join(HERE, "small_dynamo"), os.path.join(FULL_DIR, "dynamo")),
+    ("dynamo", True): (os.path.join(HERE, "small_dynamo_dynamic"), os.path.join(FULL_DIR, "dynamo_dynamic")),
+}
 
 
 class HFWrap(nn.Module):
@@ -43,6 +60,20 @@ class HFWrap(nn.Module):
     def forward(self, input_ids, attention_mask):
         out = self.model(input_ids=input_ids, attention_mask=attention_mask)
         return tuple(out[k] for k in self.keys)
+
+
+def llama_config(small):
+    """LlamaConfig at a small size (2 layers: 2*2+1 = 5 RMSNorms, 2 SiLU-gated MLPs, 2
+    Softmaxes) or about 100M parameters (hidden 768, 12 layers, vocab 32000). Grouped-query
+    attention in both: half (small) or a third (full) as many key/value heads as query heads."""
+    import transformers
+    if small:
+        kw = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, vocab_size=512, max_position_embeddings=64)
+    else:
+        kw = dict(hidden_size=768, intermediate_size=2048, num_hidden_layers=12, num_attention_heads=12,
+                  num_key_value_heads=4, vocab_size=32000, max_position_embeddings=2048)
+    return transformers.LlamaConfig(attn_implementation="eager", use_cache=False, **kw)
 
 
 def small_resnet50(widths=(4, 8, 16, 32), num_classes=10):
@@ -88,9 +119,14 @@ def randomize_constant_params(module, gen):
 def build(name, small):
     """Returns (module, inputs {name: tensor}, dynamic axes, output names)."""
     gen = torch.Generator().manual_seed(1234)
-    if name in ("bert", "gpt2"):
+    if name in ("bert", "gpt2", "llama"):
         import transformers
-        if name == "bert":
+        if name == "llama":
+            cfg = llama_config(small)
+            model = HFWrap(transformers.LlamaModel(cfg), ["last_hidden_state"])
+            outs = ["last_hidden_state"]
+            dyn_out = {"last_hidden_state": {0: "batch", 1: "seq"}}
+        elif name == "bert":
             kw = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128,
                       vocab_size=512, max_position_embeddings=64) if small else {}
             cfg = transformers.BertConfig(attn_implementation="eager", **kw)
@@ -141,10 +177,43 @@ def write_tensor(path, arr, name):
         f.write(t.SerializeToString())
 
 
-def export(name, small, root):
+def dynamo_shapes(inputs, dyn):
+    """dynamic_axes ({input: {axis: name}}) as dynamo's dynamic_shapes: one Dim per name, in
+    the order of the inputs (a tuple: forward's parameter names need not be the inputs')."""
+    from torch.export import Dim
+    dims = {}
+    return tuple({ax: dims.setdefault(n, Dim(n)) for ax, n in dyn[k].items()} for k in inputs)
+
+
+def run_export(model, args, path, inputs, dyn, outs, exporter, dynamic):
+    with torch.no_grad(), warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        if exporter == "torchscript":
+            torch.onnx.export(model, args, path, dynamo=False, opset_version=OPSET, input_names=list(inputs),
+                              output_names=outs, dynamic_axes=dyn, do_constant_folding=True)
+        else:  # today's defaults; names only, so the test data lines up with the graph's inputs
+            kw = {"dynamic_shapes": dynamo_shapes(inputs, dyn)} if dynamic else {}
+            torch.onnx.export(model, args, path, input_names=list(inputs), output_names=outs, **kw)
+            strip_dynamo_extras(path)
+
+
+def strip_dynamo_extras(path):
+    """Rewrites a dynamo export as one file: the weights (which it writes to PATH.data) back
+    inside, and without the per-node metadata (Python stack traces with this machine's paths,
+    FX node text), which is most of a small model's bytes and nothing a runtime reads."""
+    m = onnx.load(path)
+    for n in m.graph.node:
+        del n.metadata_props[:]
+    onnx.save(m, path, save_as_external_data=False)
+    if os.path.exists(path + ".data"):
+        os.remove(path + ".data")
+
+
+def export(name, small, exporter, dynamic):
     torch.manual_seed(0)
     model, inputs, dyn, outs = build(name, small)
     model.eval()
+    root = ROOTS[(exporter, dynamic)][0 if small else 1]
     d = os.path.join(root, name)
     if os.path.isdir(d):
         shutil.rmtree(d)
@@ -152,10 +221,12 @@ def export(name, small, root):
     path = os.path.join(d, "model.onnx")
     args = tuple(inputs.values())
     t0 = time.perf_counter()
-    with torch.no_grad(), warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(model, args, path, dynamo=False, opset_version=OPSET, input_names=list(inputs),
-                          output_names=outs, dynamic_axes=dyn, do_constant_folding=True)
+    try:
+        run_export(model, args, path, inputs, dyn, outs, exporter, dynamic)
+    except BaseException:
+        shutil.rmtree(d)
+        raise
+    with torch.no_grad():
         expected = model(*args)
     if isinstance(expected, torch.Tensor):
         expected = (expected,)
@@ -167,7 +238,8 @@ def export(name, small, root):
         write_tensor(os.path.join(d, "test_data_set_0", f"input_{i}.pb"), v.numpy(), k)
     for i, (k, v) in enumerate(zip(outs, expected)):
         write_tensor(os.path.join(d, "test_data_set_0", f"output_{i}.pb"), v.detach().numpy(), k)
-    print(f"{name:12s} {'small' if small else 'full ':5s} {len(m.graph.node):5d} nodes "
+    kind = exporter + ("" if exporter == "torchscript" else "/dynamic" if dynamic else "/static")
+    print(f"{name:12s} {'small' if small else 'full ':5s} {kind:15s} {len(m.graph.node):5d} nodes "
           f"{os.path.getsize(path) / 1e6:8.2f} MB  {time.perf_counter() - t0:6.1f} s  {path}")
 
 
@@ -176,15 +248,29 @@ def main():
     ap.add_argument("--small", action="store_true", help="only the small models (bench/models/small)")
     ap.add_argument("--full", action="store_true", help="only the full-size models (bench/.cache/models)")
     ap.add_argument("--only", nargs="+", choices=NAMES, default=NAMES)
+    ap.add_argument("--exporter", choices=["torchscript", "dynamo", "both"], default="both")
     a = ap.parse_args()
     sizes = [True, False] if a.small == a.full else [a.small]
     torch.set_num_threads(max(1, os.cpu_count() or 1))
     # nn.MultiheadAttention's fused inference path (ViT) has no ONNX export; use the plain ops
     torch.backends.mha.set_fastpath_enabled(False)
+    kinds = [k for k in ROOTS if a.exporter in ("both", k[0])]
+    # The CNNs' one symbolic dim is the batch: their dynamic-shape exports have the static
+    # ones' nodes (122, 101) and would only add weights, so only the transformers get one.
+    dynamic_names = {"bert", "gpt2", "vit_b16", "llama"}
+    failed = 0
     for small in sizes:
         for name in a.only:
-            export(name, small, SMALL_DIR if small else FULL_DIR)
-    return 0
+            for exporter, dynamic in kinds:
+                if exporter == "dynamo" and dynamic and name not in dynamic_names:
+                    continue
+                try:
+                    export(name, small, exporter, dynamic)
+                except Exception as e:  # one export's failure is a finding: report it and go on
+                    failed += 1
+                    print(f"{name:12s} {'small' if small else 'full ':5s} {exporter}{'/dynamic' if dynamic else ''} "
+                          f"FAILED: {type(e).__name__}: {str(e)[:300]}", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
