@@ -24,9 +24,12 @@
 #define WEIGHT_QMAX 127.0
 /* Largest finite float8e4m3fn value. */
 #define FP8_MAX 448.0
-/* Quantized levels the entropy method compares against: 128, TensorRT's
- * choice for the magnitude of an 8-bit value. */
+/* Quantized levels the entropy method compares against: 128 for values of
+ * both signs (TensorRT's choice: the magnitude of an 8-bit value), 255 for
+ * values that are never negative (ReLU outputs), which uint8 covers with
+ * every level. */
 #define KL_LEVELS 128
+#define KL_LEVELS_ONE_SIDED 255
 /* The entropy search works on at most this many |x| bins (TensorRT's 2048;
  * finer histograms are merged in pairs first). */
 #define KL_MAX_BINS 2048
@@ -422,13 +425,13 @@ static double kl_divergence(const double *p, const double *q, int n) {
  * 2017) on the histogram of |x|. For each candidate threshold i (in bins):
  *
  *   P = bins[0..i), with everything past i added to its last bin
- *   Q = bins[0..i) merged into KL_LEVELS groups, each group's count spread
- *       evenly over its nonzero bins (what rounding to KL_LEVELS levels keeps)
+ *   Q = bins[0..i) merged into `levels` groups, each group's count spread
+ *       evenly over its nonzero bins (what rounding to `levels` levels keeps)
  *
  * and the threshold with the smallest KL(P || Q) wins: it clips where the
  * clipped tail costs less than the coarser steps a wider range would give.
  */
-static double entropy_threshold(const kf_quant_act *a) {
+static double entropy_threshold(const kf_quant_act *a, int levels) {
     const int B = KF_QUANT_HIST_BINS, H = B / 2;
     double w = a->range / H;
     double *absb = kf_calloc((size_t)H, sizeof(double));
@@ -444,21 +447,21 @@ static double entropy_threshold(const kf_quant_act *a) {
         n = (n + 1) / 2;
         w *= 2;
     }
-    if (n <= KL_LEVELS) goto done; /* as few bins as levels: nothing to clip */
+    if (n <= levels) goto done; /* as few bins as levels: nothing to clip */
     double best = INFINITY;
     int best_i = n;
     double total_above = 0;
     for (int k = 0; k < n; k++) total_above += absb[k];
     double below = 0;
-    for (int k = 0; k < KL_LEVELS - 1; k++) below += absb[k];
-    for (int i = KL_LEVELS; i <= n; i++) {
+    for (int k = 0; k < levels - 1; k++) below += absb[k];
+    for (int i = levels; i <= n; i++) {
         below += absb[i - 1];
         double outliers = total_above - below;
         for (int k = 0; k < i; k++) p[k] = absb[k];
         p[i - 1] += outliers;
-        int merged = i / KL_LEVELS;
-        for (int j = 0; j < KL_LEVELS; j++) {
-            int start = j * merged, stop = j == KL_LEVELS - 1 ? i : start + merged;
+        int merged = i / levels;
+        for (int j = 0; j < levels; j++) {
+            int start = j * merged, stop = j == levels - 1 ? i : start + merged;
             double sum = 0;
             int nonzero = 0;
             for (int k = start; k < stop; k++) {
@@ -494,7 +497,8 @@ kf_status kf_quant_finish(kf_quantizer *q) {
             lo = fmax(lo, a->min);
             hi = fmin(hi, a->max);
         } else if (q->o.method == KF_QUANT_ENTROPY) {
-            double t = entropy_threshold(a);
+            bool one_sided = a->min >= 0 && q->o.type == KF_QUANT_INT8;
+            double t = entropy_threshold(a, one_sided ? KL_LEVELS_ONE_SIDED : KL_LEVELS);
             lo = fmax(a->min, -t);
             hi = fmin(a->max, t);
         }
