@@ -87,17 +87,16 @@ static kf_model *quantize(kf_model *m, const kf_quant_options *o, int nsamples, 
     return qm;
 }
 
-/* SQNR in dB of qm's outputs against m's over the last calibration
- * samples, computed here from both models' outputs. */
-static double output_sqnr(const kf_model *m, const kf_model *qm) {
+/* SQNR in dB of qm's outputs against m's over the input sets
+ * sets[0..nsets) (nin tensors each), computed here from both models'
+ * outputs. */
+static double sqnr_over(const kf_model *m, const kf_model *qm, kf_tensor *const *sets, uint32_t nsets, uint32_t nin) {
     double sig = 0, noise = 0;
-    for (uint32_t k = 0; k < ncalib; k++) {
-        uint32_t n = calib_inputs;
-        const kf_tensor *ins = calib[k];
+    for (uint32_t k = 0; k < nsets; k++) {
         uint32_t no = m->graph->noutputs;
         kf_tensor *a = calloc(no + 1, sizeof(kf_tensor)), *b = calloc(no + 1, sizeof(kf_tensor));
-        cr_assert_eq(kf_eval_model(m, ins, (int)n, a, NULL), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_eval_model(qm, ins, (int)n, b, NULL), KF_OK, "quantized model: %s", kf_last_error());
+        cr_assert_eq(kf_eval_model(m, sets[k], (int)nin, a, NULL), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_eval_model(qm, sets[k], (int)nin, b, NULL), KF_OK, "quantized model: %s", kf_last_error());
         for (uint32_t o = 0; o < no; o++) {
             cr_assert_eq(a[o].numel, b[o].numel);
             for (int64_t i = 0; i < a[o].numel; i++) {
@@ -115,6 +114,9 @@ static double output_sqnr(const kf_model *m, const kf_model *qm) {
     cr_assert_gt(noise, 0, "quantization changed nothing: Q/DQ are not in the path");
     return 10 * log10(sig / noise);
 }
+
+/* sqnr_over the last calibration samples */
+static double output_sqnr(const kf_model *m, const kf_model *qm) { return sqnr_over(m, qm, calib, ncalib, calib_inputs); }
 
 /* The node of qm with this name (asserts it exists). */
 static const kf_node *node_named(const kf_model *qm, const char *name) {
@@ -491,29 +493,13 @@ static void small_model(const char *name, double min_db) {
     kf_quant_report r = {0};
     cr_assert_eq(kf_quant_report_add(q, m, qm, ins, (int)nreal, true, &r), KF_OK, "%s", kf_last_error());
     kf_quant_report_finish(&r);
-    uint32_t no = m->graph->noutputs;
-    kf_tensor *a = calloc(no + 1, sizeof(kf_tensor)), *b = calloc(no + 1, sizeof(kf_tensor));
-    cr_assert_eq(kf_eval_model(m, ins, (int)nreal, a, NULL), KF_OK);
-    cr_assert_eq(kf_eval_model(qm, ins, (int)nreal, b, NULL), KF_OK, "%s: %s", name, kf_last_error());
-    double sig = 0, noise = 0;
-    for (uint32_t k = 0; k < no; k++) {
-        for (int64_t i = 0; i < a[k].numel; i++) {
-            double ref = kf_get_f64(&a[k], i), d = kf_get_f64(&b[k], i) - ref;
-            sig += ref * ref;
-            noise += d * d;
-        }
-        kf_tensor_release(&a[k]);
-        kf_tensor_release(&b[k]);
-    }
-    double db = 10 * log10(sig / noise);
+    double db = sqnr_over(m, qm, &ins, 1, nreal);
     cr_expect_gt(db, min_db, "%s: output SQNR %.2f dB", name, db);
     cr_expect(fabs(r.total.db - db) < 1e-6, "%s: report %.4f dB, computed %.4f dB", name, r.total.db, db);
     cr_expect_eq(r.nlayers, nn);
     for (uint32_t i = 1; i < r.nlayers; i++)
         cr_expect(!(r.layers[i].db < r.layers[i - 1].db), "%s: layers not sorted worst first", name);
     kf_quant_report_release(&r);
-    free(a);
-    free(b);
     for (uint32_t i = 0; i < nreal; i++) kf_tensor_release(&ins[i]);
     free(ins);
     free(real);
