@@ -102,9 +102,11 @@ const kf_quant_act *kf_quant_acts(const kf_quantizer *q, uint32_t *n);
 
 /* Runs the float model on one calibration sample (the graph's real inputs
  * in order, as kf_eval_model takes them) and adds every observed value to
- * its statistics. Errors from the run name the node; a wrong input count is
- * KF_ERR_INVALID_ARG. */
-kf_status kf_quant_observe(kf_quantizer *q, const kf_tensor *inputs, int ninputs);
+ * its statistics. outputs: NULL, or room for the graph's outputs, which
+ * the caller then owns (kf_quant_report_add can reuse them instead of
+ * running the float model again). Errors from the run name the node; a
+ * wrong input count is KF_ERR_INVALID_ARG. */
+kf_status kf_quant_observe(kf_quantizer *q, const kf_tensor *inputs, int ninputs, kf_tensor *outputs);
 /* Chooses each value's clipping range, scale and zero point by the method.
  * A value no sample reached gets no Q/DQ (a warning). KF_ERR_INVALID_ARG
  * when no sample was observed. */
@@ -136,9 +138,11 @@ typedef struct kf_quant_report {
 /* Runs the float model fm and the quantized model qm on one sample and
  * adds to r (zero-initialise r before the first call). layers: also each
  * quantized node's output (the float run's outputs of those nodes are
- * held for the sample's duration); otherwise only the graph outputs. */
+ * held for the sample's duration); otherwise only the graph outputs, and
+ * float_outputs, when not NULL, are fm's outputs on this sample (from
+ * kf_quant_observe), so fm need not run again. */
 kf_status kf_quant_report_add(const kf_quantizer *q, const kf_model *fm, const kf_model *qm, const kf_tensor *inputs,
-                              int ninputs, bool layers, kf_quant_report *r);
+                              int ninputs, const kf_tensor *float_outputs, bool layers, kf_quant_report *r);
 /* Computes the dB figures and sorts the layers worst first. */
 void kf_quant_report_finish(kf_quant_report *r);
 void kf_quant_report_release(kf_quant_report *r);

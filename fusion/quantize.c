@@ -356,20 +356,20 @@ static void on_node(void *user, const kf_graph *g, kf_id node, const kf_tensor *
     }
 }
 
-kf_status kf_quant_observe(kf_quantizer *q, const kf_tensor *inputs, int ninputs) {
+kf_status kf_quant_observe(kf_quantizer *q, const kf_tensor *inputs, int ninputs, kf_tensor *outputs) {
     if (ninputs != (int)q->nreal)
         return kf_fail(KF_ERR_INVALID_ARG, "quantize: a sample has %d inputs, the model takes %u", ninputs, q->nreal);
     for (uint32_t i = 0; i < q->nreal; i++)
         if (q->act_of[q->real[i]] >= 0) observe_tensor(q, &q->acts[q->act_of[q->real[i]]], &inputs[i]);
     const kf_graph *g = q->m->graph;
-    kf_tensor *outs = kf_calloc(g->noutputs + 1, sizeof(kf_tensor));
+    kf_tensor *outs = outputs ? outputs : kf_calloc(g->noutputs + 1, sizeof(kf_tensor));
     if (!outs) return kf_fail(KF_ERR_NOMEM, "out of memory");
     q->cb_status = KF_OK;
     kf_eval_opts opts = {on_node, q};
     kf_status st = kf_eval_model(q->m, inputs, ninputs, outs, &opts);
-    for (uint32_t o = 0; o < g->noutputs; o++) kf_tensor_release(&outs[o]);
-    kf_free(outs);
     if (!st) st = q->cb_status;
+    for (uint32_t o = 0; (st || !outputs) && o < g->noutputs; o++) kf_tensor_release(&outs[o]);
+    if (!outputs) kf_free(outs);
     if (!st) q->samples++;
     return st;
 }
@@ -777,7 +777,7 @@ static int32_t *layer_map(const kf_quantizer *q, const kf_model *m) {
 }
 
 kf_status kf_quant_report_add(const kf_quantizer *q, const kf_model *fm, const kf_model *qm, const kf_tensor *inputs,
-                              int ninputs, bool layers, kf_quant_report *r) {
+                              int ninputs, const kf_tensor *float_outputs, bool layers, kf_quant_report *r) {
     const kf_graph *fg = fm->graph;
     if (qm->graph->noutputs != fg->noutputs)
         return kf_fail(KF_ERR_INVALID_ARG, "quantize: the models have %u and %u outputs", fg->noutputs,
@@ -804,7 +804,8 @@ kf_status kf_quant_report_add(const kf_quantizer *q, const kf_model *fm, const k
     kf_status st = !fo || !qo || (layers && !refs) ? kf_fail(KF_ERR_NOMEM, "out of memory") : KF_OK;
     kf_eval_opts opts = {report_node, &c};
     if (!st && layers && !(c.layer_of = layer_map(q, fm))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
-    if (!st) st = kf_eval_model(fm, inputs, ninputs, fo, layers ? &opts : NULL);
+    bool reuse = float_outputs && !layers;
+    if (!st && !reuse) st = kf_eval_model(fm, inputs, ninputs, fo, layers ? &opts : NULL);
     if (!st) st = c.st;
     if (!st && layers) {
         kf_free(c.layer_of);
@@ -814,8 +815,9 @@ kf_status kf_quant_report_add(const kf_quantizer *q, const kf_model *fm, const k
     if (!st) st = kf_eval_model(qm, inputs, ninputs, qo, layers ? &opts : NULL);
     if (!st) st = c.st;
     for (uint32_t o = 0; !st && o < fg->noutputs; o++) {
-        accumulate(&r->outputs[o], &fo[o], &qo[o]);
-        accumulate(&r->total, &fo[o], &qo[o]);
+        const kf_tensor *ref = reuse ? &float_outputs[o] : &fo[o];
+        accumulate(&r->outputs[o], ref, &qo[o]);
+        accumulate(&r->total, ref, &qo[o]);
     }
     if (!st) r->samples++;
     for (uint32_t o = 0; fo && qo && o < fg->noutputs; o++) {

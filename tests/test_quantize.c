@@ -72,7 +72,7 @@ static kf_model *quantize(kf_model *m, const kf_quant_options *o, int nsamples, 
     for (int s = 0; s < nsamples; s++) {
         uint32_t n;
         kf_tensor *ins = random_sample(m, &n);
-        cr_assert_eq(kf_quant_observe(q, ins, (int)n), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_quant_observe(q, ins, (int)n, NULL), KF_OK, "%s", kf_last_error());
         if (s < CALIB_SAMPLES) {
             calib[ncalib++] = ins;
             calib_inputs = n;
@@ -313,8 +313,8 @@ static void clip_range(kf_quant_method method, double *lo, double *hi, double *m
     for (int k = 0; k < 12; k++) kf_set_f64(&x, 1000 * k + 7, k % 2 ? -40.0 : 40.0);
     /* a second, narrower sample: the histogram keeps both */
     kf_tensor x2 = tu_rand(KF_DT_FLOAT, 2, dims, -0.5, 0.5);
-    cr_assert_eq(kf_quant_observe(q, &x2, 1), KF_OK, "%s", kf_last_error());
-    cr_assert_eq(kf_quant_observe(q, &x, 1), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_quant_observe(q, &x2, 1, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_quant_observe(q, &x, 1, NULL), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_quant_finish(q), KF_OK, "%s", kf_last_error());
     uint32_t n;
     const kf_quant_act *a = kf_quant_acts(q, &n);
@@ -482,7 +482,9 @@ static void small_model(const char *name, double min_db) {
     cr_assert_eq(kf_graph_real_inputs(m->graph, &real, &nreal), KF_OK);
     kf_tensor *ins = calloc(nreal + 1, sizeof(kf_tensor));
     cr_assert(gt_load_dataset_inputs(m, data, ins, nreal, real), "%s", data);
-    cr_assert_eq(kf_quant_observe(q, ins, (int)nreal), KF_OK, "%s", kf_last_error());
+    uint32_t no = m->graph->noutputs;
+    kf_tensor *fo = calloc(no + 1, sizeof(kf_tensor));
+    cr_assert_eq(kf_quant_observe(q, ins, (int)nreal, fo), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_quant_finish(q), KF_OK, "%s", kf_last_error());
     kf_model *qm;
     cr_assert_eq(kf_quant_apply(q, &qm), KF_OK, "%s", kf_last_error());
@@ -490,9 +492,17 @@ static void small_model(const char *name, double min_db) {
     kf_quant_nodes(q, &nn);
     cr_expect_eq(nn, gt_count(m, "Conv") + gt_count(m, "MatMul") + gt_count(m, "Gemm"), "%s: every Conv/MatMul/Gemm",
                  name);
-    kf_quant_report r = {0};
-    cr_assert_eq(kf_quant_report_add(q, m, qm, ins, (int)nreal, true, &r), KF_OK, "%s", kf_last_error());
+    /* with the layers, and again from the outputs calibration kept: the same totals */
+    kf_quant_report r = {0}, r2 = {0};
+    cr_assert_eq(kf_quant_report_add(q, m, qm, ins, (int)nreal, NULL, true, &r), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_quant_report_add(q, m, qm, ins, (int)nreal, fo, false, &r2), KF_OK, "%s", kf_last_error());
     kf_quant_report_finish(&r);
+    kf_quant_report_finish(&r2);
+    cr_expect_eq(r.total.signal, r2.total.signal);
+    cr_expect_eq(r.total.noise, r2.total.noise);
+    kf_quant_report_release(&r2);
+    for (uint32_t k = 0; k < no; k++) kf_tensor_release(&fo[k]);
+    free(fo);
     double db = sqnr_over(m, qm, &ins, 1, nreal);
     cr_expect_gt(db, min_db, "%s: output SQNR %.2f dB", name, db);
     cr_expect(fabs(r.total.db - db) < 1e-6, "%s: report %.4f dB, computed %.4f dB", name, r.total.db, db);

@@ -24,6 +24,10 @@ int kfuse_cmd_quantize(int argc, char **argv);
 #define MAX_NAMES 256
 /* random calibration samples when neither --calib nor --random is given */
 #define DEFAULT_RANDOM 16
+/* The float model's outputs kept from calibration for the comparison (so
+ * the float model runs once per sample, not twice) up to this many bytes;
+ * past it the comparison runs the float model again. */
+#define KEEP_OUTPUTS_MAX_BYTES ((int64_t)1 << 30)
 
 static void quantize_usage(FILE *f) {
     fprintf(f,
@@ -233,13 +237,20 @@ int kfuse_cmd_quantize(int argc, char **argv) {
         s.n = nrandom;
         st = kfuse_tool_types(m, &dims, &s.types, &nt);
     }
+    uint32_t nout = m ? m->graph->noutputs : 0;
+    kf_tensor **kept = NULL; /* per sample: the float outputs, or NULL */
+    int64_t kept_bytes = 0;
     if (!st && !(ins = calloc(s.nreal + 1, sizeof(kf_tensor)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && !(kept = calloc((size_t)s.n + 1, sizeof(kf_tensor *)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     for (int i = 0; !st && i < s.n; i++) {
         fprintf(stderr, "kfuse: quantize: calibrating sample %d/%d\n", i + 1, s.n);
+        if (!report && kept_bytes < KEEP_OUTPUTS_MAX_BYTES) kept[i] = calloc(nout + 1, sizeof(kf_tensor));
         if (!(st = sample_get(&s, i, ins))) {
-            st = kf_quant_observe(q, ins, (int)s.nreal);
+            st = kf_quant_observe(q, ins, (int)s.nreal, kept[i]);
             if (st && s.dirs) kf_fail_context(st, "calibration sample '%s'", s.dirs[i]);
         }
+        for (uint32_t o = 0; !st && kept[i] && o < nout; o++)
+            kept_bytes += kept[i][o].numel * (int64_t)kf_dtype_size(kept[i][o].dtype);
         release_ins(ins, s.nreal);
     }
     size_t wlen = q ? strlen(kf_quant_warnings(q)) : 0;
@@ -250,9 +261,14 @@ int kfuse_cmd_quantize(int argc, char **argv) {
     if (!st) st = kf_model_save(qm, out);
     for (int i = 0; !st && i < s.n; i++) {
         fprintf(stderr, "kfuse: quantize: comparing with float, sample %d/%d\n", i + 1, s.n);
-        if (!(st = sample_get(&s, i, ins))) st = kf_quant_report_add(q, m, qm, ins, (int)s.nreal, report, &r);
+        if (!(st = sample_get(&s, i, ins))) st = kf_quant_report_add(q, m, qm, ins, (int)s.nreal, kept[i], report, &r);
         release_ins(ins, s.nreal);
     }
+    for (int i = 0; kept && i < s.n; i++) {
+        for (uint32_t o = 0; kept[i] && o < nout; o++) kf_tensor_release(&kept[i][o]);
+        free(kept[i]);
+    }
+    free(kept);
     int rc = EXIT_OK;
     if (st) rc = kfuse_tool_fail(st);
     else {
