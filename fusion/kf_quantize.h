@@ -61,6 +61,7 @@ typedef struct kf_quant_act {
     float scale;         /* of the pair */
     int zero_point;      /* uint8 zero point (int8); 0 for fp8 */
     uint64_t count;      /* finite elements observed */
+    uint64_t zeros;      /* of them exactly 0 (ReLU outputs, padding) */
     uint64_t *hist;      /* KF_QUANT_HIST_BINS counts over [-range, range) */
     double range;
     bool seen;           /* observed in at least one sample */

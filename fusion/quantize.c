@@ -344,6 +344,7 @@ static void observe_tensor(kf_quantizer *q, kf_quant_act *a, const kf_tensor *t)
         if (b >= B) b = B - 1;
         a->hist[b]++;
         a->count++;
+        a->zeros += v == 0;
     }
 }
 
@@ -430,6 +431,11 @@ static double kl_divergence(const double *p, const double *q, int n) {
  *
  * and the threshold with the smallest KL(P || Q) wins: it clips where the
  * clipped tail costs less than the coarser steps a wider range would give.
+ * Exact zeros are left out (as pytorch-quantization's skip_zeros): every
+ * range holds 0 exactly, and the spike of a ReLU output in bin 0, averaged
+ * with its neighbours whenever a group merges bins, would otherwise favour
+ * thresholds where groups are single bins, clipping far into the values
+ * (measured: 13% of a ReLU output's values clipped on the small ResNet-50).
  */
 static double entropy_threshold(const kf_quant_act *a, int levels) {
     const int B = KF_QUANT_HIST_BINS, H = B / 2;
@@ -439,6 +445,7 @@ static double entropy_threshold(const kf_quant_act *a, int levels) {
     double best_t = fmax(fabs(a->min), fabs(a->max));
     if (!absb || !p || !qd) goto done; /* the full range is always a safe answer */
     for (int k = 0; k < H; k++) absb[k] = (double)(a->hist[H + k] + a->hist[H - 1 - k]);
+    absb[0] -= (double)a->zeros; /* see above: exact zeros do not vote */
     int n = 0;
     for (int k = 0; k < H; k++)
         if (absb[k] > 0) n = k + 1;
