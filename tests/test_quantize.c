@@ -345,6 +345,39 @@ Test(quantize, methods_clip_outliers_differently) {
                   hi[KF_QUANT_ENTROPY]);
 }
 
+/* A ReLU output: half its values exactly 0, the rest the positive half of
+ * a bell curve. The entropy threshold must keep nearly all of them: the
+ * spike at 0 once drove it to clip 13% of a layer's values. */
+Test(quantize, entropy_is_not_misled_by_the_zeros_of_a_relu_output) {
+    kf_model *m = gt_parse("input x float[256, 256]\n"
+                           "const w float[256, 4] = random\n"
+                           "y = MatMul(x, w)\n"
+                           "output y\n");
+    kf_quant_options o;
+    kf_quant_options_default(&o);
+    o.method = KF_QUANT_ENTROPY;
+    kf_quantizer *q;
+    cr_assert_eq(kf_quant_new(m, &o, &q), KF_OK, "%s", kf_last_error());
+    int64_t dims[2] = {256, 256};
+    kf_tensor x = tu_rand(KF_DT_FLOAT, 2, dims, 0, 1);
+    for (int64_t i = 0; i < x.numel; i++) {
+        double v = tu_uniform(-1, 1) + tu_uniform(-1, 1) + tu_uniform(-1, 1) + tu_uniform(-1, 1);
+        kf_set_f64(&x, i, v > 0 ? v : 0);
+    }
+    cr_assert_eq(kf_quant_observe(q, &x, 1, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_quant_finish(q), KF_OK, "%s", kf_last_error());
+    uint32_t n;
+    const kf_quant_act *a = kf_quant_acts(q, &n);
+    int64_t above = 0;
+    for (int64_t i = 0; i < x.numel; i++) above += kf_get_f64(&x, i) > a[0].hi;
+    cr_expect_eq(a[0].lo, 0.0);
+    cr_expect_lt(above, x.numel / 100, "entropy threshold %g clips %lld of %lld values (max %g)", a[0].hi,
+                 (long long)above, (long long)x.numel, a[0].max);
+    kf_tensor_release(&x);
+    kf_quant_free(q);
+    kf_model_free(m);
+}
+
 Test(quantize, exclude_keeps_nodes_float) {
     kf_model *m = gt_parse("input x float[2, 3, 8, 8]\n"
                            "const w1 float[4, 3, 3, 3] = random\n"
