@@ -251,7 +251,7 @@ kf_status kf_quant_new(kf_model *m, const kf_quant_options *o, kf_quantizer **ou
         if (!names_something(g, o->exclude[i]))
             warn(q, "--exclude '%s' names no node and no op type of the model", o->exclude[i]);
     for (int i = 0; i < o->ninclude; i++)
-        if (!names_something(g, o->include[i])) warn(q, "--include '%s': the model has no such node", o->include[i]);
+        if (!names_something(g, o->include[i])) warn(q, "--include '%s': the model has no %s node", o->include[i], o->include[i]);
     for (kf_id id = 1; id < g->nnodes && !st; id++) {
         const kf_node *n = &g->nodes[id];
         if (n->dead || !quantized_op(q, n) || !n->nout || !n->out[0]) continue;
@@ -279,8 +279,10 @@ kf_status kf_quant_new(kf_model *m, const kf_quant_options *o, kf_quantizer **ou
         for (int s = 3; !st && !strcmp(n->op_type, "Concat") && s < kf_node_onnx_nin(n); s++) {
             kf_id v = n->in[s];
             int unused;
-            if (v && !kf_value_is_constant(m, v) && g->values[v].type.dtype == KF_DT_FLOAT)
+            if (v && !kf_value_is_constant(m, v) && g->values[v].type.dtype == KF_DT_FLOAT) {
                 st = add_act(q, v, &unused);
+                any = true;
+            }
         }
         if (st || !any) continue;
         qn->out = kf_strdup(g->values[n->out[0]].name);

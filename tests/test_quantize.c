@@ -496,6 +496,32 @@ Test(quantize, included_op_types_get_qdq_on_their_float_inputs) {
     kf_model_free(m);
 }
 
+/* Concat's inputs past the third are quantized like the first ones, also
+ * when those are constants. */
+Test(quantize, concat_inputs_past_the_third_get_qdq) {
+    kf_model *m = gt_parse("input x float[2, 3]\n"
+                           "input z float[2, 3]\n"
+                           "const a float[2, 3] = random\n"
+                           "const b float[2, 3] = random\n"
+                           "const c float[2, 3] = random\n"
+                           "y = Concat(a, b, c, x, z) {axis=1}\n"
+                           "output y\n");
+    const char *inc[] = {"Concat"};
+    kf_quant_options o;
+    kf_quant_options_default(&o);
+    o.include = inc;
+    o.ninclude = 1;
+    kf_model *qm = quantize(m, &o, CALIB_SAMPLES, NULL);
+    const kf_node *n = &qm->graph->nodes[qm->graph->values[kf_graph_find(qm->graph, "y")].producer];
+    for (int s = 0; s < 3; s++) cr_expect_null(dq_of(qm, n, s), "constant input %d stays float", s);
+    for (int s = 3; s < 5; s++) cr_expect(dq_of(qm, n, s), "input %d is not dequantized", s);
+    cr_expect_eq(gt_count(qm, "QuantizeLinear"), 2);
+    double db = output_sqnr(m, qm);
+    cr_expect_gt(db, INT8_MIN_DB, "output SQNR %.2f dB", db);
+    kf_model_free(qm);
+    kf_model_free(m);
+}
+
 /* A committed small model: calibrated on its test data set, the quantized
  * model on the same inputs keeps its outputs within min_db of float; the
  * report agrees with the SQNR computed here. */
