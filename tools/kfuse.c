@@ -50,6 +50,11 @@ static void usage(FILE *f) {
             "                                  rewrite to a smaller standard ONNX (--dim: fix a symbolic dim)\n"
             "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]\n"
             "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
+            "  quantize M.onnx -o Q.onnx [--calib DIR | --random N] [--method minmax|percentile|entropy]\n"
+            "                 [--percentile P] [--per-channel] [--type int8|fp8] [--exclude OP|NODE]...\n"
+            "                 [--include OP]... [--report] [--seed S] [--dim NAME=N]\n"
+            "                                  post-training quantization to QDQ ONNX, calibrated on ref;\n"
+            "                                  prints the SQNR against float (--report: per layer)\n"
             "  patterns check F.kfp... [--builtin] [--seed N]\n"
             "                                  verify rewrite rules numerically\n"
             "  cache stats|clear [--dir D]     the kernel cache folder: entries and bytes, or empty it\n"
@@ -264,8 +269,8 @@ static bool ends_with(const char *s, const char *suffix) {
 /* Loads the graph's real inputs from dir: NAME.npy (NumPy) for an input
  * named NAME, else the input_*.pb TensorProto files (by name when the file
  * names its tensor, else by position). Two files for one input, a file for
- * no input, or an input without one are errors naming them. */
-static kf_status load_inputs(const kf_graph *g, const kf_id *real, uint32_t nreal, const char *dir, kf_tensor *ins) {
+ * no input, or an input without one are errors naming them (kfuse_tool.h). */
+kf_status kfuse_tool_load_inputs(const kf_graph *g, const kf_id *real, uint32_t nreal, const char *dir, kf_tensor *ins) {
     int nf;
     char **files = list_dir(dir, "input_", &nf);
     if (!files && nf == 0 && !is_dir(dir)) return kf_fail(KF_ERR_IO, "cannot read folder '%s'", dir);
@@ -417,7 +422,7 @@ static int cmd_run(int argc, char **argv) {
         goto done;
     }
     if (inputs) {
-        if ((st = load_inputs(g, real, nreal, inputs, ins))) goto done;
+        if ((st = kfuse_tool_load_inputs(g, real, nreal, inputs, ins))) goto done;
     } else {
         kf_type *types = NULL;
         uint32_t n = 0;
@@ -591,7 +596,7 @@ static result conform_one(const char *dir, char *why, size_t whylen, kf_model **
         join(sdir, sizeof sdir, dir, sets[s]);
         kf_tensor *ins = calloc(nreal + 1, sizeof(kf_tensor));
         kf_tensor *outs = calloc(g->noutputs + 1, sizeof(kf_tensor));
-        st = load_inputs(g, real, nreal, sdir, ins);
+        st = kfuse_tool_load_inputs(g, real, nreal, sdir, ins);
         if (st) {
             snprintf(why, whylen, "%s: inputs: %s", sets[s], kf_last_error());
             r = (st == KF_ERR_UNSUPPORTED || st == KF_ERR_BAD_MODEL) ? R_SKIP : R_FAIL;
@@ -942,6 +947,7 @@ int kfuse_cmd_fuse(int argc, char **argv); /* cmd_fuse.c */
 int kfuse_cmd_cache(int argc, char **argv); /* cmd_cache.c */
 int kfuse_cmd_compile(int argc, char **argv); /* cmd_compile.c */
 int kfuse_cmd_bench(int argc, char **argv);   /* cmd_bench.c */
+int kfuse_cmd_quantize(int argc, char **argv); /* cmd_quantize.c */
 
 int main(int argc, char **argv) {
     if (argc < 2) {
@@ -958,6 +964,7 @@ int main(int argc, char **argv) {
     if (!strcmp(verb, "cache")) return kfuse_cmd_cache(argc - 2, argv + 2);
     if (!strcmp(verb, "compile")) return kfuse_cmd_compile(argc - 2, argv + 2);
     if (!strcmp(verb, "bench")) return kfuse_cmd_bench(argc - 2, argv + 2);
+    if (!strcmp(verb, "quantize")) return kfuse_cmd_quantize(argc - 2, argv + 2);
     if (!strcmp(verb, "--help") || !strcmp(verb, "-h") || !strcmp(verb, "help")) {
         usage(stdout);
         return EXIT_OK;

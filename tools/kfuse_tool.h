@@ -1,6 +1,7 @@
 /*
- * kfuse_tool.h: what the `compile` and `bench` verbs share (cmd_compile.c):
- * their options, input types with --dim bindings, random inputs.
+ * kfuse_tool.h: what the verbs share: the `compile` and `bench` options,
+ * input types with --dim bindings and random inputs (cmd_compile.c), and
+ * inputs read from a folder (kfuse.c).
  */
 #ifndef KFUSE_TOOL_H
 #define KFUSE_TOOL_H
@@ -68,5 +69,11 @@ kf_status kfuse_tool_types(const kf_model *m, const kfuse_tool_dims *dims, kf_ty
  * them as indices into a dim of known size (token type ids: [0, 2)), else
  * small non-negative ones. */
 kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n, uint64_t seed, kf_tensor *ins);
+
+/* Reads the graph's real inputs real[0..nreal) from folder dir into ins:
+ * NAME.npy for an input named NAME, else input_N.pb TensorProto files (by
+ * the name inside, else by position). A file for no input, two for one, or
+ * an input with none are KF_ERR_INVALID_ARG naming the file or input. */
+kf_status kfuse_tool_load_inputs(const kf_graph *g, const kf_id *real, uint32_t nreal, const char *dir, kf_tensor *ins);
 
 #endif
