@@ -320,7 +320,7 @@ static kf_status build_target(kf_model *m, target_cache *c, const kf_symvec *s, 
     kf_graph *g = m->graph;
     *out = 0;
     for (uint32_t i = 0; i < c->n; i++)
-        if (!memcmp(&c->keys[i], s, sizeof *s)) {
+        if (kf_symvec_equal(&c->keys[i], s)) {
             *out = c->vals[i];
             return KF_OK;
         }

@@ -88,6 +88,9 @@ typedef struct kf_symvec {
     kf_sdim e[KF_SYMVEC_MAX];
 } kf_symvec;
 
+/* Same rank and elements (unknown elements compare by being unknown). */
+bool kf_symvec_equal(const kf_symvec *a, const kf_symvec *b);
+
 /* True when every element is a constant. */
 bool kf_symvec_const(const kf_symvec *s);
 

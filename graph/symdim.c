@@ -89,8 +89,7 @@ static int cmp_term(const term *a, const term *b) {
 static int cmp_term_v(const void *a, const void *b) { return cmp_term(a, b); }
 
 /* Sorts each term's factors and the terms, merges like terms and drops
- * zeros into *p, with unused slots cleared (interned expressions compare
- * with memcmp). False on coefficient overflow or more than SX_TERMS terms
+ * zeros into *p, with unused slots cleared. False on coefficient overflow or more than SX_TERMS terms
  * left. */
 static bool canon(term *all, int n, poly *p) {
     for (int i = 0; i < n; i++) qsort(all[i].f, (size_t)all[i].nf, sizeof(uint32_t), cmp_u32);
@@ -112,6 +111,22 @@ static bool canon(term *all, int n, poly *p) {
         p->nt++;
     }
     return true;
+}
+
+/* Field by field: structs may carry padding bytes that memcmp would read. */
+static bool poly_eq(const poly *a, const poly *b) {
+    if (a->nt != b->nt) return false;
+    for (int i = 0; i < a->nt; i++) {
+        if (a->t[i].c != b->t[i].c || a->t[i].nf != b->t[i].nf) return false;
+        for (int k = 0; k < a->t[i].nf; k++)
+            if (a->t[i].f[k] != b->t[i].f[k]) return false;
+    }
+    return true;
+}
+
+static bool expr_eq(const struct kf_symexpr *a, const struct kf_symexpr *b) {
+    if (a->kind != b->kind) return false;
+    return a->kind == SX_POLY ? poly_eq(&a->p, &b->p) : a->num == b->num && a->den == b->den;
 }
 
 /* d as a polynomial; false for unknown dims. */
@@ -173,7 +188,7 @@ static void poly_text(const kf_graph *g, const poly *p, char *buf, size_t cap) {
 static uint32_t intern(kf_graph *g, const struct kf_symexpr *x) {
     for (uint32_t i = 1; i < g->nsyms; i++) {
         const struct kf_symexpr *y = expr_of(g, i);
-        if (y && !memcmp(x, y, sizeof *x)) return i;
+        if (y && expr_eq(x, y)) return i;
     }
     char text[512];
     if (x->kind == SX_POLY) {
@@ -275,7 +290,7 @@ int kf_type_numel_cmp(const kf_graph *g, const kf_type *a, const kf_type *b) {
             pr[k] = r;
         }
     }
-    return !memcmp(&pr[0], &pr[1], sizeof pr[0]);
+    return poly_eq(&pr[0], &pr[1]);
 }
 
 kf_sdim kf_sdim_sub(kf_graph *g, kf_sdim a, kf_sdim b) {

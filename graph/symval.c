@@ -12,6 +12,13 @@
 #include "kf_ref.h"
 #include "kf_sym.h"
 
+bool kf_symvec_equal(const kf_symvec *a, const kf_symvec *b) {
+    if (a->rank != b->rank || a->n != b->n) return false;
+    for (int i = 0; i < a->n; i++)
+        if (a->e[i].sym != b->e[i].sym || (!a->e[i].sym && a->e[i].v != b->e[i].v)) return false;
+    return true;
+}
+
 bool kf_symvec_const(const kf_symvec *s) {
     for (int i = 0; i < s->n; i++)
         if (s->e[i].sym) return false;
