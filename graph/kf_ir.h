@@ -62,6 +62,13 @@ typedef struct kf_node {
     int64_t opset; /* version of `domain` the model imports */
     kf_id *in;    /* value ids; 0 = absent optional input */
     int nin;
+    /* upos[i] (i < nupos): where this node's use of in[i] sits in that
+     * value's use list, so dropping the use is O(1) however many users the
+     * value has. Only a hint, checked before use (ir_edit.c, drop_user):
+     * slots added by growing in[] by hand have none, and a stale hint costs
+     * one scan, never a wrong list. */
+    uint32_t *upos;
+    int nupos;
     /* Values of the enclosing graph that the node's subgraph attributes (If
      * branches, Loop and Scan bodies, at any nesting depth) read by name.
      * They are the last ncap entries of in[], so use lists, topological
@@ -209,6 +216,10 @@ kf_status kf_graph_topo(const kf_graph *g, kf_id **order, uint32_t *count);
  * initializer, in which case KF_ERR_UNSUPPORTED is returned and nothing
  * changes (the caller keeps the node that writes the output). */
 kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to);
+/* Records that input slot i of node reads in[i] (appends the node to that
+ * value's use list and keeps the node's position hint). For graph/ only:
+ * kf_graph_add_node, kf_node_add_capture and kf_graph_set_input call it. */
+kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i);
 /* Marks node id dead: drops it from its inputs' use lists and clears the
  * producer of its outputs. Values stay (ids are stable). */
 void kf_graph_remove_node(kf_graph *g, kf_id node);
