@@ -101,6 +101,12 @@ typedef struct kf_value {
     /* the file declared it a sequence, optional, map or sparse tensor (this
      * word, a static string), kinds kfuse has no type for; NULL otherwise */
     const char *other_kind;
+    /* init's bytes are region [ext_offset, + size) of the model's external
+     * data file ext_file (1-based in kf_model.ext), mapped, not copied;
+     * 0 otherwise. Only the loader sets it; a pass that changes the data
+     * replaces the tensor (or its data pointer), which ends the tie. */
+    uint32_t ext_file;
+    int64_t ext_offset;
 } kf_value;
 
 typedef struct kf_graph {
@@ -118,6 +124,8 @@ typedef struct kf_graph {
     kf_id *hash;
     uint32_t hashcap;
 } kf_graph;
+
+typedef struct kf_extfile kf_extfile; /* graph/kf_extdata.h */
 
 typedef struct kf_opset {
     char *domain;
@@ -164,6 +172,8 @@ struct kf_model {
     char load_warning[256];
     kf_function **funcs; /* model-local functions, file order; owned */
     int nfuncs;
+    kf_extfile *ext;     /* mapped external data files (kf_extdata.h); owned */
+    int next;
 };
 
 /* ---- graph construction ---------------------------------------------- */
