@@ -169,7 +169,12 @@ static double remove_all_users(uint32_t n) {
 }
 
 Test(ir_edit, removing_the_users_of_a_shared_constant_is_linear) {
-    double small = remove_all_users(20000), large = remove_all_users(200000);
+    double small = 1e9, large = 1e9; /* best of three: a busy machine only adds time */
+    for (int i = 0; i < 3; i++) {
+        double s = remove_all_users(20000), l = remove_all_users(200000);
+        small = s < small ? s : small;
+        large = l < large ? l : large;
+    }
     /* linear: about 10x; one scan per removal was about 100x (and seconds) */
     cr_assert_lt(large, 40 * small + 0.05, "20k users: %.4f s, 200k users: %.4f s", small, large);
 }
