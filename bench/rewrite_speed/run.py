@@ -3,7 +3,8 @@
 optimization on real models, and kfuse's time per node on synthetic graphs.
 
 Each figure is the median of --runs runs, each in a fresh process; within a run every tool
-is timed once on the model before the next run starts (side by side):
+is timed once on the model before the next run starts (side by side), each after a sync (not
+timed) so that none pays for the write-back of another's output:
   kfuse opt      wall time of the `kfuse opt M.onnx -o OUT.onnx` process, file to file;
                  "load / opt / save" is the split `kfuse opt --json` reports (time_load_s,
                  time_opt_s, time_save_s: medians of the same runs)
@@ -324,6 +325,9 @@ def main():
                     if t in failed:
                         continue
                     try:
+                        # written pages of the previous tool are flushed first (untimed), so no
+                        # tool pays for another's write-back
+                        os.sync()
                         if t == "kfuse":
                             dt, rep = time_kfuse(kfuse, path, kout, a.timeout)
                             reps.append(rep)
