@@ -3,7 +3,9 @@
  * Initializers stored as ONNX external data point into a read-only mapping
  * of their file; kf_value.ext_file/ext_offset remember the region, so a
  * save can refer to it or copy it file to file instead of writing the
- * bytes from memory.
+ * bytes from memory. Tensor data that points into a mapping lives as long
+ * as its model: kf_model_free unmaps it, so a tensor moved out of the
+ * model (rather than copied) must not outlive it.
  */
 #ifndef KF_EXTDATA_H
 #define KF_EXTDATA_H
