@@ -201,12 +201,19 @@ static kf_status concat_weights(const kf_model *m, const group *gr, bool trans, 
         const kf_node *n = &m->graph->nodes[s->node];
         bool tb = n->op == KF_OP_GEMM && kf_attr_i(n, "transB", 0) != 0;
         const char *src = s->w->data;
-        for (int64_t k = 0; k < gr->k; k++)
-            for (int64_t j = 0; j < s->n; j++) {
-                int64_t from = tb ? j * gr->k + k : k * s->n + j;
-                int64_t to = trans ? (off + j) * gr->k + k : k * gr->total + off + j;
-                memcpy(dst + (size_t)to * esz, src + (size_t)from * esz, esz);
-            }
+        if (tb == trans && trans) { /* [n, K] rows become rows off.. of [total, K]: one block */
+            memcpy(dst + (size_t)(off * gr->k) * esz, src, (size_t)(s->n * gr->k) * esz);
+        } else if (tb == trans) { /* row k of [K, n] is columns off.. of row k of [K, total] */
+            for (int64_t k = 0; k < gr->k; k++)
+                memcpy(dst + (size_t)(k * gr->total + off) * esz, src + (size_t)(k * s->n) * esz, (size_t)s->n * esz);
+        } else {
+            for (int64_t k = 0; k < gr->k; k++)
+                for (int64_t j = 0; j < s->n; j++) {
+                    int64_t from = tb ? j * gr->k + k : k * s->n + j;
+                    int64_t to = trans ? (off + j) * gr->k + k : k * gr->total + off + j;
+                    memcpy(dst + (size_t)to * esz, src + (size_t)from * esz, esz);
+                }
+        }
         off += s->n;
     }
     return KF_OK;

@@ -45,6 +45,7 @@ static void node_release(kf_node *n) {
     kf_free(n->domain);
     kf_free(n->doc);
     kf_free(n->in);
+    kf_free(n->upos);
     kf_free(n->out);
     for (int k = 0; k < n->ncap; k++) kf_free(n->capname[k]);
     kf_free(n->capname);
@@ -141,12 +142,6 @@ kf_status kf_graph_intern_value(kf_graph *g, const char *name, kf_id *id) {
     return kf_graph_add_value(g, name, id);
 }
 
-static kf_status add_user(kf_value *v, kf_id node) {
-    KF_TRY(kf_grow((void **)&v->users, &v->capusers, v->nusers + 1, sizeof(kf_id)));
-    v->users[v->nusers++] = node;
-    return KF_OK;
-}
-
 kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain,
                             const char *name, const kf_id *in, int nin, const kf_id *out,
                             int nout, kf_id *id) {
@@ -184,18 +179,19 @@ kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain
     n->domain = kf_strdup(domain ? domain : "");
     n->name = kf_strdup(name ? name : "");
     n->in = kf_calloc((size_t)nin, sizeof(kf_id));
+    n->upos = kf_calloc((size_t)nin, sizeof(uint32_t));
     n->out = kf_calloc((size_t)nout, sizeof(kf_id));
-    if (!n->op_type || !n->domain || !n->name || !n->in || !n->out) {
+    if (!n->op_type || !n->domain || !n->name || !n->in || !n->upos || !n->out) {
         node_release(n);
         memset(n, 0, sizeof *n);
         return kf_fail(KF_ERR_NOMEM, "out of memory adding node");
     }
     g->nnodes++;
-    n->nin = nin;
+    n->nin = n->nupos = nin;
     n->nout = nout;
     for (int i = 0; i < nin; i++) {
         n->in[i] = in[i];
-        if (in[i]) KF_TRY(add_user(&g->values[in[i]], nid));
+        if (in[i]) KF_TRY(kf_graph_add_use(g, nid, i));
     }
     for (int j = 0; j < nout; j++) {
         n->out[j] = out[j];
@@ -212,12 +208,24 @@ kf_status kf_node_add_capture(kf_graph *g, kf_id node, kf_id v, const char *name
     kf_id *in = kf_realloc(n->in, (size_t)(n->nin + 1) * sizeof(kf_id));
     if (!in) return kf_fail(KF_ERR_NOMEM, "out of memory");
     n->in = in;
+    if (n->nupos == n->nin) { /* keep the hints dense; without one the slot just has none */
+        uint32_t *upos = kf_realloc(n->upos, (size_t)(n->nin + 1) * sizeof(uint32_t));
+        if (!upos) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        n->upos = upos;
+    }
     char **names = kf_realloc(n->capname, (size_t)(n->ncap + 1) * sizeof(char *));
     if (!names) return kf_fail(KF_ERR_NOMEM, "out of memory");
     n->capname = names;
     if (!(n->capname[n->ncap] = kf_strdup(name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    KF_TRY(add_user(&g->values[v], node));
     n->in[n->nin++] = v;
+    if (n->nupos == n->nin - 1) n->nupos++;
+    kf_status st = kf_graph_add_use(g, node, n->nin - 1);
+    if (st) {
+        n->nin--;
+        n->nupos = n->nupos > n->nin ? n->nin : n->nupos;
+        kf_free(n->capname[n->ncap]);
+        return st;
+    }
     n->ncap++;
     return KF_OK;
 }

@@ -10,10 +10,58 @@
 #include "kf_ir.h"
 #include "kf_sym.h"
 
-/* Removes one use of v by node. Searches from the end: rewrites and DCE
- * mostly remove the newest users first, so a constant read by 100k nodes
- * does not make each removal scan the whole list. */
-static void drop_user(kf_value *v, kf_id node) {
+/* Use lists and position hints:
+ *
+ *   value v:  users = [ n7, n3, n9, n3 ]      node n3: in = [ v, w, v ]
+ *                        0   1   2   3                 upos = [ 1, ., 3 ]
+ *
+ * Dropping n3's slot 0 takes users[upos[0]] out by moving the last entry
+ * (n3's slot 2, found as the slot of n3 reading v whose hint is 3) into
+ * its place: O(1) plus the moved node's input count, so removing all
+ * 1M users of a shared constant is linear. Entries of one node are
+ * interchangeable (one per slot that reads v), so a hint is good whenever
+ * users[hint] is that node; when it is not (a slot added by growing in[]
+ * by hand), the list is scanned as before. */
+kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i) {
+    kf_node *n = &g->nodes[node];
+    kf_value *v = &g->values[n->in[i]];
+    KF_TRY(kf_grow((void **)&v->users, &v->capusers, v->nusers + 1, sizeof(kf_id)));
+    if (i < n->nupos) n->upos[i] = v->nusers;
+    v->users[v->nusers++] = node;
+    return KF_OK;
+}
+
+/* Removes the use of in[i] by node (in[i] still names the value). */
+static void drop_use(kf_graph *g, kf_id node, int i) {
+    kf_node *n = &g->nodes[node];
+    kf_id vid = n->in[i];
+    kf_value *v = &g->values[vid];
+    uint32_t at = v->nusers;
+    if (i < n->nupos && n->upos[i] < v->nusers && v->users[n->upos[i]] == node) {
+        at = n->upos[i];
+    } else {
+        for (uint32_t u = v->nusers; u-- > 0;) /* no hint: newest users first */
+            if (v->users[u] == node) {
+                at = u;
+                break;
+            }
+        if (at == v->nusers) return; /* not listed: cannot happen, but stay safe */
+    }
+    uint32_t last = --v->nusers;
+    if (at == last) return;
+    kf_id moved = v->users[last];
+    v->users[at] = moved;
+    kf_node *m = &g->nodes[moved];
+    for (int j = 0; j < m->nupos; j++)
+        if (m->in[j] == vid && m->upos[j] == last) {
+            m->upos[j] = at;
+            break;
+        }
+}
+
+/* Removes one entry of node from v's use list, for an entry no input slot
+ * accounts for. */
+static void drop_stale_user(kf_value *v, kf_id node) {
     for (uint32_t u = v->nusers; u-- > 0;)
         if (v->users[u] == node) {
             v->users[u] = v->users[--v->nusers];
@@ -21,20 +69,14 @@ static void drop_user(kf_value *v, kf_id node) {
         }
 }
 
-static kf_status add_user(kf_value *v, kf_id node) {
-    KF_TRY(kf_grow((void **)&v->users, &v->capusers, v->nusers + 1, sizeof(kf_id)));
-    v->users[v->nusers++] = node;
-    return KF_OK;
-}
-
 kf_status kf_graph_set_input(kf_graph *g, kf_id node, int i, kf_id v) {
     kf_node *n = &g->nodes[node];
     if (i < 0 || i >= n->nin) return kf_fail(KF_ERR_INVALID_ARG, "node '%s' has no input %d", kf_node_label(n), i);
     if (n->in[i] == v) return KF_OK;
-    if (v) KF_TRY(add_user(&g->values[v], node));
-    if (n->in[i]) drop_user(&g->values[n->in[i]], node);
+    if (v) KF_TRY(kf_grow((void **)&g->values[v].users, &g->values[v].capusers, g->values[v].nusers + 1, sizeof(kf_id)));
+    if (n->in[i]) drop_use(g, node, i);
     n->in[i] = v;
-    return KF_OK;
+    return v ? kf_graph_add_use(g, node, i) : KF_OK; /* cannot fail: room was made above */
 }
 
 /* Gives the name of value a to value b and a fresh name to a. */
@@ -76,7 +118,7 @@ kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to) {
                 moved = true;
                 break;
             }
-        if (!moved) drop_user(vf, node); /* stale entry: cannot happen, but stay safe */
+        if (!moved) drop_stale_user(vf, node); /* stale entry: cannot happen, but stay safe */
     }
     return KF_OK;
 }
@@ -85,7 +127,7 @@ void kf_graph_remove_node(kf_graph *g, kf_id node) {
     kf_node *n = &g->nodes[node];
     if (n->dead) return;
     for (int i = 0; i < n->nin; i++)
-        if (n->in[i]) drop_user(&g->values[n->in[i]], node);
+        if (n->in[i]) drop_use(g, node, i);
     for (int j = 0; j < n->nout; j++)
         if (n->out[j] && g->values[n->out[j]].producer == node) g->values[n->out[j]].producer = 0;
     n->dead = true;

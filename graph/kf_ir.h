@@ -62,6 +62,13 @@ typedef struct kf_node {
     int64_t opset; /* version of `domain` the model imports */
     kf_id *in;    /* value ids; 0 = absent optional input */
     int nin;
+    /* upos[i] (i < nupos): where this node's use of in[i] sits in that
+     * value's use list, so dropping the use is O(1) however many users the
+     * value has. Only a hint, checked before use (ir_edit.c, drop_user):
+     * slots added by growing in[] by hand have none, and a stale hint costs
+     * one scan, never a wrong list. */
+    uint32_t *upos;
+    int nupos;
     /* Values of the enclosing graph that the node's subgraph attributes (If
      * branches, Loop and Scan bodies, at any nesting depth) read by name.
      * They are the last ncap entries of in[], so use lists, topological
@@ -98,6 +105,12 @@ typedef struct kf_value {
      * that is not a constant (Shape's output and what is computed from it;
      * kf_sym.h), owned; NULL when nothing symbolic is known */
     struct kf_symvec *symval;
+    /* init's bytes are region [ext_offset, + size) of the model's external
+     * data file ext_file (1-based in kf_model.ext), mapped, not copied;
+     * 0 otherwise. Only the loader sets it; a pass that changes the data
+     * replaces the tensor (or its data pointer), which ends the tie. */
+    uint32_t ext_file;
+    int64_t ext_offset;
 } kf_value;
 
 typedef struct kf_graph {
@@ -122,6 +135,8 @@ typedef struct kf_graph {
     kf_id *hash;
     uint32_t hashcap;
 } kf_graph;
+
+typedef struct kf_extfile kf_extfile; /* graph/kf_extdata.h */
 
 typedef struct kf_opset {
     char *domain;
@@ -168,6 +183,8 @@ struct kf_model {
     char load_warning[256];
     kf_function **funcs; /* model-local functions, file order; owned */
     int nfuncs;
+    kf_extfile *ext;     /* mapped external data files (kf_extdata.h); owned */
+    int next;
 };
 
 /* ---- graph construction ---------------------------------------------- */
@@ -220,6 +237,10 @@ kf_status kf_graph_topo(const kf_graph *g, kf_id **order, uint32_t *count);
  * initializer, in which case KF_ERR_UNSUPPORTED is returned and nothing
  * changes (the caller keeps the node that writes the output). */
 kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to);
+/* Records that input slot i of node reads in[i] (appends the node to that
+ * value's use list and keeps the node's position hint). For graph/ only:
+ * kf_graph_add_node, kf_node_add_capture and kf_graph_set_input call it. */
+kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i);
 /* Marks node id dead: drops it from its inputs' use lists and clears the
  * producer of its outputs. Values stay (ids are stable). */
 void kf_graph_remove_node(kf_graph *g, kf_id node);

@@ -15,6 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "kf_extdata.h"
 #include "kf_onnx.h"
 #include "kf_ops.h"
 #include "onnx.pb-c.h"
@@ -157,8 +158,9 @@ kf_status kf_proto_check_depth(const uint8_t *data, size_t len, const char *what
 /* ---- import: tensors ------------------------------------------------------ */
 
 /* Opens dir/location for external data, refusing anything that resolves
- * outside dir (absolute paths, "..", links pointing out). */
-static kf_status open_external(const char *dir, const char *location, const char *tname, FILE **out) {
+ * outside dir (absolute paths, "..", links pointing out). *real (may be
+ * NULL) gets the resolved path, malloc'ed. */
+static kf_status open_external(const char *dir, const char *location, const char *tname, FILE **out, char **real_out) {
     *out = NULL;
     if (!dir) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data without a model folder", tname);
     if (!location || !location[0] || location[0] == '/' || strstr(location, ".."))
@@ -192,16 +194,28 @@ static kf_status open_external(const char *dir, const char *location, const char
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data '%s' is not a regular file", tname, location);
     }
     FILE *f = fopen(real, "rb");
-    free(real);
-    if (!f) return kf_fail(KF_ERR_IO, "tensor '%s': cannot open external data '%s'", tname, location);
+    if (!f) {
+        free(real);
+        return kf_fail(KF_ERR_IO, "tensor '%s': cannot open external data '%s'", tname, location);
+    }
+    if (real_out) *real_out = real;
+    else free(real);
     *out = f;
     return KF_OK;
 }
 
+/* Where an external tensor's bytes lie: the resolved file, the name the
+ * model gives it and the offset (filled by open_external_data). */
+typedef struct ext_where {
+    char *real; /* malloc'ed (free()) */
+    const char *location;
+    int64_t offset;
+} ext_where;
+
 /* Opens the external data of tp and positions it at its offset, after
  * checking that offset + nbytes lies inside the file. *out: caller closes. */
 static kf_status open_external_data(const Onnx__TensorProto *tp, const char *dir, const char *tname, size_t nbytes,
-                                    FILE **out) {
+                                    FILE **out, ext_where *where) {
     const char *location = NULL;
     int64_t offset = 0, length = -1;
     for (size_t i = 0; i < tp->n_external_data; i++) {
@@ -222,19 +236,24 @@ static kf_status open_external_data(const Onnx__TensorProto *tp, const char *dir
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data length %lld, shape needs %zu bytes", tname,
                        (long long)length, nbytes);
     FILE *f;
-    KF_TRY(open_external(dir, location, tname, &f));
+    char *real = NULL;
+    KF_TRY(open_external(dir, location, tname, &f, &real));
     struct stat sb;
     int64_t end;
     if (fstat(fileno(f), &sb) != 0 || !kf_add_ok(offset, (int64_t)nbytes, &end) || end > sb.st_size) {
         fclose(f);
+        free(real);
         return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': external data offset %lld + %zu bytes is past the end of '%s'",
                        tname, (long long)offset, nbytes, location);
     }
     if (fseeko(f, (off_t)offset, SEEK_SET) != 0) {
         fclose(f);
+        free(real);
         return kf_fail(KF_ERR_IO, "tensor '%s': cannot seek in external data '%s'", tname, location);
     }
     *out = f;
+    if (where) *where = (ext_where){real, location, offset};
+    else free(real);
     return KF_OK;
 }
 
@@ -249,8 +268,13 @@ static kf_status read_external(FILE *f, const char *tname, void *dst, size_t nby
 /* Converts tp into t. With steal, raw tensor bytes are taken over from tp
  * (protobuf-c allocated them with malloc, as kfuse's allocator does) and
  * tp is left without them: loading a model then copies its weights once
- * (file -> protobuf-c) instead of twice. */
-static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_tensor *t, bool steal) {
+ * (file -> protobuf-c) instead of twice. With into (an initializer of model
+ * into), external bytes are mapped rather than read where they can be
+ * (kf_extdata.h), and *ext_file / *ext_offset say which region t holds
+ * (ext_file 0 when they were read). */
+static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_tensor *t, bool steal, kf_model *into,
+                                   uint32_t *ext_file, int64_t *ext_offset) {
+    if (ext_file) *ext_file = 0;
     const char *tname = tp->name ? tp->name : "";
     int dt = tp->data_type;
     if (!kf_dtype_valid(dt)) return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': unknown data type %d", tname, dt);
@@ -314,7 +338,26 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
         return KF_OK;
     }
     FILE *f = NULL;
-    if (external) KF_TRY(open_external_data(tp, dir, tname, fbytes, &f));
+    ext_where where = {0};
+    if (external) KF_TRY(open_external_data(tp, dir, tname, fbytes, &f, &where));
+    if (external && into && !packed && nbytes && where.offset % (int64_t)esz == 0) {
+        uint32_t file;
+        const uint8_t *base = kf_extdata_map(into, where.real, where.location, fileno(f), &file);
+        if (base) { /* the bounds were checked against the file above */
+            free(where.real);
+            fclose(f);
+            kf_tensor_release(t);
+            t->dtype = (kf_dtype)dt;
+            t->rank = (int)tp->n_dims;
+            for (int i = 0; i < t->rank; i++) t->dims[i] = dims[i];
+            t->numel = n;
+            t->data = (void *)(base + where.offset); /* read-only: a pass that changes it makes a new tensor */
+            *ext_file = file;
+            *ext_offset = where.offset;
+            return KF_OK;
+        }
+    }
+    free(where.real);
     st = kf_tensor_alloc(t, (kf_dtype)dt, (int)tp->n_dims, dims);
     if (st) {
         if (f) fclose(f);
@@ -557,7 +600,7 @@ static kf_status attr_from_proto(const Onnx__AttributeProto *ap, size_t index, c
             goto fail;
         }
         if (!(a->t = kf_tensor_new())) goto nomem;
-        if ((st = tensor_from_proto(ap->t, dir, a->t, false))) {
+        if ((st = tensor_from_proto(ap->t, dir, a->t, false, NULL, NULL, NULL))) {
             kf_fail_context(st, "node '%s' attribute '%s'", nname, aname);
             goto fail;
         }
@@ -719,13 +762,17 @@ static kf_status graph_from_proto(kf_model *m, const Onnx__GraphProto *gp, const
         KF_TRY(kf_graph_add_value(g, tp->name, &v));
         kf_tensor *t = kf_tensor_new();
         if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        kf_status st = tensor_from_proto(tp, dir, t, steal);
+        uint32_t file = 0;
+        int64_t offset = 0;
+        kf_status st = tensor_from_proto(tp, dir, t, steal, m, &file, &offset);
         if (st) {
             kf_tensor_free(t);
             return st;
         }
         kf_value *val = kf_value_at(g, v);
         val->init = t;
+        val->ext_file = file;
+        val->ext_offset = offset;
         kf_type_of_tensor(&val->type, t);
         if (tp->doc_string && !(val->doc = kf_strdup(tp->doc_string))) return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
@@ -1012,6 +1059,7 @@ void kf_model_free(kf_model *m) {
     for (int i = 0; i < m->nfuncs; i++) kf_function_free(m->funcs[i]);
     kf_free(m->funcs);
     kf_graph_free(m->graph);
+    kf_extdata_release(m); /* after the graph: its tensors point into the mappings */
     for (int i = 0; i < m->nopsets; i++) kf_free(m->opsets[i].domain);
     kf_free(m->opsets);
     kf_free(m->dir);
@@ -1187,7 +1235,7 @@ kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name) 
     if (!tp && pb_nomem) return kf_fail(KF_ERR_NOMEM, "%s: out of memory decoding the tensor", path);
     if (!tp) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid TensorProto", path);
     char *dir = dir_of(path); /* failing, external data would be "without a model folder" */
-    st = dir ? tensor_from_proto(tp, dir, t, true) : kf_fail(KF_ERR_NOMEM, "out of memory");
+    st = dir ? tensor_from_proto(tp, dir, t, true, NULL, NULL, NULL) : kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_free(dir);
     if (!st && name && tp->name && !(*name = kf_strdup(tp->name))) {
         kf_tensor_release(t); /* a failed read returns nothing */
@@ -1524,6 +1572,10 @@ typedef struct file_sink {
     FILE *ext;
     const char *ext_location;
     int64_t ext_off;
+    /* initializers that still hold their input file's bytes refer to that
+     * file (share: the output sits in the input's folder) or have the
+     * bytes copied file to file into ext (kf_extdata.h) */
+    bool share;
 } file_sink;
 
 /* Protobuf messages cannot exceed 2 GiB; a model whose initializers pass
@@ -1535,20 +1587,14 @@ typedef struct file_sink {
 /* Offsets in the data file are aligned so a reader may map tensors. */
 #define KF_EXTERNAL_ALIGN 64
 
-/* Moves initializer tp's raw bytes to the sink's external file. */
-static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp) {
-    size_t len = tp->raw_data.len;
-    while (sink->ext_off % KF_EXTERNAL_ALIGN) {
-        if (fputc(0, sink->ext) == EOF) return false;
-        sink->ext_off++;
-    }
-    if (fwrite(tp->raw_data.data, 1, len, sink->ext) != len) return false;
+/* Makes tp name bytes [off, off + len) of file location as its data. */
+static bool set_external(arena *a, Onnx__TensorProto *tp, const char *location, int64_t off, size_t len) {
     Onnx__StringStringEntryProto **kv = aalloc(a, 3 * sizeof *kv);
     char num[2][32];
-    snprintf(num[0], sizeof num[0], "%lld", (long long)sink->ext_off);
+    snprintf(num[0], sizeof num[0], "%lld", (long long)off);
     snprintf(num[1], sizeof num[1], "%zu", len);
     const char *keys[3] = {"location", "offset", "length"};
-    const char *vals[3] = {sink->ext_location, num[0], num[1]};
+    const char *vals[3] = {location, num[0], num[1]};
     for (int i = 0; kv && i < 3; i++) {
         if (!(kv[i] = aalloc(a, sizeof *kv[i]))) return false;
         onnx__string_string_entry_proto__init(kv[i]);
@@ -1556,7 +1602,6 @@ static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp) {
         kv[i]->value = astr(a, vals[i]);
     }
     if (!kv) return false;
-    sink->ext_off += (int64_t)len;
     tp->has_raw_data = 0;
     tp->raw_data.data = NULL;
     tp->raw_data.len = 0;
@@ -1565,6 +1610,52 @@ static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp) {
     tp->has_data_location = 1;
     tp->data_location = ONNX__TENSOR_PROTO__DATA_LOCATION__EXTERNAL;
     return true;
+}
+
+/* Pads the sink's data file with zeros up to offset to. */
+static bool pad_external(file_sink *sink, int64_t to) {
+    for (; sink->ext_off < to; sink->ext_off++)
+        if (fputc(0, sink->ext) == EOF) return false;
+    return true;
+}
+
+/* Moves initializer tp's raw bytes to the sink's external file. */
+static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp) {
+    size_t len = tp->raw_data.len;
+    if (!pad_external(sink, (sink->ext_off + KF_EXTERNAL_ALIGN - 1) / KF_EXTERNAL_ALIGN * KF_EXTERNAL_ALIGN))
+        return false;
+    if (fwrite(tp->raw_data.data, 1, len, sink->ext) != len) return false;
+    if (!set_external(a, tp, sink->ext_location, sink->ext_off, len)) return false;
+    sink->ext_off += (int64_t)len;
+    return true;
+}
+
+/* Tensors from this size on keep their offset within a page when copied, so
+ * a filesystem that shares blocks can clone them instead of copying. */
+#define KF_EXTERNAL_CLONE_MIN ((size_t)64 << 10)
+#define KF_EXTERNAL_PAGE 4096
+
+/* Initializer tp holds, unchanged, bytes [off, + len) of input file e: it
+ * names them where they are (share) or has them copied, file to file, to
+ * the sink's data file. */
+static kf_status to_kept(arena *a, file_sink *sink, Onnx__TensorProto *tp, const kf_extfile *e, int64_t off,
+                         const char *tname) {
+    size_t len = tp->raw_data.len;
+    if (sink->share) {
+        if (!set_external(a, tp, e->location, off, len)) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        return KF_OK;
+    }
+    int64_t at = (sink->ext_off + KF_EXTERNAL_ALIGN - 1) / KF_EXTERNAL_ALIGN * KF_EXTERNAL_ALIGN;
+    if (len >= KF_EXTERNAL_CLONE_MIN)
+        at = sink->ext_off + ((off - sink->ext_off) % KF_EXTERNAL_PAGE + KF_EXTERNAL_PAGE) % KF_EXTERNAL_PAGE;
+    if (!pad_external(sink, at) || fflush(sink->ext) != 0)
+        return kf_fail(KF_ERR_IO, "cannot write external data for tensor '%s'", tname);
+    KF_TRY(kf_extdata_copy(e, off, len, fileno(sink->ext), at));
+    sink->ext_off = at + (int64_t)len;
+    if (fseeko(sink->ext, (off_t)sink->ext_off, SEEK_SET) != 0)
+        return kf_fail(KF_ERR_IO, "cannot write external data for tensor '%s'", tname);
+    if (!set_external(a, tp, sink->ext_location, at, len)) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    return KF_OK;
 }
 
 static void sink_append(ProtobufCBuffer *b, size_t len, const uint8_t *data) {
@@ -1620,7 +1711,11 @@ static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size
         Onnx__TensorProto *tp = tensor_to_proto(&a, val->init, val->name);
         if (!tp) break;
         tp->doc_string = val->doc;
-        if (sink && sink->ext && tp->has_raw_data && tp->raw_data.len >= KF_EXTERNAL_MIN_TENSOR &&
+        int64_t off;
+        const kf_extfile *e = sink && (sink->share || sink->ext) ? kf_extdata_kept(m, v, &off) : NULL;
+        if (e) {
+            if ((st = to_kept(&a, sink, tp, e, off, val->name))) goto done;
+        } else if (sink && sink->ext && tp->has_raw_data && tp->raw_data.len >= KF_EXTERNAL_MIN_TENSOR &&
             !to_external(&a, sink, tp)) {
             st = kf_fail(KF_ERR_IO, "cannot write external data for tensor '%s'", val->name);
             goto done;
@@ -1689,32 +1784,64 @@ static kf_status write_file(const char *path, const void *data, size_t len) {
     return KF_OK;
 }
 
+/* True when files a and b are one file (b may not exist). */
+static bool same_file(const char *a, const char *b) {
+    struct stat sa, sb;
+    return stat(a, &sa) == 0 && stat(b, &sb) == 0 && sa.st_dev == sb.st_dev && sa.st_ino == sb.st_ino;
+}
+
 /* Writes to a temporary file beside path and renames it into place, so a
  * failed save (disk full, interrupted) never leaves a truncated model where
- * a good one was, even when path is the file the model came from. */
+ * a good one was, even when path is the file the model came from.
+ *
+ * External data the model was loaded with: initializers whose bytes no
+ * rewrite changed are not written from memory. When path is in the folder
+ * the model came from, the new model names the input's data file itself
+ * (nothing is copied): the two models then share it, so deleting or
+ * rewriting the input's data file breaks the output too (the saver never
+ * writes to it: its own data file gets another name if the names clash).
+ * KFUSE_EXTERNAL_SHARE=0 asks for a copy instead. In another folder the
+ * bytes are copied file to file into path + ".data" (kf_extdata_copy).
+ * New and changed initializers go inline, or to that data file when the
+ * inline total would pass KF_EXTERNAL_TOTAL (or KFUSE_EXTERNAL_DATA=1). */
 kf_status kf_model_save(const kf_model *m, const char *path) {
     if (!m || !path) return kf_fail(KF_ERR_INVALID_ARG, "kf_model_save: NULL argument");
     size_t plen = strlen(path) + 48;
-    char *tmp = kf_malloc(plen), *ext_path = kf_malloc(plen), *ext_tmp = kf_malloc(plen);
-    if (!tmp || !ext_path || !ext_tmp) {
+    char *tmp = kf_malloc(plen), *ext_path = kf_malloc(plen), *ext_tmp = kf_malloc(plen), *out_dir = dir_of(path);
+    if (!tmp || !ext_path || !ext_tmp || !out_dir) {
         kf_free(tmp);
         kf_free(ext_path);
         kf_free(ext_tmp);
+        kf_free(out_dir);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
+    const char *share_env = getenv("KFUSE_EXTERNAL_SHARE");
+    bool share = m->next && m->dir && same_file(out_dir, m->dir) && !(share_env && share_env[0] == '0');
+    kf_free(out_dir);
     snprintf(tmp, plen, "%s.tmp%ld", path, (long)getpid());
-    snprintf(ext_path, plen, "%s.data", path);
-    snprintf(ext_tmp, plen, "%s.data.tmp%ld", path, (long)getpid());
+    /* the data file's name must not be one of the input's data files,
+     * which the new model may name or the copy may read */
+    for (int k = 0;; k++) {
+        if (k) snprintf(ext_path, plen, "%s.data%d", path, k);
+        else snprintf(ext_path, plen, "%s.data", path);
+        bool clash = false;
+        for (int i = 0; i < m->next && !clash; i++) clash = same_file(m->ext[i].path, ext_path);
+        if (!clash) break;
+    }
+    snprintf(ext_tmp, plen, "%s.tmp%ld", ext_path, (long)getpid());
     const char *base = strrchr(ext_path, '/') ? strrchr(ext_path, '/') + 1 : ext_path;
     int64_t total = 0;
+    bool kept = false;
     for (kf_id v = 1; v < m->graph->nvalues; v++) {
         const kf_tensor *t = m->graph->values[v].init;
-        if (t && t->dtype != KF_DT_STRING) total += t->numel * (int64_t)kf_dtype_size(t->dtype);
+        int64_t off;
+        if (t && m->next && kf_extdata_kept(m, v, &off)) kept = true;
+        else if (t && t->dtype != KF_DT_STRING) total += t->numel * (int64_t)kf_dtype_size(t->dtype);
     }
     const char *force = getenv("KFUSE_EXTERNAL_DATA");
-    bool external = total > KF_EXTERNAL_TOTAL || (force && force[0] == '1');
+    bool external = total > KF_EXTERNAL_TOTAL || (force && force[0] == '1') || (kept && !share);
     kf_status st = KF_OK;
-    file_sink sink = {{sink_append}, NULL, false, NULL, base, 0};
+    file_sink sink = {{sink_append}, NULL, false, NULL, base, 0, share};
     if (!(sink.f = fopen(tmp, "wb"))) st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
     if (!st && external && !(sink.ext = fopen(ext_tmp, "wb")))
         st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", ext_path, strerror(errno));

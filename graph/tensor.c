@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "kf_tensor.h"
+#include "kf_extdata.h"
 
 static const struct {
     const char *name;
@@ -90,7 +91,7 @@ void kf_tensor_release(kf_tensor *t) {
         kf_bytes *s = t->data;
         for (int64_t i = 0; i < t->numel; i++) kf_free(s[i].ptr);
     }
-    kf_free(t->data);
+    if (!kf_extdata_mapped(t->data)) kf_free(t->data); /* mapped data belongs to its model */
     memset(t, 0, sizeof *t);
 }
 

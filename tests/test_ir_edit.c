@@ -1,7 +1,10 @@
 /* test_ir_edit.c: redirecting uses (graph outputs keep their names),
  * node removal, fresh names and dead-code elimination. */
 #include <criterion/criterion.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "test_util.h"
 
@@ -87,4 +90,91 @@ Test(ir_edit, fresh_names_never_collide) {
     cr_assert(a != b && b != c);
     cr_assert_str_neq(g->values[b].name, g->values[c].name);
     kf_graph_free(g);
+}
+
+/* Every use list holds each live node once per input slot that reads the
+ * value, and nothing else. */
+static void check_use_lists(const kf_graph *g) {
+    uint32_t *want = calloc(g->nvalues, sizeof *want);
+    for (kf_id n = 1; n < g->nnodes; n++)
+        for (int i = 0; !g->nodes[n].dead && i < g->nodes[n].nin; i++) want[g->nodes[n].in[i]]++;
+    for (kf_id v = 1; v < g->nvalues; v++) {
+        cr_assert_eq(g->values[v].nusers, want[v], "value %s: %u users, %u slots read it", g->values[v].name,
+                     g->values[v].nusers, want[v]);
+        for (uint32_t u = 0; u < g->values[v].nusers; u++) {
+            const kf_node *n = &g->nodes[g->values[v].users[u]];
+            cr_assert(!n->dead);
+            uint32_t slots = 0, entries = 0;
+            for (int i = 0; i < n->nin; i++) slots += n->in[i] == v;
+            for (uint32_t k = 0; k < g->values[v].nusers; k++) entries += g->values[v].users[k] == g->values[v].users[u];
+            cr_assert_eq(slots, entries);
+        }
+    }
+    free(want);
+}
+
+/* n nodes y_k = Add(c, c) or Mul(x, c) (every third reads c twice);
+ * c is one shared constant. */
+static kf_graph *shared_constant(uint32_t n, kf_id *c) {
+    kf_graph *g = kf_graph_new();
+    kf_id x = val(g, "x");
+    *c = val(g, "c");
+    cr_assert_eq(kf_graph_mark_input(g, x), KF_OK);
+    char name[32];
+    for (uint32_t k = 0; k < n; k++) {
+        snprintf(name, sizeof name, "y%u", k);
+        kf_id y = val(g, name), in[2] = {k % 3 ? x : *c, *c}, out[1] = {y};
+        cr_assert_eq(kf_graph_add_node(g, k % 3 ? "Mul" : "Add", "", name, in, 2, out, 1, NULL), KF_OK);
+        cr_assert_eq(kf_graph_mark_output(g, y), KF_OK);
+    }
+    return g;
+}
+
+Test(ir_edit, use_lists_stay_exact_under_random_removals_and_redirects) {
+    uint64_t seed = tu_seed();
+    kf_id c;
+    kf_graph *g = shared_constant(600, &c);
+    kf_id d = val(g, "d");
+    for (int step = 0; step < 900; step++) {
+        seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+        kf_id n = 1 + (kf_id)((seed >> 33) % (g->nnodes - 1));
+        if (g->nodes[n].dead) continue;
+        int slot = (int)((seed >> 20) & 1);
+        switch ((seed >> 40) % 3) {
+        case 0: kf_graph_remove_node(g, n); break;
+        case 1: cr_assert_eq(kf_graph_set_input(g, n, slot, g->nodes[n].in[slot] == c ? d : c), KF_OK); break;
+        default: cr_assert_eq(kf_graph_set_input(g, n, slot, 0), KF_OK); break;
+        }
+        if (step % 100 == 0) check_use_lists(g);
+    }
+    check_use_lists(g);
+    cr_assert_eq(kf_graph_replace_uses(g, c, d), KF_OK);
+    cr_assert_eq(g->values[c].nusers, 0);
+    check_use_lists(g);
+    kf_graph_free(g);
+}
+
+/* Seconds to remove every user of the shared constant, oldest first (the
+ * order that made each removal scan the whole list before). */
+static double remove_all_users(uint32_t n) {
+    kf_id c;
+    kf_graph *g = shared_constant(n, &c);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    for (kf_id k = 1; k < g->nnodes; k++) kf_graph_remove_node(g, k);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    cr_assert_eq(g->values[c].nusers, 0);
+    kf_graph_free(g);
+    return (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+}
+
+Test(ir_edit, removing_the_users_of_a_shared_constant_is_linear) {
+    double small = 1e9, large = 1e9; /* best of three: a busy machine only adds time */
+    for (int i = 0; i < 3; i++) {
+        double s = remove_all_users(20000), l = remove_all_users(200000);
+        small = s < small ? s : small;
+        large = l < large ? l : large;
+    }
+    /* linear: about 10x; one scan per removal was about 100x (and seconds) */
+    cr_assert_lt(large, 40 * small + 0.05, "20k users: %.4f s, 200k users: %.4f s", small, large);
 }

@@ -149,3 +149,33 @@ Test(pass_cse, does_not_merge_unknown_ops_or_dropout) {
                  "output y\n",
                  "Dropout");
 }
+
+/* Equal initializers merge into the lowest id whatever else shares their
+ * shape, bytes past the last whole word count, and a tensor whose shape
+ * nobody else has is left alone (it is not even hashed). */
+Test(pass_cse, initializers_merge_only_with_equal_bytes_of_equal_shape) {
+    kf_model *m = gt_parse("input x float[4, 5]\n"
+                           "const c1 float[5] = 1 2 3 4 5\n"
+                           "const c2 float[5] = 1 2 3 4 6\n"
+                           "const c3 float[5] = 1 2 3 4 5\n"
+                           "const c4 float[5] = 1 2 3 4 6\n"
+                           "const d float[1, 5] = 1 2 3 4 5\n"
+                           "a1 = Add(x, c1)\n"
+                           "a2 = Mul(x, c2)\n"
+                           "a3 = Sub(x, c3)\n"
+                           "a4 = Div(x, c4)\n"
+                           "a5 = Max(x, d)\n"
+                           "s = Sum(a1, a2, a3, a4, a5)\n"
+                           "output s\n");
+    kf_model *orig = gt_copy(m);
+    cr_expect_eq(run_cse(m), 2, "c3 -> c1 and c4 -> c2; d differs in shape");
+    const kf_graph *g = m->graph;
+    kf_id c1 = kf_graph_find(g, "c1"), c2 = kf_graph_find(g, "c2"), d = kf_graph_find(g, "d");
+    cr_expect_eq(g->values[c1].nusers, 2);
+    cr_expect_eq(g->values[c2].nusers, 2);
+    cr_expect_eq(g->values[d].nusers, 1);
+    cr_expect_eq(g->values[kf_graph_find(g, "c3")].nusers, 0);
+    gt_expect_same_outputs(orig, m, 0, 0);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
