@@ -154,6 +154,17 @@ void kf_plan_options_default(kf_plan_options *o);
  * shape errors from inference, KF_ERR_NOMEM, KF_ERR_BAD_MODEL (a cycle). */
 kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out);
 
+/* kf_plan_build with the symbolic dims names[i] sized values[i] while
+ * planning: legality and the cost model's merge decisions see those sizes
+ * (a symbolic model otherwise gets no cost refusals, as nothing can be
+ * sized), then every value's type is put back, so the model keeps its
+ * symbolic dims. The plan's figures are for those sizes; its groups are
+ * legal at them (a runtime plans again per concrete shape). A name the
+ * model lacks is ignored. Errors as kf_plan_build, KF_ERR_INVALID_ARG for
+ * a negative size. */
+kf_status kf_plan_build_at(kf_model *m, const kf_plan_options *o, const char *const *names, const int64_t *values,
+                           int n, kf_plan **out);
+
 /* The ONE fusion decision function. Would merging groups a and b of plan
  * p (vertical: a produces a value b reads; horizontal: a and b read one
  * same input side by side) be refused? Returns NULL when the planner would

@@ -728,3 +728,31 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f) {
         fprintf(f, "  g%u -> g%u '%s': %s\n", b->from, b->to, g->values[b->value].name, b->reason);
     }
 }
+
+kf_status kf_plan_build_at(kf_model *m, const kf_plan_options *o, const char *const *names, const int64_t *values,
+                           int n, kf_plan **out) {
+    *out = NULL;
+    kf_graph *g = m->graph;
+    kf_type *saved = kf_malloc(((size_t)g->nvalues + 1) * sizeof *saved);
+    if (!saved) return NOMEM();
+    for (kf_id v = 0; v < g->nvalues; v++) saved[v] = g->values[v].type;
+    kf_status st = KF_OK;
+    for (int i = 0; i < n && !st; i++) {
+        bool known = false;
+        for (uint32_t y = 1; y < g->nsyms && !known; y++) known = !strcmp(g->syms[y], names[i]);
+        if (known) st = kf_graph_bind_sym(g, names[i], values[i]);
+    }
+    uint32_t nvalues = g->nvalues;
+    if (!st) st = kf_plan_build(m, o, out);
+    /* every type as it was (values planning added keep theirs), and the
+     * symbolic contents of shape values recomputed from them */
+    for (kf_id v = 0; v < nvalues && v < g->nvalues; v++) g->values[v].type = saved[v];
+    kf_free(saved);
+    kf_status st2 = kf_infer_shapes(m);
+    if (!st) st = st2;
+    if (st) {
+        kf_plan_free(*out);
+        *out = NULL;
+    }
+    return st;
+}

@@ -434,3 +434,45 @@ Test(symdim_models, gpt2) { expect_parity("gpt2", 3); }
 Test(symdim_models, vit_b16) { expect_parity("vit_b16", 0); }
 Test(symdim_models, resnet50) { expect_parity("resnet50", 0); }
 Test(symdim_models, mobilenetv2) { expect_parity("mobilenetv2", 0); }
+
+/* Planning a symbolic model at nominal sizes: the cost model sees them
+ * (the same refusals as the static copy's plan), and the model keeps its
+ * symbolic dims afterwards. */
+Test(symdim_models, plan_at_nominal_sizes) {
+    const char *path = KF_SOURCE_DIR "/bench/models/small/bert/model.onnx";
+    opt_run fixed = optimize_at(path, true);
+    kf_model *m;
+    cr_assert_eq(kf_model_load(path, &m), KF_OK);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(m, &o, &res), KF_OK, "%s", kf_last_error());
+    kf_rules_free(&res.rules);
+    kf_plan_options po;
+    kf_plan_options_default(&po);
+    po.target = KF_PLAN_DEFAULT_TARGET;
+    kf_plan *p, *q, *r;
+    const char *names[] = {"batch", "seq", "absent"};
+    int64_t values[] = {2, 8, 5};
+    cr_assert_eq(kf_plan_build_at(m, &po, names, values, 3, &p), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_plan_build(m, &po, &q), KF_OK);
+    cr_assert_eq(kf_plan_build(fixed.m, &po, &r), KF_OK);
+    cr_log_info("bert: cost refusals %u at nominal sizes, %u symbolic, %u static; launches %u, %u, %u",
+                p->cost_refusals, q->cost_refusals, r->cost_refusals, p->launches, q->launches, r->launches);
+    cr_expect_gt(r->cost_refusals, 0, "the static plan refuses nothing: the test shows nothing");
+    cr_expect_eq(p->cost_refusals, r->cost_refusals, "the cost model did not see the nominal sizes");
+    cr_expect_leq(p->launches, r->launches + 2);
+    const kf_type *in = &m->graph->values[m->graph->inputs[0]].type;
+    cr_expect(in->dims[0] < 0 && in->syms[0] && in->dims[1] < 0 && in->syms[1], "the input's dims did not stay symbolic");
+    int64_t neg[] = {-1};
+    kf_plan *bad = NULL;
+    cr_expect_eq(kf_plan_build_at(m, &po, names, neg, 1, &bad), KF_ERR_INVALID_ARG);
+    cr_expect_null(bad);
+    kf_clear_error();
+    kf_plan_free(p);
+    kf_plan_free(q);
+    kf_plan_free(r);
+    kf_model_free(m);
+    kf_rules_free(&fixed.res.rules);
+    kf_model_free(fixed.m);
+}

@@ -26,8 +26,10 @@ enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
 static void fuse_usage(FILE *f) {
     fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--emit DIR] [--no-opt] [--dim NAME=N]...\n"
-               "                 [--target NAME|FILE] [--precision fp32|tf32|fp16|bf16] [--legal-only]\n"
+               "                 [--target NAME|FILE] [--precision fp32|tf32|fp16|bf16] [--legal-only] [--plan-dim NAME=N]...\n"
                "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
+               "  --plan-dim  plan (legality, cost-model decisions, figures) as if NAME were N, keeping it\n"
+               "            symbolic in the file: the groups a static copy at that size gets\n"
                "  --target  the device the plan is for: h200 (default; KFUSE_TARGET), h100, a100, test, a .target\n"
                "            file, or none (merge whatever is legal, no estimates); merges happen only when the\n"
                "            cost model estimates them faster, and each group gets an estimated time (est_us)\n"
@@ -52,7 +54,8 @@ static int fail(kf_status st) {
 /* The plan of m, from the planner (KFUSE_DISABLE_FUSION, KFUSE_FUEL and
  * KFUSE_TRACE apply through its defaults), as a copy that does not read the
  * model once kf_fuse_apply has changed it (see kf_fuse_plan_copy). */
-static kf_status make_plan(kf_model *m, const char *target, int math, bool legal_only, kf_plan **p) {
+static kf_status make_plan(kf_model *m, const char *target, int math, bool legal_only, const kfuse_tool_dims *at,
+                           kf_plan **p) {
     kf_plan_options o;
     kf_plan_options_default(&o);
     if (target) o.target = target;
@@ -60,7 +63,7 @@ static kf_status make_plan(kf_model *m, const char *target, int math, bool legal
     o.math = math;
     o.legal_only = legal_only;
     kf_plan *built;
-    KF_TRY(kf_plan_build(m, &o, &built));
+    KF_TRY(at->n ? kf_plan_build_at(m, &o, at->names, at->values, at->n, &built) : kf_plan_build(m, &o, &built));
     kf_status st = kf_fuse_plan_copy(m, built, p);
     kf_plan_free(built);
     return st;
@@ -157,11 +160,14 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     bool report = false, json = false, opt = true, legal_only = false;
     int math = KF_MATH_FP32;
     kf_dtype low = KF_DT_UNDEFINED; /* fp16/bf16: the precision pass before planning */
-    kfuse_tool_dims dims = {0};
+    kfuse_tool_dims dims = {0}, plan_at = {0};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
         else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
             if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
+        }
+        else if (!strcmp(argv[i], "--plan-dim") && i + 1 < argc) {
+            if (!kfuse_tool_dim_arg(&plan_at, argv[++i])) return EXIT_USAGE;
         }
         else if (!strcmp(argv[i], "--dot") && i + 1 < argc) dot = argv[++i];
         else if (!strcmp(argv[i], "--emit") && i + 1 < argc) emit = argv[++i];
@@ -217,7 +223,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     }
     sum.nodes_after = kf_graph_live_nodes(m->graph);
     kf_plan *p = NULL;
-    if ((st = make_plan(m, target, math, legal_only, &p))) {
+    if ((st = make_plan(m, target, math, legal_only, &plan_at, &p))) {
         kf_model_free(m);
         return fail(st);
     }

@@ -48,7 +48,7 @@ static void usage(FILE *f) {
             "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
             "                 [--dim NAME=N]... [--report] [--json]\n"
             "                                  rewrite to a smaller standard ONNX (--dim: fix a symbolic dim)\n"
-            "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N]\n"
+            "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N] [--plan-dim NAME=N]\n"
             "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
             "  quantize M.onnx -o Q.onnx [--calib DIR | --random N] [--method minmax|percentile|entropy]\n"
             "                 [--percentile P] [--per-channel] [--type int8|fp8] [--exclude OP|NODE]...\n"
