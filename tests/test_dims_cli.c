@@ -17,27 +17,12 @@
 
 static char bin[PATH_MAX], out[16384], dir[PATH_MAX];
 
-static void find_cli(void) {
-    tu_cli_find("dims_cli", bin, sizeof bin);
-    snprintf(dir, sizeof dir, "/tmp/kf_dims_cli_XXXXXX");
-    cr_assert(mkdtemp(dir), "mkdtemp");
-}
+static void find_cli(void) { tu_cli_setup("dims_cli", bin, sizeof bin, dir, sizeof dir); }
 
-static void cleanup(void) {
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void cleanup(void) { tu_cli_dir_remove(dir); }
 
 /* `kfuse ARGS` (ARGS built printf-style): exit code, output in out */
-static int kfuse(const char *fmt, ...) {
-    char args[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return tu_cli_run(bin, "", args, out, sizeof out);
-}
+#define kfuse(...) tu_cli_runf(bin, out, sizeof out, __VA_ARGS__)
 
 #define BERT KF_SOURCE_DIR "/bench/models/small/bert/model.onnx"
 

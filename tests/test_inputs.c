@@ -269,26 +269,11 @@ Test(inputs, bad_npy_headers_are_typed_errors_naming_the_file) {
 
 static char bin[PATH_MAX], out[16384], dir[PATH_MAX];
 
-static void find_cli(void) {
-    tu_cli_find("inputs", bin, sizeof bin);
-    snprintf(dir, sizeof dir, "/tmp/kf_inputs_XXXXXX");
-    cr_assert(mkdtemp(dir), "mkdtemp");
-}
+static void find_cli(void) { tu_cli_setup("inputs", bin, sizeof bin, dir, sizeof dir); }
 
-static void cleanup(void) {
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void cleanup(void) { tu_cli_dir_remove(dir); }
 
-static int kfuse(const char *fmt, ...) {
-    char args[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return tu_cli_run(bin, "", args, out, sizeof out);
-}
+#define kfuse(...) tu_cli_runf(bin, out, sizeof out, __VA_ARGS__)
 
 /* BERT's embeddings in small: ids into a vocabulary, token types (through
  * Cast and Unsqueeze) into a table of `types` rows, a float mask. */

@@ -589,26 +589,11 @@ Test(quantize, small_gpt2) { small_model("gpt2", INT8_MIN_DB); }
 
 static char bin[PATH_MAX], out[65536], dir[PATH_MAX];
 
-static void cli_setup(void) {
-    tu_cli_find("quantize", bin, sizeof bin);
-    snprintf(dir, sizeof dir, "/tmp/kf_quantize_XXXXXX");
-    cr_assert(mkdtemp(dir), "mkdtemp");
-}
+static void cli_setup(void) { tu_cli_setup("quantize", bin, sizeof bin, dir, sizeof dir); }
 
-static void cli_cleanup(void) {
-    char cmd[PATH_MAX + 16];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    cr_assert_eq(system(cmd), 0);
-}
+static void cli_cleanup(void) { tu_cli_dir_remove(dir); }
 
-static int kfuse(const char *fmt, ...) {
-    char args[4096];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(args, sizeof args, fmt, ap);
-    va_end(ap);
-    return tu_cli_run(bin, "", args, out, sizeof out);
-}
+#define kfuse(...) tu_cli_runf(bin, out, sizeof out, __VA_ARGS__)
 
 #define SMALL KF_SOURCE_DIR "/bench/models/small"
 

@@ -4,6 +4,7 @@
 
 #include <criterion/criterion.h>
 #include <math.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,6 +226,27 @@ int tu_cli_run(const char *bin, const char *env, const char *args, char *out, si
     int status = pclose(p);
     cr_assert(WIFEXITED(status), "kfuse %s did not exit normally", args);
     return WEXITSTATUS(status);
+}
+
+int tu_cli_runf(const char *bin, char *out, size_t len, const char *fmt, ...) {
+    char args[4096];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(args, sizeof args, fmt, ap);
+    va_end(ap);
+    return tu_cli_run(bin, "", args, out, len);
+}
+
+void tu_cli_setup(const char *suite, char *bin, size_t blen, char *dir, size_t dlen) {
+    tu_cli_find(suite, bin, blen);
+    snprintf(dir, dlen, "/tmp/kf_%s_XXXXXX", suite);
+    cr_assert(mkdtemp(dir), "mkdtemp");
+}
+
+void tu_cli_dir_remove(const char *dir) {
+    char cmd[PATH_MAX + 16];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    cr_assert_eq(system(cmd), 0);
 }
 
 static char cache_dir[64];

@@ -55,5 +55,11 @@ void tu_cli_find(const char *suite, char *bin, size_t len);
 /* `ENV timeout 120 BIN ARGS` with stderr merged into out (cut to len):
  * the exit code; asserts the process exited normally (Criterion). */
 int tu_cli_run(const char *bin, const char *env, const char *args, char *out, size_t len);
+/* tu_cli_run with no environment and ARGS built printf-style. */
+int tu_cli_runf(const char *bin, char *out, size_t len, const char *fmt, ...);
+/* tu_cli_find, then a fresh folder /tmp/kf_SUITE_XXXXXX into dir (Criterion
+ * .init of the CLI tests); tu_cli_dir_remove removes it (.fini). */
+void tu_cli_setup(const char *suite, char *bin, size_t blen, char *dir, size_t dlen);
+void tu_cli_dir_remove(const char *dir);
 
 #endif
