@@ -1,11 +1,12 @@
 /*
  * pass_fold.c: constant folding, a whole-graph pass (passes.def:
  * KF_GRAPH_PASS(fold)). A node whose inputs are all constants of the model
- * runs once on the reference evaluator and its outputs become initializers;
- * so do Shape and Size of a value whose type is static, and Gather of the
- * static dims out of a Shape. Constant nodes become initializers on the way.
- * With symbolic dims, shape inference tracks what shape computations hold
- * (kf_sym.h): one whose symbols cancel folds to its constant, and a
+ * runs once on the reference evaluator and its outputs become initializers.
+ * Constant nodes become initializers on the way. Shape inference tracks
+ * what shape computations hold (kf_sym.h): one whose elements are all
+ * known folds to them (Shape and Size of a static value, Gather of the
+ * static dims out of a partly symbolic Shape, arithmetic whose symbols
+ * cancel), and a
  * Reshape or Expand whose target holds symbols gets a constant target
  * instead (0 where Reshape keeps the input's dim, one -1 for the dim the
  * rest implies, 1 where Expand keeps it), so the Shape -> Gather -> Concat
@@ -156,62 +157,6 @@ static kf_status eval_and_commit(kf_graph *g, kf_id node, const kf_tensor **in, 
     }
     for (int j = 0; j < n->nout; j++) kf_tensor_release(&outs[j]);
     kf_free(outs);
-    return st;
-}
-
-/* Shape(x) / Size(x) with x's type static: they read only the dims, so a
- * tensor header without data stands in for x. */
-static kf_status fold_shape_of(kf_graph *g, kf_id node, bool *done) {
-    const kf_node *n = &g->nodes[node];
-    *done = false;
-    if (n->nin != 1 || !n->in[0]) return KF_OK;
-    const kf_type *ty = &g->values[n->in[0]].type;
-    if (!kf_type_is_static(ty) || !kf_dtype_valid(ty->dtype)) return KF_OK;
-    kf_tensor header = {.dtype = ty->dtype, .rank = ty->rank};
-    memcpy(header.dims, ty->dims, sizeof(int64_t) * (size_t)ty->rank);
-    if (kf_shape_numel(ty->rank, ty->dims, 1, &header.numel) != KF_OK) {
-        kf_clear_error();
-        return KF_OK;
-    }
-    const kf_tensor *in[1] = {&header};
-    return eval_and_commit(g, node, in, KF_FOLD_MIN_CAP_BYTES, done);
-}
-
-/* Gather(Shape(x), k) along axis 0 with constant k picking static dims of
- * x: what exporters write for one dim of a partly dynamic shape. */
-static kf_status fold_gather_of_shape(kf_model *m, kf_id node, bool *done) {
-    kf_graph *g = m->graph;
-    const kf_node *n = &g->nodes[node];
-    *done = false;
-    if (n->nin != 2 || !n->in[0] || !n->in[1] || n->nout != 1) return KF_OK;
-    kf_id sp = g->values[n->in[0]].producer;
-    const kf_node *s = sp ? &g->nodes[sp] : NULL;
-    if (!s || s->dead || s->op != KF_OP_SHAPE || !s->in[0]) return KF_OK;
-    if (kf_attr_find(s, "start") || kf_attr_find(s, "end")) return KF_OK;
-    const kf_type *x = &g->values[s->in[0]].type;
-    const kf_tensor *k = fixed(m, n->in[1]);
-    int64_t axis = kf_attr_i(n, "axis", 0);
-    if (x->rank < 0 || !k || !kf_dtype_is_int(k->dtype) || (axis != 0 && axis != -1) || k->numel > KF_MAX_RANK)
-        return KF_OK;
-    kf_tensor *t = kf_tensor_new();
-    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    kf_status st = kf_tensor_alloc(t, KF_DT_INT64, k->rank, k->dims);
-    if (st) {
-        kf_tensor_free(t);
-        return st;
-    }
-    for (int64_t i = 0; i < k->numel; i++) {
-        int64_t d = kf_get_i64(k, i);
-        if (d < 0) d += x->rank;
-        if (d < 0 || d >= x->rank || x->dims[d] < 0) {
-            kf_tensor_free(t);
-            return KF_OK;
-        }
-        kf_set_i64(t, i, x->dims[d]);
-    }
-    st = commit(g, node, t);
-    kf_tensor_free(t);
-    *done = st == KF_OK;
     return st;
 }
 
@@ -427,10 +372,6 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         if (!foldable(m, n, in, &cap)) {
             if (ctx->fold_cap_bytes > cap) cap = ctx->fold_cap_bytes;
             if (fits_before(n, in, cap)) st = eval_and_commit(g, id, in, cap, &done);
-        } else if (n->op == KF_OP_SHAPE || n->op == KF_OP_SIZE) {
-            st = fold_shape_of(g, id, &done);
-        } else if (n->op == KF_OP_GATHER) {
-            st = fold_gather_of_shape(m, id, &done);
         }
         if (!done && !st && (n->op == KF_OP_RESHAPE || n->op == KF_OP_EXPAND))
             st = fold_sym_target(m, &cache, id, &done);

@@ -50,8 +50,6 @@ static bool ints_of(const kf_tensor *t, int64_t *out, int max, int *n) {
     return true;
 }
 
-static bool nonneg(const kf_graph *g, kf_sdim d) { return kf_sdim_nonneg(g, d); }
-
 typedef kf_sdim (*binop)(kf_graph *, kf_sdim, kf_sdim);
 
 /* ONNX integer Div truncates; on dims (non-negative) that is the floor. */
@@ -60,23 +58,23 @@ static kf_sdim div_trunc(kf_graph *g, kf_sdim a, kf_sdim b) {
         if (b.v == 0 || (a.v == INT64_MIN && b.v == -1)) return kf_sdim_unknown();
         return kf_sdim_const(a.v / b.v);
     }
-    if (!nonneg(g, a) || !nonneg(g, b)) return kf_sdim_unknown();
+    if (!kf_sdim_nonneg(g, a) || !kf_sdim_nonneg(g, b)) return kf_sdim_unknown();
     return kf_sdim_div(g, a, b);
 }
 
 static kf_sdim max_of(kf_graph *g, kf_sdim a, kf_sdim b) {
     if (kf_sdim_eq(a, b)) return a;
     if (a.sym == 0 && b.sym == 0 && kf_sdim_known(a) && kf_sdim_known(b)) return a.v > b.v ? a : b;
-    if (b.sym == 0 && kf_sdim_known(b) && b.v <= 0 && nonneg(g, a)) return a;
-    if (a.sym == 0 && kf_sdim_known(a) && a.v <= 0 && nonneg(g, b)) return b;
+    if (b.sym == 0 && kf_sdim_known(b) && b.v <= 0 && kf_sdim_nonneg(g, a)) return a;
+    if (a.sym == 0 && kf_sdim_known(a) && a.v <= 0 && kf_sdim_nonneg(g, b)) return b;
     return kf_sdim_unknown();
 }
 
 static kf_sdim min_of(kf_graph *g, kf_sdim a, kf_sdim b) {
     if (kf_sdim_eq(a, b)) return a;
     if (a.sym == 0 && b.sym == 0 && kf_sdim_known(a) && kf_sdim_known(b)) return a.v < b.v ? a : b;
-    if (b.sym == 0 && kf_sdim_known(b) && b.v <= 0 && nonneg(g, a)) return b;
-    if (a.sym == 0 && kf_sdim_known(a) && a.v <= 0 && nonneg(g, b)) return a;
+    if (b.sym == 0 && kf_sdim_known(b) && b.v <= 0 && kf_sdim_nonneg(g, a)) return b;
+    if (a.sym == 0 && kf_sdim_known(a) && a.v <= 0 && kf_sdim_nonneg(g, b)) return a;
     return kf_sdim_unknown();
 }
 
@@ -87,7 +85,7 @@ static kf_sdim equal_of(kf_graph *g, kf_sdim a, kf_sdim b) {
     if (kf_sdim_eq(a, b)) return kf_sdim_const(1);
     if (a.sym == 0 && b.sym == 0) return kf_sdim_const(0);
     kf_sdim s = a.sym ? a : b, c = a.sym ? b : a;
-    if (c.sym == 0 && c.v < 0 && nonneg(g, s)) return kf_sdim_const(0);
+    if (c.sym == 0 && c.v < 0 && kf_sdim_nonneg(g, s)) return kf_sdim_const(0);
     return kf_sdim_unknown();
 }
 
