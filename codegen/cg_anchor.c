@@ -40,6 +40,14 @@ static bool from_anchor(const gen *st, kf_id v, kf_id a, int depth) {
 
 static bool forward_step(gen *st, kf_id a, kf_id v, const ix *at, ix *res, int *open);
 
+/* Does n map elements one to one (a cg_expr, or Cast and Q/DQ, which
+ * emit_node writes without one)? */
+static bool maps_elements(const kf_node *n) {
+    const kf_op_info *oi = kf_op_get(n->op);
+    return oi && (oi->cg_expr || n->op == KF_OP_CAST || n->op == KF_OP_QUANTIZE_LINEAR ||
+                  n->op == KF_OP_DEQUANTIZE_LINEAR);
+}
+
 /* Index into value v that holds the anchor element at `at` (of value a).
  * Each value on the way is emitted at its index (and so remembered): a
  * Transpose after a Reshape drops the linear index the Reshape's inverse map
@@ -136,10 +144,7 @@ static bool forward_step(gen *st, kf_id a, kf_id v, const ix *at, ix *res, int *
         reshape_ix(st, &r0, it, ot, res);
         return true;
     default: {
-        const kf_op_info *oi = kf_op_get(n->op);
-        /* Cast has no cg_expr (emit_cast writes it) but maps elements one to one */
-        bool elementwise = oi && (oi->cg_expr || n->op == KF_OP_CAST);
-        if (n != st->red && (!elementwise || n->nout != 1)) break;
+        if (n != st->red && (!maps_elements(n) || n->nout != 1)) break;
         if (!same_dims(it, ot))
             return fail(st, "node '%s': %s broadcasts the anchor's output into a larger space (not generated)",
                         kf_node_label(n), n->op_type);
@@ -202,30 +207,52 @@ static bool epilogue(gen *st, kf_id a, ix *at, const char *rhs, const char *row_
     return ok;
 }
 
+/* The register type of an anchor's operands and sums. */
+static const char *acc_type(const gen *st) { return st->iacc ? "int" : "float"; }
+
+/* Index into a quantisation parameter of type pt (a zero point): its only
+ * element, or element `name` of a 1-D one. */
+static void param_ix(const kf_type *pt, const char *name, ix *res) {
+    *res = (ix){.rank = pt->rank};
+    for (int d = 0; d < pt->rank; d++) snprintf(res->c[d], NAMELEN, "0");
+    if (numel_of(pt) != 1 && pt->rank == 1) snprintf(res->c[0], NAMELEN, "%s", name);
+}
+
 /* Emits operand v at index at inside an `if (cond)` block that assigns the
- * float register reg (zero outside: the tile's edge or the conv's padding). */
-static bool load_guarded(gen *st, const char *reg, const char *cond, kf_id v, const ix *at) {
+ * register reg (zero outside: the tile's edge or the conv's padding). An
+ * integer anchor's operand is an int less its zero point zp (0: none) read
+ * at zat, so the edge and the padding add nothing (ConvInteger pads with
+ * the zero point). */
+static bool load_guarded(gen *st, const char *reg, const char *cond, kf_id v, const ix *at, kf_id zp, const ix *zat) {
     const char *outer = st->ind;
     uint32_t mark = st->nmemo;
-    char x[NAMELEN];
-    kf_cg_printf(st->s, "%sfloat %s = 0.0f;\n", outer, reg);
+    char x[NAMELEN], z[NAMELEN];
+    kf_cg_printf(st->s, "%s%s %s = 0;\n", outer, acc_type(st), reg);
     if (cond[0]) {
         kf_cg_printf(st->s, "%sif (%s) {\n", outer, cond);
         st->ind = deeper(outer);
     }
-    bool ok = emit(st, v, at, x);
-    if (ok) kf_cg_printf(st->s, "%s%s = %s;\n", st->ind, reg, x);
+    bool ok = emit(st, v, at, x) && (!zp || emit(st, zp, zat, z));
+    if (ok && zp) kf_cg_printf(st->s, "%s%s = %s - %s;\n", st->ind, reg, x, z);
+    else if (ok) kf_cg_printf(st->s, "%s%s = %s;\n", st->ind, reg, x);
     st->ind = outer;
     if (cond[0]) kf_cg_printf(st->s, "%s}\n", outer);
     st->nmemo = mark;
     return ok;
 }
 
+/* Operand `slot` has the type the template computes on: float32 or
+ * 16-bit floats, or 8-bit integers for an integer anchor. */
 static bool real_operand(gen *st, const kf_node *n, int slot) {
     kf_dtype dt = st->g->values[n->in[slot]].type.dtype;
-    return is_real(dt) || fail(st, "node '%s': %s over %s is not generated (float templates)", kf_node_label(n),
-                               n->op_type, kf_dtype_name(dt));
+    if (st->iacc ? dt == KF_DT_INT8 || dt == KF_DT_UINT8 : is_real(dt)) return true;
+    return fail(st, "node '%s': %s over %s is not generated (%s templates)", kf_node_label(n), n->op_type,
+                kf_dtype_name(dt), st->iacc ? "8-bit integer" : "float");
 }
+
+/* Sums of k products of 8-bit values less their zero points (each at most
+ * 255 * 255 in size) fit an int when k is at most this. */
+#define INT_SUM_MAX_K (INT32_MAX / (255 * 255))
 
 /* ---- tiled GEMM ------------------------------------------------------------
  *
@@ -255,6 +282,7 @@ static bool real_operand(gen *st, const kf_node *n, int slot) {
 
 typedef struct gemm {
     kf_id a, b, c;          /* operands (c: Gemm's C, 0 if none) */
+    kf_id za, zb;           /* MatMulInteger's zero points (0: none) */
     bool ta, tb;            /* Gemm transA/transB */
     float alpha, beta;
     int64_t M, N, K;
@@ -299,6 +327,12 @@ static bool gemm_setup(gen *st, const kf_node *n, gemm *gm) {
     gm->M = gm->has_m ? at->dims[at->rank - 2] : 1;
     gm->N = gm->has_n ? bt->dims[bt->rank - 1] : 1;
     if (bt->dims[gm->has_n ? bt->rank - 2 : 0] != gm->K) return fail(st, "node '%s': MatMul K differs", kf_node_label(n));
+    if (st->iacc) {
+        gm->za = n->nin > 2 ? n->in[2] : 0;
+        gm->zb = n->nin > 3 ? n->in[3] : 0;
+        if (gm->K > INT_SUM_MAX_K)
+            return fail(st, "node '%s': K = %lld could overflow the int sums (not generated)", kf_node_label(n), (long long)gm->K);
+    }
     gm->nb = ot->rank - gm->has_m - gm->has_n;
     if (gm->nb < 0) return fail(st, "node '%s': MatMul output rank (internal)", kf_node_label(n));
     return true;
@@ -354,7 +388,9 @@ static bool tile_loads(gen *st, const kf_node *n, const gemm *gm, int rows, cons
             snprintf(ai.c[0], NAMELEN, "%s", gm->ta ? "gk" : "gm");
             snprintf(ai.c[1], NAMELEN, "%s", gm->ta ? "gm" : "gk");
         } else operand_ix(gm, &st->g->values[gm->a].type, true, "gm", "gk", &ai);
-        if (!load_guarded(st, "x", cond, gm->a, &ai)) return false;
+        ix zi;
+        if (gm->za) param_ix(&st->g->values[gm->za].type, "gm", &zi);
+        if (!load_guarded(st, "x", cond, gm->a, &ai, gm->za, &zi)) return false;
         kf_cg_printf(b, "                kf_as[e %% %d][e / %d] = x;\n            }\n", GEMM_TK, GEMM_TK);
     }
     /* B: element e -> (k e / 64, column e % 64): consecutive work-items read consecutive columns */
@@ -368,7 +404,9 @@ static bool tile_loads(gen *st, const kf_node *n, const gemm *gm, int rows, cons
         snprintf(bi.c[0], NAMELEN, "%s", gm->tb ? "gn" : "gk");
         snprintf(bi.c[1], NAMELEN, "%s", gm->tb ? "gk" : "gn");
     } else operand_ix(gm, &st->g->values[gm->b].type, false, "gk", "gn", &bi);
-    if (!load_guarded(st, "x", cond, gm->b, &bi)) return false;
+    ix zi;
+    if (gm->zb) param_ix(&st->g->values[gm->zb].type, "gn", &zi);
+    if (!load_guarded(st, "x", cond, gm->b, &bi, gm->zb, &zi)) return false;
     kf_cg_printf(b, "                kf_bs[e / %d][e %% %d] = x;\n            }\n", GEMM_TN, GEMM_TN);
     return true;
 }
@@ -435,17 +473,18 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     kf_cg_printf(&body, "        const %s tm = (tile / %lld) %% %lld;\n", I, (long long)tn, (long long)tm);
     if (gm.nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)(tn * tm));
     batch_names(st, &gm, ot);
-    kf_cg_puts(&body, "        float acc[4][4];\n"
-                      "        for (int p = 0; p < 4; p++)\n"
-                      "            for (int q = 0; q < 4; q++) acc[p][q] = 0.0f;\n");
+    const char *T = acc_type(st);
+    kf_cg_printf(&body, "        %s acc[4][4];\n"
+                        "        for (int p = 0; p < 4; p++)\n"
+                        "            for (int q = 0; q < 4; q++) acc[p][q] = 0;\n", T);
     kf_cg_printf(&body, "        for (%s k0 = 0; k0 < %lld; k0 += %d) {\n", I, (long long)gm.K, GEMM_TK);
     char base[2][48]; /* "tm * 64" */
     snprintf(base[0], sizeof base[0], "tm * %d", GEMM_TM);
     snprintf(base[1], sizeof base[1], "tn * %d", GEMM_TN);
     bool ok = tile_loads(st, n, &gm, GEMM_TM, base[0], base[1]);
-    kf_cg_puts(&body, "            KF_BARRIER;\n"
+    kf_cg_printf(&body, "            KF_BARRIER;\n"
                       "            for (int kk = 0; kk < 16; kk++) {\n"
-                      "                float fa[4], fb[4];\n"
+                      "                %s fa[4], fb[4];\n"
                       "                for (int q = 0; q < 4; q++) {\n"
                       "                    fa[q] = kf_as[kk][ty + 16 * q];\n"
                       "                    fb[q] = kf_bs[kk][tx + 16 * q];\n"
@@ -454,7 +493,7 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
                       "                    for (int q = 0; q < 4; q++) acc[p][q] += fa[p] * fb[q];\n"
                       "            }\n"
                       "            KF_BARRIER;\n"
-                      "        }\n");
+                      "        }\n", T);
     /* epilogue: per register element, guarded */
     kf_cg_puts(&body, "        for (int p = 0; p < 4; p++) {\n");
     kf_cg_printf(&body, "            const %s gm = tm * %d + ty + 16 * p;\n", I, GEMM_TM);
@@ -470,9 +509,9 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     kf_cg_str_release(&rhs);
     kf_cg_puts(&body, "                }\n            }\n        }\n");
     if (ok) {
-        header(st, s, "tiled GEMM");
-        kf_cg_printf(s, "    KF_SHARED float kf_as[%d][%d];\n", GEMM_TK, GEMM_TM + 1);
-        kf_cg_printf(s, "    KF_SHARED float kf_bs[%d][%d];\n", GEMM_TK, GEMM_TN);
+        header(st, s, st->iacc ? "tiled integer GEMM" : "tiled GEMM");
+        kf_cg_printf(s, "    KF_SHARED %s kf_as[%d][%d];\n", T, GEMM_TK, GEMM_TM + 1);
+        kf_cg_printf(s, "    KF_SHARED %s kf_bs[%d][%d];\n", T, GEMM_TK, GEMM_TN);
         kf_cg_puts(s, "    const int tx = KF_LOCAL_ID % 16, ty = KF_LOCAL_ID / 16;\n");
     }
     return tiles_end(st, s, &body, ntiles, ok);
@@ -524,8 +563,7 @@ static bool linear_path(const gen *st, kf_id v, kf_id a, int depth) {
     }
     default: break;
     }
-    const kf_op_info *oi = kf_op_get(n->op);
-    if (!oi || !oi->cg_expr) return false;
+    if (!maps_elements(n)) return false;
     for (int i = 0; i < n->nin; i++)
         if (n->in[i] && from_anchor(st, n->in[i], a, 0)) {
             if (!same_dims(&st->g->values[n->in[i]].type, &st->g->values[v].type)) return false;
@@ -804,7 +842,7 @@ static bool conv_setup(gen *st, const kf_node *n, conv *cv) {
         if (cv->g.out[d] != ot->dims[2 + d]) return fail(st, "node '%s': Conv output dims disagree (internal)", kf_node_label(n));
     if (group < 1 || cv->C % group || cv->M % group || wt->dims[1] != cv->C / group || wt->dims[0] != cv->M)
         return fail(st, "node '%s': Conv channels do not match group %lld", kf_node_label(n), (long long)group);
-    if (n->nin > 2 && n->in[2] && !real_operand(st, n, 2)) return false;
+    if (!st->iacc && n->nin > 2 && n->in[2] && !real_operand(st, n, 2)) return false;
     cv->cg = cv->C / group;
     cv->mg = cv->M / group;
     cv->npix = 1;
@@ -839,7 +877,11 @@ static bool conv_taps(gen *st, const kf_node *n, const conv *cv, int ct, const c
     snprintf(xi.c[0], NAMELEN, "%s", cv->N == 1 ? "0" : "nb");
     snprintf(xi.c[1], NAMELEN, "ci");
     for (int d = 0; d < cv->nsp; d++) snprintf(xi.c[2 + d], NAMELEN, "s%d", d);
-    bool ok = cond.oom ? fail_oom(st) : load_guarded(st, "x", cond.p ? cond.p : "", n->in[0], &xi);
+    /* ConvInteger's zero points: x's per tensor, w's per tensor or output channel */
+    kf_id zx = st->iacc && n->nin > 2 ? n->in[2] : 0, zw = st->iacc && n->nin > 3 ? n->in[3] : 0;
+    ix zi;
+    if (zx) param_ix(&st->g->values[zx].type, "0", &zi);
+    bool ok = cond.oom ? fail_oom(st) : load_guarded(st, "x", cond.p ? cond.p : "", n->in[0], &xi, zx, &zi);
     kf_cg_str_release(&cond);
     uint32_t mark = st->nmemo;
     for (int q = 0; ok && q < ct; q++) {
@@ -847,9 +889,14 @@ static bool conv_taps(gen *st, const kf_node *n, const conv *cv, int ct, const c
         snprintf(wi.c[0], NAMELEN, q ? "co%d" : "co", q);
         snprintf(wi.c[1], NAMELEN, "%s", cv->cg == 1 ? "0" : "c");
         for (int d = 0; d < cv->nsp; d++) snprintf(wi.c[2 + d], NAMELEN, cv->wt->dims[2 + d] == 1 ? "0" : "k%d", d);
-        char wv[NAMELEN];
+        char wv[NAMELEN], z[NAMELEN];
         ok = emit(st, n->in[1], &wi, wv);
-        if (ok) kf_cg_printf(b, "%sacc%d += x * %s;\n", st->ind, q, wv);
+        if (ok && zw) {
+            ix wz;
+            param_ix(&st->g->values[zw].type, wi.c[0], &wz);
+            ok = emit(st, zw, &wz, z);
+            if (ok) kf_cg_printf(b, "%sacc%d += x * (%s - %s);\n", st->ind, q, wv, z);
+        } else if (ok) kf_cg_printf(b, "%sacc%d += x * %s;\n", st->ind, q, wv);
     }
     st->nmemo = mark;
     for (int d = cv->nsp; d >= 0; d--) {
@@ -872,7 +919,7 @@ static void conv_out_ix(const conv *cv, const char *ch, ix *oi) {
 /* acc<q> + bias[channel] as the anchor value's expression. */
 static bool conv_value(gen *st, const kf_node *n, const ix *oi, int q, char *rhs, size_t len) {
     snprintf(rhs, len, "acc%d", q);
-    if (n->nin > 2 && n->in[2]) {
+    if (!st->iacc && n->nin > 2 && n->in[2]) {
         ix b1 = {.rank = 1};
         char bv[NAMELEN];
         snprintf(b1.c[0], NAMELEN, "%s", oi->c[1]);
@@ -885,6 +932,10 @@ static bool conv_value(gen *st, const kf_node *n, const ix *oi, int q, char *rhs
 static bool gen_conv(gen *st, kf_cg_str *s, const kf_node *n) {
     conv cv;
     if (!conv_setup(st, n, &cv)) return false;
+    int64_t taps = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1); /* products summed per output */
+    if (st->iacc && taps > INT_SUM_MAX_K)
+        return fail(st, "node '%s': windows of %lld taps could overflow the int sums (not generated)", kf_node_label(n),
+                    (long long)taps);
     int ct = cv.mg % CONV_CT == 0 ? CONV_CT : 1;
     int64_t items = cv.N * (cv.M / ct) * cv.npix;
     if (items > INT32_MAX / 2 && !strcmp(st->ity, "int"))
@@ -906,7 +957,7 @@ static bool gen_conv(gen *st, kf_cg_str *s, const kf_node *n) {
     kf_cg_printf(&body, "        const %s co = (w / %lld) %% %lld * %d;\n", I, (long long)cv.npix, (long long)(cv.M / ct), ct);
     kf_cg_printf(&body, "        const %s nb = w / %lld;\n", I, (long long)(cv.npix * (cv.M / ct)));
     for (int q = 1; q < ct; q++) kf_cg_printf(&body, "        const %s co%d = co + %d;\n", I, q, q);
-    for (int q = 0; q < ct; q++) kf_cg_printf(&body, "        float acc%d = 0.0f;\n", q);
+    for (int q = 0; q < ct; q++) kf_cg_printf(&body, "        %s acc%d = 0;\n", acc_type(st), q);
     bool ok = conv_taps(st, n, &cv, ct, "        ");
     for (int q = 0; ok && q < ct; q++) {
         kf_cg_puts(&body, "        {\n");
@@ -1049,10 +1100,13 @@ static bool gen_anchor(gen *st, kf_cg_str *s) {
     }
     for (int j = 1; j < n->nout; j++)
         if (n->out[j]) return fail(st, "node '%s': %s output %d is used", kf_node_label(n), n->op_type, j);
+    st->iacc = n->op == KF_OP_MATMUL_INTEGER || n->op == KF_OP_CONV_INTEGER;
     switch (n->op) {
     case KF_OP_MATMUL:
+    case KF_OP_MATMUL_INTEGER:
     case KF_OP_GEMM: return gen_gemm(st, s, n);
-    case KF_OP_CONV: return gen_conv(st, s, n);
+    case KF_OP_CONV:
+    case KF_OP_CONV_INTEGER: return gen_conv(st, s, n);
     default: return fail(st, "node '%s': anchor op %s has no template yet", kf_node_label(n), n->op_type);
     }
 }

@@ -404,14 +404,17 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
  * integers compute as they are. */
 static bool dtype_ok(kf_dtype dt) {
     return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16 || dt == KF_DT_BOOL ||
-           dt == KF_DT_INT32 || dt == KF_DT_INT64;
+           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8;
 }
+#define DTYPES_OK "float32, float16, bfloat16, int32, int64, int8, uint8 and bool are generated"
 static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
 
 /* The register type values of dt compute in. */
 static const char *ctype(kf_dtype dt) {
     switch (dt) {
     case KF_DT_BOOL:
+    case KF_DT_INT8:
+    case KF_DT_UINT8:
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
     default: return "float";
@@ -424,6 +427,8 @@ static const char *mtype(kf_dtype dt) {
     case KF_DT_BOOL: return "unsigned char";
     case KF_DT_FLOAT16: return "KF_HALF";
     case KF_DT_BFLOAT16: return "KF_BF16";
+    case KF_DT_INT8: return "signed char";
+    case KF_DT_UINT8: return "unsigned char";
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
     default: return "float";
@@ -571,6 +576,7 @@ typedef struct gen {
     char *why;
     size_t whylen;
     bool oom;               /* failed for memory (KF_ERR_NOMEM), not unsupported */
+    bool iacc;              /* an integer anchor (MatMulInteger, ConvInteger): int tiles and sums */
 } gen;
 
 static bool fail(gen *st, const char *fmt, ...)
@@ -834,6 +840,12 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
         kf_dtype dt = st->g->values[n->in[i]].type.dtype;
         if (!is_real(dt) && dt != KF_DT_BOOL) ints = true;
     }
+    /* Max and Min of integers (a Relu moved onto quantised values is a Max
+     * with the zero point): exact, no NaN to order */
+    if (ints && (n->op == KF_OP_MAX || n->op == KF_OP_MIN)) {
+        e = n->op == KF_OP_MAX ? "(x1 > x0 ? x1 : x0)" : "(x1 < x0 ? x1 : x0)";
+        ints = false;
+    }
     if (ints && n->op != KF_OP_WHERE && n->op != KF_OP_EQUAL && n->op != KF_OP_LESS && n->op != KF_OP_GREATER &&
         n->op != KF_OP_LESS_OR_EQUAL && n->op != KF_OP_GREATER_OR_EQUAL)
         return fail(st, "node '%s': %s on integers is not generated (float templates)", kf_node_label(n),
@@ -893,11 +905,55 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
 /* Cast/CastLike between the storage types above. */
 static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     char x[NAMELEN];
+    kf_dtype to = st->g->values[v].type.dtype, from = st->g->values[n->in[0]].type.dtype;
+    if ((to == KF_DT_INT8 || to == KF_DT_UINT8) && from != to && from != KF_DT_BOOL)
+        return fail(st, "node '%s': Cast to %s from %s is not generated (out-of-range values would wrap)",
+                    kf_node_label(n), kf_dtype_name(to), kf_dtype_name(from));
     if (!emit(st, n->in[0], at, x)) return false;
-    kf_dtype to = st->g->values[v].type.dtype;
     char rhs[96]; /* a cast of one name */
     if (to == KF_DT_BOOL) snprintf(rhs, sizeof rhs, "(%s != 0)", x);
     else snprintf(rhs, sizeof rhs, "(%s)%s", ctype(to), x);
+    return define(st, v, name, rhs);
+}
+
+/* QuantizeLinear and DequantizeLinear in the forms the planner calls
+ * elementwise (fusion/plan.c, qdq_elementwise): the scale and the zero
+ * point are read at the element's index along `axis`, or at their only
+ * element. Rounding as the reference evaluator's: DequantizeLinear is
+ * (float)(q - z) * s, one rounding of an exact product; QuantizeLinear is
+ * rint(x / s) + z in float32 (division correctly rounded: see the OpenCL
+ * build options; CUDA's `/` is), saturated to the type, NaN to 0. */
+static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    const kf_type *xt = &st->g->values[n->in[0]].type;
+    char x[NAMELEN], par[2][NAMELEN] = {"", "0"};
+    if (!emit(st, n->in[0], at, x)) return false;
+    for (int slot = 1; slot < 3 && slot < n->nin; slot++) {
+        kf_id p = n->in[slot];
+        if (!p) continue;
+        const kf_type *pt = &st->g->values[p].type;
+        ix pi = {.rank = pt->rank};
+        for (int d = 0; d < pt->rank; d++) snprintf(pi.c[d], NAMELEN, "0");
+        if (numel_of(pt) != 1) {
+            int64_t axis = kf_attr_i(n, "axis", 1);
+            if (axis < 0) axis += xt->rank;
+            if (pt->rank != 1 || axis < 0 || axis >= xt->rank || pt->dims[0] != xt->dims[axis])
+                return fail(st, "node '%s': %s parameters are neither per tensor nor along one axis (not generated)",
+                            kf_node_label(n), n->op_type);
+            snprintf(pi.c[0], NAMELEN, "%s", at->c[axis]);
+        }
+        if (!emit(st, p, &pi, par[slot - 1])) return false;
+    }
+    char rhs[192]; /* a few names and two bounds */
+    if (n->op == KF_OP_DEQUANTIZE_LINEAR) {
+        snprintf(rhs, sizeof rhs, "(float)(%s - %s) * %s", x, par[1], par[0]);
+        return define(st, v, name, rhs);
+    }
+    bool u8 = st->g->values[v].type.dtype == KF_DT_UINT8;
+    int lo = u8 ? 0 : -128, hi = u8 ? 255 : 127;
+    char t[NAMELEN];
+    snprintf(t, NAMELEN, "t%d", st->ntemp++);
+    kf_cg_printf(st->s, "%sconst float %s = KF_RINT(%s / %s) + (float)%s;\n", st->ind, t, x, par[0], par[1]);
+    snprintf(rhs, sizeof rhs, "(KF_ISNAN(%s) ? 0 : %s <= %d.0f ? %d : %s >= %d.0f ? %d : (int)%s)", t, t, lo, lo, t, hi, hi, t);
     return define(st, v, name, rhs);
 }
 
@@ -1226,6 +1282,8 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     switch (n->op) {
     case KF_OP_CAST:
     case KF_OP_CAST_LIKE: return emit_cast(st, n, v, at, name);
+    case KF_OP_QUANTIZE_LINEAR:
+    case KF_OP_DEQUANTIZE_LINEAR: return emit_qdq(st, n, v, at, name);
     case KF_OP_IDENTITY:
     case KF_OP_RESHAPE:
     case KF_OP_FLATTEN:
@@ -1408,7 +1466,7 @@ static bool emit(gen *st, kf_id v, const ix *at, char *name) {
     }
     const kf_value *val = &st->g->values[v];
     if (!dtype_ok(val->type.dtype))
-        return fail(st, "value '%s' is %s: float32, float16, bfloat16, int32, int64 and bool are generated", val->name,
+        return fail(st, "value '%s' is %s: " DTYPES_OK, val->name,
                     kf_dtype_name(val->type.dtype));
     if (!kf_type_is_static(&val->type))
         return fail(st, "value '%s' has a symbolic or unknown shape: kernels are generated per static shape", val->name);
@@ -2380,7 +2438,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
             return KF_ERR_UNSUPPORTED;
         }
         if (!dtype_ok(v->type.dtype)) {
-            snprintf(why, whylen, "value '%s' is %s: float32, float16, bfloat16, int32, int64 and bool are generated", v->name,
+            snprintf(why, whylen, "value '%s' is %s: " DTYPES_OK, v->name,
                      kf_dtype_name(v->type.dtype));
             return KF_ERR_UNSUPPORTED;
         }

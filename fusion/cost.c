@@ -495,7 +495,7 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
         c->form = a->op == KF_OP_CONV ? "conv" : "gemm";
         return;
     }
-    bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE;
+    bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE || a->op == KF_OP_CONV_INTEGER;
     kf_dtype dt = a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
     if (kf_cost_library(t, g, cg)) {
         double flops = 0; /* doubles: products of dims may pass 64 bits on hostile shapes */

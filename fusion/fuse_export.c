@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "kf_fuse.h"
+#include "plan_int.h"
 
 const char *kf_fuse_kind_name(kf_group_kind k) {
     switch (k) {
@@ -299,8 +300,7 @@ static int64_t sum_bytes(const kf_graph *g, const kf_id *vals, uint32_t n) {
 }
 
 static bool fusible(const kf_model *m, const kf_node *n) {
-    const kf_op_info *info = kf_op_get(n->op);
-    return info && info->fclass != KF_FC_OPAQUE && !has_subgraph(n) &&
+    return pl_fclass(m->graph, n) != KF_FC_OPAQUE && !has_subgraph(n) &&
            !kf_model_function(m, n->domain, n->op_type);
 }
 
@@ -385,8 +385,7 @@ kf_status kf_fuse_simple_plan(const kf_model *m, kf_plan **out) {
             kf_id id = order[k + j];
             grp->nodes[j] = id;
             p->group_of[id] = p->ngroups;
-            const kf_op_info *info = kf_op_get(g->nodes[id].op);
-            int c = info ? (int)info->fclass : KF_FC_OPAQUE;
+            int c = (int)pl_fclass(g, &g->nodes[id]);
             if (c > maxc) {
                 maxc = c;
                 if (c >= KF_FC_REDUCTION) grp->anchor = id;

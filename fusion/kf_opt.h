@@ -18,6 +18,7 @@ typedef struct kf_pass_ctx {
     uint64_t changes;
     int64_t fold_cap_bytes; /* constant folding: outputs of one node may hold this many bytes
                              * (0: the cap that keeps a saved model from growing) */
+    bool keep_quantized;    /* constant folding leaves DequantizeLinear alone */
 } kf_pass_ctx;
 
 typedef kf_status (*kf_graph_pass_fn)(kf_model *m, kf_pass_ctx *ctx);
@@ -41,6 +42,8 @@ typedef struct kf_opt_options {
     int64_t fold_cap_bytes;           /* larger folds allowed (a model that is compiled, not saved:
                                        * a ConstantOfShape of a constant shape is then computed once);
                                        * 0: folding never inflates the model by more than 1 MiB a node */
+    bool keep_quantized;              /* never fold a DequantizeLinear of constants (an int8 plan
+                                       * computes on the 8-bit weights: pass_qint.c) */
 } kf_opt_options;
 
 /* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE). */

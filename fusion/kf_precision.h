@@ -33,4 +33,21 @@ typedef struct kf_precision_stats {
  * when the rewritten graph does not infer (a bug of this pass). */
 kf_status kf_fuse_precision(kf_model *m, kf_dtype low, kf_precision_stats *st);
 
+/* What kf_fuse_int8 did. */
+typedef struct kf_int8_stats {
+    uint32_t anchors; /* Conv/MatMul/Gemm nodes now integer anchors */
+} kf_int8_stats;
+
+/* Rewrites m for precision INT8 (pass_qint.c): every Conv, MatMul and Gemm
+ * (not transposed, alpha = beta = 1) whose two operands are
+ * DequantizeLinear of 8-bit values, with constant float32 scales per
+ * tensor or (weights) per output channel, becomes ConvInteger or
+ * MatMulInteger on the 8-bit values, a Cast to float32, a Mul by the
+ * constant sx * sw per channel and the bias Add. The result is standard
+ * ONNX and differs from m by float rounding (a quantised output may move
+ * by one step). Unused DequantizeLinear nodes are removed. *st may be
+ * NULL. KF_ERR_NOMEM; KF_ERR_INTERNAL when the rewritten graph does not
+ * infer (a bug of this pass). */
+kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st);
+
 #endif

@@ -15,9 +15,64 @@
 
 /* ---- node facts ---------------------------------------------------------- */
 
-kf_fclass pl_fclass(const kf_node *n) {
+/* An 8-bit integer type, as quantised values are stored. */
+static bool int8_type(kf_dtype dt) { return dt == KF_DT_INT8 || dt == KF_DT_UINT8; }
+
+/* Input `slot` of n is absent or a static tensor of one element, or (when
+ * len > 0) a 1-D one of len elements, of dtype dt (0: any). */
+static bool param_in(const kf_graph *g, const kf_node *n, int slot, int64_t len, kf_dtype dt) {
+    if (slot >= n->nin || !n->in[slot]) return true;
+    const kf_type *t = &g->values[n->in[slot]].type;
+    if (!kf_type_is_static(t) || (dt && t->dtype != dt)) return false;
+    int64_t e = 1;
+    for (int d = 0; d < t->rank; d++) e *= t->dims[d];
+    return e == 1 || (len > 0 && t->rank == 1 && t->dims[0] == len);
+}
+
+/* QuantizeLinear and DequantizeLinear in the form generated kernels
+ * compute (codegen.c, emit_qdq): 8-bit integers on one side, float32 on
+ * the other, a float32 scale (and zero point of the integer type) per
+ * tensor or along one axis, no opset-21 blocks, no opset-23 precision or
+ * output_dtype. Then they map elements one to one: elementwise. */
+static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
+    if (n->nin < 2 || !n->in[0] || !n->in[1] || n->nout < 1 || !n->out[0]) return false;
+    const kf_type *xt = &g->values[n->in[0]].type, *yt = &g->values[n->out[0]].type;
+    kf_dtype q = n->op == KF_OP_QUANTIZE_LINEAR ? yt->dtype : xt->dtype;
+    kf_dtype f = n->op == KF_OP_QUANTIZE_LINEAR ? xt->dtype : yt->dtype;
+    int64_t od = kf_attr_i(n, "output_dtype", 0);
+    if (!int8_type(q) || f != KF_DT_FLOAT || kf_attr_i(n, "block_size", 0) != 0 || kf_attr_i(n, "precision", 0) != 0 ||
+        (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : KF_DT_FLOAT)))
+        return false;
+    int64_t along = -1;
+    if (xt->rank > 0 && kf_type_is_static(xt)) {
+        int64_t axis = kf_attr_i(n, "axis", 1);
+        if (axis < 0) axis += xt->rank;
+        if (axis >= 0 && axis < xt->rank) along = xt->dims[axis];
+    }
+    return param_in(g, n, 1, along, KF_DT_FLOAT) && param_in(g, n, 2, along, q);
+}
+
+/* MatMulInteger and ConvInteger over 8-bit operands with zero points per
+ * tensor (B's and W's also per output column / channel), as the anchor
+ * templates take them (cg_anchor.c): anchors, like MatMul and Conv. */
+static bool int_anchor(const kf_graph *g, const kf_node *n) {
+    if (n->nin < 2 || !n->in[0] || !n->in[1]) return false;
+    const kf_type *at = &g->values[n->in[0]].type, *bt = &g->values[n->in[1]].type;
+    if (!int8_type(at->dtype) || !int8_type(bt->dtype) || bt->rank < 1) return false;
+    int64_t cols = n->op == KF_OP_CONV_INTEGER ? bt->dims[0] : bt->dims[bt->rank - 1];
+    return param_in(g, n, 2, 0, at->dtype) && param_in(g, n, 3, cols, bt->dtype);
+}
+
+kf_fclass pl_fclass(const kf_graph *g, const kf_node *n) {
     const kf_op_info *oi = kf_node_op(n); /* a malformed or other-version node is opaque */
-    return oi ? oi->fclass : KF_FC_OPAQUE;
+    if (!oi) return KF_FC_OPAQUE;
+    switch (n->op) {
+    case KF_OP_QUANTIZE_LINEAR:
+    case KF_OP_DEQUANTIZE_LINEAR: return qdq_elementwise(g, n) ? KF_FC_ELEMWISE : KF_FC_OPAQUE;
+    case KF_OP_MATMUL_INTEGER:
+    case KF_OP_CONV_INTEGER: return int_anchor(g, n) ? KF_FC_ANCHOR : KF_FC_OPAQUE;
+    default: return oi->fclass;
+    }
 }
 
 /* Register cost of one node (see pl_regs): an elementwise op keeps about
@@ -53,7 +108,7 @@ pl_same pl_space_cmp(const pl_state *s, kf_id va, kf_id vb) {
 }
 
 /* Output shape equals input 0's shape whatever the shapes are. */
-static bool same_shape_op(const kf_node *n) {
+static bool same_shape_op(const kf_graph *g, const kf_node *n) {
     switch (n->op) {
     case KF_OP_SOFTMAX:
     case KF_OP_LOG_SOFTMAX:
@@ -65,7 +120,7 @@ static bool same_shape_op(const kf_node *n) {
     case KF_OP_MEAN_VARIANCE_NORMALIZATION:
     case KF_OP_RMS_NORMALIZATION:
     case KF_OP_DROPOUT: return true;
-    default: return pl_fclass(n) == KF_FC_ELEMWISE;
+    default: return pl_fclass(g, n) == KF_FC_ELEMWISE;
     }
 }
 
@@ -90,11 +145,11 @@ void pl_space_classes(pl_state *s) {
     for (uint32_t i = 0; i < s->norder; i++) {
         const kf_node *n = &g->nodes[s->order[i]];
         if (n->nout < 1 || !n->out[0] || n->nin < 1) continue;
-        if (same_shape_op(n)) {
+        if (same_shape_op(g, n)) {
             if (n->in[0]) s->sc[n->out[0]] = s->sc[n->in[0]];
             continue;
         }
-        if (pl_fclass(n) != KF_FC_BROADCAST || n->op == KF_OP_EXPAND) continue;
+        if (pl_fclass(g, n) != KF_FC_BROADCAST || n->op == KF_OP_EXPAND) continue;
         uint32_t c = 0;
         bool ok = true;
         for (int k = 0; k < n->nin && ok; k++) {
@@ -481,7 +536,7 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
     kf_id X[2] = {0, 0}, R = 0;
     int nx = 0;
     for (uint32_t i = 0; i < n; i++) {
-        kf_fclass fc = pl_fclass(&s->g->nodes[s->ubuf[i]]);
+        kf_fclass fc = pl_fclass(s->g, &s->g->nodes[s->ubuf[i]]);
         if (fc == KF_FC_ANCHOR) {
             if (nx == 2) return KF_REASON_TWO_ANCHORS;
             X[nx++] = s->ubuf[i];
@@ -525,7 +580,7 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
     for (uint32_t i = 0; i < n; i++) {
         kf_id id = s->ubuf[i];
         const kf_node *nd = &s->g->nodes[id];
-        kf_fclass fc = pl_fclass(nd);
+        kf_fclass fc = pl_fclass(s->g, nd);
         if (fc == KF_FC_ANCHOR || fc == KF_FC_REDUCTION) continue;
         bool layout = pl_layout_op(s->g, nd);
         if (fc == KF_FC_INJECTIVE && !layout) return KF_REASON_ANCHOR_INJECTIVE;
@@ -740,7 +795,7 @@ kf_status pl_init_node(pl_state *s, kf_id x) {
     const kf_node *n = &s->g->nodes[x];
     pl_group *G = &s->gs[x];
     memset(G, 0, sizeof *G);
-    kf_fclass fc = pl_fclass(n);
+    kf_fclass fc = pl_fclass(s->g, n);
     if (node_const(s, n)) G->kind = KF_GROUP_CONST;
     else if (fc == KF_FC_OPAQUE) G->kind = KF_GROUP_OPAQUE;
     else if (fc == KF_FC_REDUCTION) G->kind = KF_GROUP_REDUCTION, G->nred = 1, G->master = x, G->red = x;

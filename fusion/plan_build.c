@@ -94,7 +94,7 @@ static void acc_add(int64_t *acc, int64_t x) {
  * input element (the passes they make); GEMM/conv two per multiply-add.
  * Opaque ops are not modeled (0). */
 int64_t pl_node_flops(const kf_graph *g, const kf_node *n) {
-    kf_fclass fc = pl_fclass(n);
+    kf_fclass fc = pl_fclass(g, n);
     const kf_type *out0 = n->nout > 0 && n->out[0] ? &g->values[n->out[0]].type : NULL;
     const kf_type *in0 = n->nin > 0 && n->in[0] ? &g->values[n->in[0]].type : NULL;
     const kf_type *in1 = n->nin > 1 && n->in[1] ? &g->values[n->in[1]].type : NULL;
@@ -123,7 +123,7 @@ int64_t pl_node_flops(const kf_graph *g, const kf_node *n) {
     case KF_FC_ANCHOR: {
         int64_t e = type_numel(out0);
         if (e < 0 || !in0 || !in1 || in0->rank < 1 || in1->rank < 1) return -1;
-        if (n->op == KF_OP_MATMUL || n->op == KF_OP_GEMM) {
+        if (n->op == KF_OP_MATMUL || n->op == KF_OP_MATMUL_INTEGER || n->op == KF_OP_GEMM) {
             int ka = in0->rank - 1;
             if (n->op == KF_OP_GEMM && kf_attr_i(n, "transA", 0)) ka = 0;
             k = in0->dims[ka];

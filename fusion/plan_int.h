@@ -63,7 +63,7 @@ struct kf_plan_state {
 };
 typedef struct kf_plan_state pl_state;
 
-kf_fclass pl_fclass(const kf_node *n);
+kf_fclass pl_fclass(const kf_graph *g, const kf_node *n);
 bool pl_layout_op(const kf_graph *g, const kf_node *n);
 bool pl_view_op(const kf_node *n);
 pl_same pl_space_cmp(const pl_state *s, kf_id a, kf_id b);

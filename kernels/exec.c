@@ -127,7 +127,7 @@ static kf_status host_sync(kf_dev *d, void *stream, const char *what) {
     return d->sync(d, stream);
 }
 
-static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16"};
+static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16", "int8"};
 
 const char *kf_precision_name(kf_precision p) { return (unsigned)p < KF_PRECISION_COUNT ? prec_names[p] : "?"; }
 
@@ -717,6 +717,7 @@ static kf_status specialise(const kf_exec *e, const kf_type *t, kf_model **out) 
         kf_opt_options oo;
         kf_opt_options_default(&oo);
         oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
+        oo.keep_quantized = e->o.precision == KF_PRECISION_INT8;
         oo.pattern_files = (const char *const *)e->patterns;
         oo.npattern_files = e->o.npattern_files;
         kf_opt_result res;
@@ -762,6 +763,11 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
                     kf_precision_name(e->o.precision), ps.nodes_low,
                     e->o.precision == KF_PRECISION_FP16 ? "float16" : "bfloat16", ps.nodes_kept, ps.casts,
                     ps.weights_converted);
+    }
+    if (!st && e->o.precision == KF_PRECISION_INT8) {
+        kf_int8_stats is;
+        st = kf_fuse_int8(s->m, &is);
+        if (!st && e->o.trace) fprintf(e->o.trace, "kfuse: backend: int8: %u integer anchors\n", is.anchors);
     }
     if (!st) {
         kf_plan_options po;

@@ -26,7 +26,7 @@ typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA
  *         on tensor cores; generated kernels as FP32
  *   FP16, BF16  float32 weights and activations become float16/bfloat16
  *         (kf_fuse_precision) before planning; accumulation stays float32 */
-#define KF_PRECISION_COUNT 4
+#define KF_PRECISION_COUNT 5
 
 /* Parses "fp32", "tf32", "fp16" or "bf16" into *p; false (and *p
  * unchanged) otherwise. */

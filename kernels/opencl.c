@@ -111,6 +111,16 @@ static char *build_log(cl_program prog, cl_device_id dev) {
     return log;
 }
 
+/* Build option for float division and sqrt correctly rounded, as the
+ * reference evaluator and CUDA (prec-div) compute them, when the device
+ * offers it: OpenCL 1.2 allows 2.5 ulp otherwise, and QuantizeLinear's
+ * x / scale decides a rounding boundary bit for bit. */
+static const char *cl_division_option(cl_device_id dev) {
+    cl_device_fp_config fp = 0;
+    if (clGetDeviceInfo(dev, CL_DEVICE_SINGLE_FP_CONFIG, sizeof fp, &fp, NULL) != CL_SUCCESS) return "";
+    return (fp & CL_FP_CORRECTLY_ROUNDED_DIVIDE_SQRT) ? " -cl-fp32-correctly-rounded-divide-sqrt" : "";
+}
+
 static kf_status run_kernel(run *r, const kf_cg_kernel *k, const kf_tensor *const *in, kf_tensor *out) {
     cl_platform_id pf;
     cl_device_id dev;
@@ -134,7 +144,9 @@ static kf_status run_kernel(run *r, const kf_cg_kernel *k, const kf_tensor *cons
     if (!r->prog) return cl_err("clCreateProgramWithSource", e);
     /* -cl-std=CL1.2: the dialect targets 1.2; no fast-math, so results keep
      * the accuracy the numerics policy tolerates */
-    e = clBuildProgram(r->prog, 1, &dev, "-cl-std=CL1.2", NULL, NULL);
+    char opts[96]; /* the two options below */
+    snprintf(opts, sizeof opts, "-cl-std=CL1.2%s", cl_division_option(dev));
+    e = clBuildProgram(r->prog, 1, &dev, opts, NULL, NULL);
     if (e != CL_SUCCESS) {
         char *log = build_log(r->prog, dev);
         kf_status st = kf_fail(KF_ERR_COMPILE, "OpenCL build of %s failed (error %d):\n%s", k->name, (int)e,
@@ -450,7 +462,7 @@ kf_status kf_cl_dev_open(int device, kf_dev **out) {
     snprintf(d->compiler, sizeof d->compiler, "%s", pver);
     /* -cl-std=CL1.2: the dialect targets 1.2; no fast-math, so results keep
      * the accuracy the numerics policy tolerates */
-    snprintf(d->options, sizeof d->options, "-cl-std=CL1.2");
+    snprintf(d->options, sizeof d->options, "-cl-std=CL1.2%s", cl_division_option(c->dev));
     d->target = KF_CG_OPENCL;
     /* at least 256 bytes: aligned for any vector type and for CUDA alike */
     d->align = bits / 8 > 256 ? bits / 8 : 256;

@@ -1835,6 +1835,53 @@ static bool no_unit_dim(const gen *G, const val *x) {
  * shaped so that it broadcasts x to a bigger shape. Also CastLike to x's
  * own type, Squeeze of a value without size-1 dims, Split into one part
  * and Concat of one input. */
+/* An 8-bit constant of one value (a zero point). */
+static kf_id qconst(gen *G, kf_dtype dt, int rank, const int64_t *dims, int64_t v) {
+    kf_tensor *t = kf_tensor_new();
+    if (!t) need(KF_ERR_NOMEM);
+    need(kf_tensor_alloc(t, dt, rank, dims));
+    for (int64_t i = 0; i < t->numel; i++) kf_set_f64(t, i, (double)v);
+    kf_id id = new_value(G, 'c');
+    G->g->values[id].init = t;
+    kf_type_of_tensor(&G->g->values[id].type, t);
+    return id;
+}
+
+/* What QDQ models hold: an activation quantised per tensor to uint8 and
+ * dequantised, times weights quantised per output column to int8 and
+ * dequantised (the optimizer folds the weights' QuantizeLinear, and int8
+ * plans keep their DequantizeLinear). The activation is a fresh graph
+ * input, so its codes are the same on every backend: a computed value
+ * differs in its last bits between a kernel and the reference, and a code
+ * on a rounding boundary would move by a whole step. */
+static bool motif_qdq(gen *G) {
+    if (G->ft != KF_DT_FLOAT || G->opset < 13 || G->nodes + 6 > G->target) return false;
+    int r = 2 + irand(&G->r, 2);
+    int64_t dims[MAX_R], one = 1;
+    for (int i = 0; i < r; i++) dims[i] = rdim(G);
+    val *xp = finput(G, r, dims);
+    if (!xp) return false;
+    val x = *xp;
+    int64_t K = dims[r - 1], N = rdim(G), wdims[2] = {K, N};
+    double bound = (double)K * 2 * 1;
+    if (!bounded(G, -bound, bound)) return false;
+    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, KF_DT_UINT8, 0, &one, 128);
+    kf_id qin[3] = {x.id, sx, zx}, q, d;
+    mk(G, "QuantizeLinear", qin, 3, &q);
+    kf_id din[3] = {q, sx, zx};
+    mk(G, "DequantizeLinear", din, 3, &d);
+    kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / 127, 1.5 / 127, false)->id;
+    kf_id zw = qconst(G, KF_DT_INT8, 1, &N, 0), wq, wd;
+    kf_id wqin[3] = {w, sw, zw};
+    attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 1);
+    kf_id wdin[3] = {wq, sw, zw};
+    attr_i(mk(G, "DequantizeLinear", wdin, 3, &wd), "axis", 1);
+    kf_id y = bin(G, "MatMul", d, wd, false);
+    dims[r - 1] = N;
+    push(G, y, r, dims, -bound, bound, false);
+    return true;
+}
+
 static bool motif_noop(gen *G) {
     val *x = pick(G, NULL);
     if (!x) return false;
@@ -2095,7 +2142,7 @@ static const emitter emitters[] = {
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
     {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
-    {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2},
+    {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2}, {motif_qdq, 2},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17

@@ -26,7 +26,7 @@ enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
 static void fuse_usage(FILE *f) {
     fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--emit DIR] [--no-opt] [--dim NAME=N]...\n"
-               "                 [--target NAME|FILE] [--precision fp32|tf32|fp16|bf16] [--legal-only] [--plan-dim NAME=N]...\n"
+               "                 [--target NAME|FILE] [--precision fp32|tf32|fp16|bf16|int8] [--legal-only] [--plan-dim NAME=N]...\n"
                "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
                "  --plan-dim  plan (legality, cost-model decisions, figures) as if NAME were N, keeping it\n"
                "            symbolic in the file: the groups a static copy at that size gets\n"
@@ -160,6 +160,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     bool report = false, json = false, opt = true, legal_only = false;
     int math = KF_MATH_FP32;
     kf_dtype low = KF_DT_UNDEFINED; /* fp16/bf16: the precision pass before planning */
+    bool int8 = false;              /* int8: integer anchors (pass_qint.c) before planning */
     kfuse_tool_dims dims = {0}, plan_at = {0};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
@@ -178,8 +179,9 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--legal-only")) legal_only = true;
         else if (!strcmp(argv[i], "--precision") && i + 1 < argc &&
                  (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "tf32") || !strcmp(argv[i + 1], "fp16") ||
-                  !strcmp(argv[i + 1], "bf16"))) {
+                  !strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "int8"))) {
             i++;
+            int8 = !strcmp(argv[i], "int8");
             math = !strcmp(argv[i], "tf32") ? KF_MATH_TF32 : KF_MATH_FP32;
             low = !strcmp(argv[i], "fp16") ? KF_DT_FLOAT16 : !strcmp(argv[i], "bf16") ? KF_DT_BFLOAT16 : KF_DT_UNDEFINED;
         }
@@ -206,6 +208,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
     if (opt) {
         kf_opt_options o;
         kf_opt_options_default(&o);
+        o.keep_quantized = int8;
         kf_opt_result res;
         st = kf_optimize(m, &o, &res);
         kf_rules_free(&res.rules);
@@ -217,6 +220,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         return fail(st);
     }
     if (!st && low != KF_DT_UNDEFINED) st = kf_fuse_precision(m, low, NULL);
+    if (!st && int8) st = kf_fuse_int8(m, NULL);
     if (st) {
         kf_model_free(m);
         return fail(st);

@@ -15,6 +15,7 @@
 
 #include "kf_onnx.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 #include "kf_ref.h"
 #include "kf_sym.h"
 #include "kf_run.h"
@@ -33,7 +34,7 @@ static void usage(FILE *f) {
             "  info M.onnx [--values]          opsets, op histogram, inputs/outputs, parameter bytes\n"
             "                                  (--values: every computed value's inferred type)\n"
             "  run M.onnx [--backend ref|opencl|cuda] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
-            "             [--precision fp32|tf32|fp16|bf16]\n"
+            "             [--precision fp32|tf32|fp16|bf16|int8]\n"
             "                                  run the model; random inputs unless --inputs DIR\n"
             "                                  (DIR: NAME.npy per input, or input_N.pb TensorProto files)\n"
             "                                  (--dim naming a dim the model lacks: a warning)\n"
@@ -329,7 +330,9 @@ kf_status kfuse_tool_load_inputs(const kf_graph *g, const kf_id *real, uint32_t 
 
 /* --backend opencl|cuda [--check]: kernels/run.c runs the optimized plan;
  * with --check the unoptimized model runs on ref first and every output
- * must match. Exit 1 on mismatch, 3 without a device. */
+ * must match (at int8, the model with its integer anchors: the kernels
+ * compute what the reference does on that graph, and both differ from the
+ * float QDQ graph by rounding). Exit 1 on mismatch, 3 without a device. */
 static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec, const kf_tensor *ins, int nins,
                               kf_tensor *outs, bool check) {
     uint32_t nout = m->graph->noutputs;
@@ -340,6 +343,7 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
         if (!(names[o] = strdup(m->graph->values[m->graph->outputs[o]].name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     uint32_t *depth = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
     if (!st && check && !depth) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && check && prec == KF_PRECISION_INT8) st = kf_fuse_int8(m, NULL);
     if (!st && check) st = kf_run_output_depths(m, depth);
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
     const char *tr = getenv("KFUSE_TRACE");
@@ -362,6 +366,7 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     if (!st && check && rc == EXIT_OK)
         fprintf(stderr, "kfuse: check: %u outputs match ref%s\n", nout,
                 prec == KF_PRECISION_FP32   ? ""
+                : prec == KF_PRECISION_INT8 ? " (ref on the graph with integer anchors)"
                 : prec == KF_PRECISION_BF16 ? " (bfloat16 tolerance, scaled by depth and output magnitude)"
                                             : " (float16 tolerance, scaled by depth and output magnitude)");
     for (uint32_t o = 0; o < nout; o++) {

@@ -108,15 +108,22 @@ KF_API const char *kf_backend_name(kf_backend b);
  *         float16/bfloat16, accumulation in float32 (GEMMs, reductions,
  *         Softmax, norms). Inputs and outputs keep the model's declared
  *         types: kf_run takes and returns float32 where the model says so.
- * Results differ from FP32 by about the type's rounding (DESIGN.md,
- * Numerics). */
+ *   INT8  for models that carry QDQ (QuantizeLinear/DequantizeLinear):
+ *         a Conv, MatMul or Gemm whose operands are both dequantised
+ *         8-bit values runs on those values (int32 sums) and is scaled
+ *         back to float32 once; the QuantizeLinear after it is its
+ *         epilogue. Everything else as FP32.
+ * Results differ from FP32 by about the type's rounding (INT8: float
+ * rounding, so a quantised value on a rounding boundary may move by one
+ * step; DESIGN.md, Numerics). */
 typedef enum kf_precision {
     KF_PRECISION_FP32 = 0,
     KF_PRECISION_TF32 = 1,
     KF_PRECISION_FP16 = 2,
-    KF_PRECISION_BF16 = 3
+    KF_PRECISION_BF16 = 3,
+    KF_PRECISION_INT8 = 4
 } kf_precision;
-/* "fp32", "tf32", "fp16", "bf16"; "?" for other numbers. Static storage. */
+/* "fp32", "tf32", "fp16", "bf16", "int8"; "?" for other numbers. Static storage. */
 KF_API const char *kf_precision_name(kf_precision p);
 
 /* Rewrites m in place with the built-in rules (what `kfuse opt` does);

@@ -1,6 +1,7 @@
 /*
  * fuzz_pipeline.c: libFuzzer target for everything after the loader: a
  * model that loads goes through load -> bind symbolic dims -> kf_optimize
+ * -> (on half the inputs) the int8 pass with its quantised weights kept
  * -> kf_plan_build (with the cost model on half the inputs) -> kernel text for every group codegen supports (both
  * targets) and the library-anchor mapping of every anchor group -> fuse export -> save -> load again. Every stage must succeed
  * or return a typed error with a message; the exported model must load.
@@ -18,6 +19,7 @@
 #include "kf_kernels.h"
 #include "kf_libanchor.h"
 #include "kf_onnx.h"
+#include "kf_precision.h"
 #include "kf_opt.h"
 
 /* Symbolic dims become this, so codegen sees static shapes: small, so a
@@ -96,13 +98,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kf_status st = KF_OK;
     for (uint32_t i = 1; !st && i < m->graph->nsyms; i++)
         st = checked(kf_graph_bind_sym(m->graph, m->graph->syms[i], FUZZ_SYM_VALUE), "bind");
+    bool int8 = data[size - 1] & 2; /* precision INT8, as kernels/exec.c runs it */
     if (!st) {
         kf_opt_options o;
         kf_opt_options_default(&o);
+        o.keep_quantized = int8;
         kf_opt_result res;
         st = checked(kf_optimize(m, &o, &res), "optimize");
         kf_rules_free(&res.rules);
     }
+    if (!st && int8) st = checked(kf_fuse_int8(m, NULL), "int8");
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);

@@ -1,0 +1,254 @@
+/*
+ * pass_qint.c: int8 plans. Where a QDQ model dequantises both operands of
+ * a Conv, MatMul or Gemm, the product runs on the 8-bit values: an integer
+ * anchor (ConvInteger or MatMulInteger: int32 sums of (q - zero point)
+ * products), then one scale per output channel back to float, then the
+ * bias; the QuantizeLinear and activation that follow stay where they were
+ * and the planner puts them in the anchor's epilogue.
+ *
+ *   xq ─► DQ(sx, zx) ─┐                       xq ──┐
+ *                     Conv ─► (+b) ─► y   ==>       ConvInteger(zx, zw) ─► Cast ─► Mul(sx*sw) ─► (+b) ─► y
+ *   wq ─► DQ(sw, zw) ─┘                       wq ──┘
+ *
+ * The float form sums products of dequantised (rounded) floats; the
+ * integer form sums exactly and rounds once when scaling, so the two
+ * differ by float rounding, about a unit of the output's last place: a
+ * value on a rounding boundary of the next QuantizeLinear may move by one
+ * step (DESIGN.md, Numerics). Only precision INT8 runs this pass.
+ */
+#include <stdio.h>
+#include <string.h>
+
+#include "kf_ops.h"
+#include "kf_precision.h"
+#include "kf_ref.h"
+
+/* A DequantizeLinear feeding operand slot of n: its node, or 0 when the
+ * operand is something else or a form the integer anchor does not take
+ * (8-bit values, float32 result, constant float32 scale per tensor or of
+ * len elements along axis `axis` of the operand, zero point of the same
+ * shape or absent, no blocks). len 0: per tensor only. */
+/* Is constant t all zeros? */
+static bool all_zero(const kf_tensor *t) {
+    for (int64_t i = 0; i < t->numel; i++)
+        if (kf_get_f64(t, i) != 0) return false;
+    return true;
+}
+
+static kf_id dq_operand(const kf_model *m, const kf_node *n, int slot, int axis, int64_t len) {
+    const kf_graph *g = m->graph;
+    if (slot >= n->nin || !n->in[slot]) return 0;
+    kf_id d = g->values[n->in[slot]].producer;
+    if (!d) return 0;
+    const kf_node *dn = &g->nodes[d];
+    if (dn->op != KF_OP_DEQUANTIZE_LINEAR || dn->nin < 2 || !dn->in[0] || !dn->in[1]) return 0;
+    const kf_type *qt = &g->values[dn->in[0]].type;
+    const kf_value *sv = &g->values[dn->in[1]];
+    if ((qt->dtype != KF_DT_INT8 && qt->dtype != KF_DT_UINT8) || g->values[dn->out[0]].type.dtype != KF_DT_FLOAT ||
+        kf_attr_i(dn, "block_size", 0) != 0 || !kf_value_is_constant(m, dn->in[1]) || sv->init->dtype != KF_DT_FLOAT)
+        return 0;
+    bool per_axis = sv->init->numel != 1;
+    if (per_axis) {
+        int64_t a = kf_attr_i(dn, "axis", 1);
+        if (a < 0) a += qt->rank;
+        if (len <= 0 || a != axis || sv->init->rank != 1 || sv->init->numel != len) return 0;
+    }
+    if (dn->nin > 2 && dn->in[2]) {
+        const kf_type *zt = &g->values[dn->in[2]].type;
+        if (!kf_type_is_static(zt)) return 0;
+        int64_t e = 1;
+        for (int k = 0; k < zt->rank; k++) e *= zt->dims[k];
+        if (e != 1 && (!per_axis || zt->rank != 1 || e != len)) return 0;
+    }
+    return d;
+}
+
+typedef struct anchor {
+    kf_id n, dx, dw;   /* the product and its two DequantizeLinears */
+    kf_id view;        /* a Reshape or Flatten between dx and n (0: none) */
+    bool transb;       /* Gemm transB: dw's 8-bit constant [N, K] is transposed once */
+    int64_t channels;  /* output channels (Conv M, MatMul/Gemm N) */
+    bool conv;
+    kf_id bias;        /* Conv's B or Gemm's C (0: none) */
+} anchor;
+
+/* Can node id run as an integer anchor? Fills a. */
+static bool eligible(const kf_model *m, kf_id id, anchor *a) {
+    const kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[id];
+    *a = (anchor){.n = id};
+    if (n->dead || n->nin < 2 || !n->in[0] || !n->in[1] || n->nout < 1 || !n->out[0]) return false;
+    const kf_type *wt = &g->values[n->in[1]].type, *xt = &g->values[n->in[0]].type;
+    int waxis;
+    switch (n->op) {
+    case KF_OP_CONV:
+        if (wt->rank < 3 || wt->dims[0] <= 0) return false;
+        a->conv = true, a->channels = wt->dims[0], waxis = 0;
+        a->bias = n->nin > 2 ? n->in[2] : 0;
+        break;
+    case KF_OP_GEMM:
+        /* A * B + C (MatMulInteger has no transposes: a B^T of constant
+         * 8-bit weights is transposed once here, as PyTorch's Linear is) */
+        if (kf_attr_i(n, "transA", 0) || kf_attr_f(n, "alpha", 1.0f) != 1.0f || kf_attr_f(n, "beta", 1.0f) != 1.0f ||
+            wt->rank != 2)
+            return false;
+        a->bias = n->nin > 2 ? n->in[2] : 0;
+        a->transb = kf_attr_i(n, "transB", 0) != 0;
+        if (a->transb) {
+            a->channels = wt->dims[0], waxis = 0;
+            break;
+        }
+        /* fall through */
+    case KF_OP_MATMUL:
+        if (wt->rank != 2 || xt->rank < 1 || wt->dims[1] <= 0) return false;
+        a->channels = wt->dims[1], waxis = 1;
+        break;
+    default: return false;
+    }
+    /* Conv's B is added per channel: reshaped, so it must be a constant */
+    if (a->bias && (g->values[a->bias].type.dtype != KF_DT_FLOAT || (a->conv && !kf_value_is_constant(m, a->bias))))
+        return false;
+    a->dx = dq_operand(m, n, 0, 0, 0);
+    if (!a->dx && !a->conv) {
+        /* a flattened activation: DequantizeLinear per tensor commutes with
+         * the Reshape, which then moves the 8-bit values */
+        kf_id v = g->values[n->in[0]].producer;
+        const kf_node *vn = v ? &g->nodes[v] : NULL;
+        if (vn && (vn->op == KF_OP_RESHAPE || vn->op == KF_OP_FLATTEN) && (a->dx = dq_operand(m, vn, 0, 0, 0)))
+            a->view = v;
+    }
+    a->dw = dq_operand(m, n, 1, waxis, a->channels);
+    if (a->dw && a->transb && !kf_value_is_constant(m, g->nodes[a->dw].in[0])) return false;
+    return a->dx && a->dw && a->dx != a->dw;
+}
+
+static kf_status add_node(kf_model *m, const char *op_type, kf_op op, const char *name, const kf_id *in, int nin,
+                          kf_id out, kf_id *node) {
+    KF_TRY(kf_graph_add_node(m->graph, op_type, "", name, in, nin, &out, 1, node));
+    m->graph->nodes[*node].op = op;
+    m->graph->nodes[*node].opset = kf_model_opset(m, "");
+    return KF_OK;
+}
+
+/* The float32 constant sx * sw[c] per output channel c, shaped to scale
+ * the anchor's output: [C] for a product (the last axis), [C, 1, ...] for
+ * a convolution's NC... output of rank orank; [] when both are per tensor. */
+static kf_status channel_scales(kf_graph *g, const anchor *a, int orank, kf_id *id) {
+    const kf_tensor *sx = g->values[g->nodes[a->dx].in[1]].init, *sw = g->values[g->nodes[a->dw].in[1]].init;
+    int64_t dims[KF_MAX_RANK];
+    int rank = 0;
+    if (sw->numel != 1) {
+        dims[rank++] = sw->numel;
+        while (a->conv && rank < orank - 1) dims[rank++] = 1;
+    }
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, KF_DT_FLOAT, rank, dims);
+    for (int64_t c = 0; !st && c < sw->numel; c++)
+        ((float *)t->data)[c] = ((const float *)sx->data)[0] * ((const float *)sw->data)[c];
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    return kf_graph_add_constant(g, "int8_scale", t, id);
+}
+
+/* Node a.n becomes the integer anchor, a Cast, the scaling Mul and the
+ * bias Add; its output value (name, users) is the last one's. */
+static kf_status rewrite(kf_model *m, const anchor *a) {
+    kf_graph *g = m->graph;
+    const kf_node *dx = &g->nodes[a->dx], *dw = &g->nodes[a->dw];
+    kf_id in[4] = {dx->in[0], dw->in[0], dx->nin > 2 ? dx->in[2] : 0, dw->nin > 2 ? dw->in[2] : 0};
+    /* zero points that are constant zeros are left out: the same sums,
+     * and ONNX Runtime's ConvInteger takes weight zero points per tensor only */
+    for (int i = 2; i < 4; i++)
+        if (in[i] && kf_value_is_constant(m, in[i]) && all_zero(g->values[in[i]].init)) in[i] = 0;
+    kf_id y = g->nodes[a->n].out[0], acc, f, scaled, scale, id;
+    int orank = g->values[y].type.rank;
+    char name[256], label[200];
+    if (a->transb) { /* [N, K] -> [K, N], once */
+        const kf_tensor *w = g->values[in[1]].init;
+        int64_t N = w->dims[0], K = w->dims[1], dims[2] = {K, N};
+        kf_tensor *t = kf_tensor_new();
+        if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        kf_status st = kf_tensor_alloc(t, w->dtype, 2, dims);
+        for (int64_t r = 0; !st && r < N; r++)
+            for (int64_t c = 0; c < K; c++) ((uint8_t *)t->data)[c * N + r] = ((const uint8_t *)w->data)[r * K + c];
+        if (st) {
+            kf_tensor_free(t);
+            return st;
+        }
+        KF_TRY(kf_graph_add_constant(g, "int8_weight_t", t, &in[1]));
+    }
+    snprintf(label, sizeof label, "%s", kf_node_label(&g->nodes[a->n]));
+    if (a->view) { /* the Reshape (or Flatten) again, on the 8-bit values */
+        kf_id vin[2] = {in[0], g->nodes[a->view].nin > 1 ? g->nodes[a->view].in[1] : 0}, moved;
+        const kf_node *vn = &g->nodes[a->view];
+        KF_TRY(kf_graph_fresh_value(g, "int8_view", &moved));
+        snprintf(name, sizeof name, "%s_int8", kf_node_label(vn));
+        KF_TRY(add_node(m, vn->op_type, vn->op, name, vin, vin[1] ? 2 : 1, moved, &id));
+        for (int i = 0; i < g->nodes[a->view].nattrs; i++)
+            KF_TRY(kf_node_add_attr(&g->nodes[id], &g->nodes[a->view].attrs[i]));
+        in[0] = moved;
+    }
+    KF_TRY(channel_scales(g, a, orank, &scale));
+    KF_TRY(kf_graph_fresh_value(g, "int8_acc", &acc));
+    KF_TRY(kf_graph_fresh_value(g, "int8_float", &f));
+    scaled = y;
+    if (a->bias) KF_TRY(kf_graph_fresh_value(g, "int8_scaled", &scaled));
+    kf_id bias = a->bias;
+    if (bias && a->conv) { /* [M] -> [M, 1, ...] to add along the channels of NC... */
+        kf_tensor *t = kf_tensor_new();
+        if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        const kf_tensor *b = g->values[bias].init;
+        int64_t dims[KF_MAX_RANK];
+        dims[0] = b->numel;
+        for (int d = 1; d < orank - 1; d++) dims[d] = 1;
+        kf_status st = kf_tensor_alloc(t, KF_DT_FLOAT, orank - 1, dims);
+        if (!st) memcpy(t->data, b->data, sizeof(float) * (size_t)b->numel);
+        if (st) {
+            kf_tensor_free(t);
+            return st;
+        }
+        KF_TRY(kf_graph_add_constant(g, "int8_bias", t, &bias));
+    }
+    /* the old node goes first: y must have no producer when the last new
+     * node writes it (its attributes are copied before) */
+    int nattrs = g->nodes[a->n].nattrs;
+    snprintf(name, sizeof name, "%s_int8", label);
+    KF_TRY(add_node(m, a->conv ? "ConvInteger" : "MatMulInteger", a->conv ? KF_OP_CONV_INTEGER : KF_OP_MATMUL_INTEGER,
+                    name, in, in[3] ? 4 : in[2] ? 3 : 2, acc, &id));
+    for (int i = 0; a->conv && i < nattrs; i++) KF_TRY(kf_node_add_attr(&g->nodes[id], &g->nodes[a->n].attrs[i]));
+    kf_graph_remove_node(g, a->n);
+    snprintf(name, sizeof name, "%s_int8_cast", label);
+    KF_TRY(add_node(m, "Cast", KF_OP_CAST, name, &acc, 1, f, &id));
+    kf_attr to = {.name = "to", .type = KF_ATTR_INT, .i = KF_DT_FLOAT};
+    KF_TRY(kf_node_add_attr(&g->nodes[id], &to));
+    snprintf(name, sizeof name, "%s_int8_scale", label);
+    kf_id mul_in[2] = {f, scale};
+    KF_TRY(add_node(m, "Mul", KF_OP_MUL, name, mul_in, 2, scaled, &id));
+    if (bias) {
+        snprintf(name, sizeof name, "%s_int8_bias", label);
+        kf_id add_in[2] = {scaled, bias};
+        KF_TRY(add_node(m, "Add", KF_OP_ADD, name, add_in, 2, y, &id));
+    }
+    return KF_OK;
+}
+
+kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st) {
+    if (st) memset(st, 0, sizeof *st);
+    KF_TRY(kf_infer_shapes(m));
+    kf_graph *g = m->graph;
+    uint32_t nn = g->nnodes, done = 0;
+    for (kf_id id = 1; id < nn; id++) {
+        anchor a;
+        if (!eligible(m, id, &a)) continue;
+        KF_TRY(rewrite(m, &a));
+        done++;
+    }
+    KF_TRY(kf_graph_dce(g, NULL));
+    if (st) st->anchors = done;
+    kf_status s = kf_infer_shapes(m);
+    if (s && s != KF_ERR_NOMEM) return kf_fail(KF_ERR_INTERNAL, "the int8 graph does not infer: %s", kf_last_error());
+    return s;
+}

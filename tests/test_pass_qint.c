@@ -1,0 +1,169 @@
+/*
+ * test_pass_qint.c: fusion/pass_qint.c, precision INT8. Conv, MatMul and
+ * Gemm between DequantizeLinears become ConvInteger/MatMulInteger, a
+ * Cast and a per-channel scale (and the bias); forms it does not take stay
+ * float; the rewritten graph matches the float QDQ graph within one
+ * quantisation step; an int8 plan on OpenCL equals the reference on the
+ * rewritten graph bit for bit in its quantised outputs; `kfuse run
+ * --precision int8 --check` on a quantised model.
+ */
+#include <criterion/criterion.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "cg_util.h"
+#include "kf_opt.h"
+#include "kf_precision.h"
+#include "kf_ref.h"
+
+/* A quantised conv block and a dense layer, QDQ as quantisers write them:
+ * per-channel int8 weights (zero points 0), uint8 activations; the conv
+ * has a bias, the dense layer is a MatMul, a Gemm with transB stays float
+ * (MatMulInteger has no transposes). q and z are the quantised outputs. */
+#define QDQ_NET                                                                                        \
+    "opset 13\ninput x float[2, 3, 8, 8]\n"                                                            \
+    "const w float[4, 3, 3, 3] = random\nconst b float[4] = random\n"                                  \
+    "const sw float[4] = 0.016 0.012 0.02 0.01\nconst zw int8[4] = 0\n"                                \
+    "const sx float[] = 0.016\nconst zx uint8[] = 128\n"                                               \
+    "const sr float[] = 0.05\nconst zr uint8[] = 0\n"                                                  \
+    "const fw float[256, 5] = random\nconst sf float[] = 0.016\nconst zf int8[] = 0\n"                 \
+    "const gw float[5, 256] = random\nconst sg float[5] = 0.01 0.02\nconst zg int8[5] = 0\n"            \
+    "const shp int64[2] = 2 256\nconst so float[] = 0.2\nconst zo uint8[] = 128\n"                     \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                              \
+    "wq = QuantizeLinear(w, sw, zw) {axis=0}\nwd = DequantizeLinear(wq, sw, zw) {axis=0}\n"            \
+    "c = Conv(xd, wd, b) {pads=[1,1,1,1]}\nr = Relu(c)\n"                                              \
+    "q = QuantizeLinear(r, sr, zr)\nrd = DequantizeLinear(q, sr, zr)\n"                                \
+    "f = Reshape(rd, shp)\n"                                                                           \
+    "fq = QuantizeLinear(fw, sf, zf)\nfd = DequantizeLinear(fq, sf, zf)\n"                             \
+    "y = MatMul(f, fd)\nz = QuantizeLinear(y, so, zo)\n"                                               \
+    "g = Gemm(f, gw) {transB=1}\n"                                                                     \
+    "gq = QuantizeLinear(gw, sg, zg) {axis=0}\ngd = DequantizeLinear(gq, sg, zg) {axis=0}\n"          \
+    "h = Gemm(f, gd) {transB=1}\nhz = QuantizeLinear(h, so, zo)\n"                                     \
+    "output q\noutput z\noutput g\noutput hz\n"
+
+/* A copy of m optimized as an int8 plan is (weights quantised once by
+ * folding, their DequantizeLinear kept) and rewritten for INT8 (graph
+ * text draws its random constants anew at each parse: compare copies,
+ * never two parses). */
+static kf_model *int8_of(const kf_model *m, kf_int8_stats *st) {
+    kf_model *c = gt_copy(m);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.keep_quantized = true;
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(c, &o, &res), KF_OK, "%s", kf_last_error());
+    kf_rules_free(&res.rules);
+    cr_assert_eq(kf_fuse_int8(c, st), KF_OK, "%s", kf_last_error());
+    return c;
+}
+
+Test(pass_qint, conv_and_matmul_between_dequantizes_become_integer_anchors) {
+    kf_int8_stats st;
+    kf_model *q = gt_parse(QDQ_NET), *m = int8_of(q, &st);
+    kf_model_free(q);
+    cr_assert_eq(st.anchors, 3);
+    cr_assert_eq(gt_count(m, "ConvInteger"), 1);
+    cr_assert_eq(gt_count(m, "MatMulInteger"), 2, "the MatMul and the Gemm of quantised weights");
+    cr_assert_eq(gt_count(m, "Conv"), 0);
+    cr_assert_eq(gt_count(m, "MatMul"), 0);
+    cr_assert_eq(gt_count(m, "Gemm"), 1, "the Gemm of float weights stays float");
+    /* the weights' and the inputs' DequantizeLinear are gone; rd feeds
+     * the Reshape, which the float Gemm reads */
+    cr_assert_eq(gt_count(m, "DequantizeLinear"), 1);
+    cr_assert_eq(gt_count(m, "Cast"), 3);
+    kf_model_free(m);
+}
+
+/* Quantised outputs within one step of the float QDQ graph, float ones
+ * within the rounding of a dot product of quantised values. */
+Test(pass_qint, rewritten_graph_matches_the_qdq_graph_within_one_step) {
+    kf_model *a = gt_parse(QDQ_NET), *b = int8_of(a, NULL);
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(a, &ins, &nins);
+    kf_tensor wa[4] = {0}, wb[4] = {0};
+    cr_assert_eq(kf_eval_model(a, ins, nins, wa, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_eval_model(b, ins, nins, wb, NULL), KF_OK, "%s", kf_last_error());
+    int64_t moved = 0, total = 0;
+    for (int o = 0; o < 4; o++) {
+        if (o == 2) continue; /* the float Gemm */
+        cr_assert_eq(wa[o].dtype, KF_DT_UINT8);
+        cr_assert_eq(wb[o].numel, wa[o].numel);
+        for (int64_t i = 0; i < wa[o].numel; i++) {
+            int64_t d = llabs(kf_get_i64(&wa[o], i) - kf_get_i64(&wb[o], i));
+            cr_assert_leq(d, 1, "output %d element %lld moved by %lld steps", o, (long long)i, (long long)d);
+            moved += d;
+            total++;
+        }
+    }
+    cr_assert_lt(moved * 100, total, "%lld of %lld codes moved", (long long)moved, (long long)total);
+    char why[256];
+    cr_assert(tu_close(&wb[2], &wa[2], 1e-5, 1e-5, why, sizeof why), "the float Gemm: %s", why);
+    for (int o = 0; o < 4; o++) kf_tensor_release(&wa[o]), kf_tensor_release(&wb[o]);
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(ins);
+    kf_model_free(a);
+    kf_model_free(b);
+}
+
+/* What the integer anchor does not take stays float: a dequantised
+ * operand with a per-tensor scale that is not a constant, a transposed or
+ * scaled Gemm, a float weight. */
+Test(pass_qint, other_forms_stay_float) {
+    static const char *texts[] = {
+        "opset 13\ninput x uint8[2, 4]\ninput s float[]\nconst w int8[4, 3] = 1 -2 3\nconst t float[] = 0.1\n"
+        "a = DequantizeLinear(x, s)\nd = DequantizeLinear(w, t)\ny = MatMul(a, d)\noutput y\n",
+        "opset 13\ninput x uint8[2, 4]\nconst w int8[4, 3] = 1 -2 3\nconst t float[] = 0.1\n"
+        "a = DequantizeLinear(x, t)\nd = DequantizeLinear(w, t)\ny = Gemm(a, d) {alpha=0.5}\noutput y\n",
+        "opset 13\ninput x uint8[2, 4]\nconst w float[4, 3] = random\nconst t float[] = 0.1\n"
+        "a = DequantizeLinear(x, t)\ny = MatMul(a, w)\noutput y\n",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof texts[0]; i++) {
+        kf_int8_stats st;
+        kf_model *q = gt_parse(texts[i]), *m = int8_of(q, &st);
+        kf_model_free(q);
+        cr_assert_eq(st.anchors, 0, "case %zu", i);
+        cr_assert_eq(gt_count(m, "MatMulInteger"), 0, "case %zu", i);
+        kf_model_free(m);
+    }
+}
+
+/* An int8 plan on OpenCL: nothing on the host, and its outputs equal the
+ * reference evaluator on the rewritten graph (the quantised ones bit for
+ * bit: kf_run_close holds integers exact). */
+Test(pass_qint, int8_plan_on_opencl_equals_the_integer_reference) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QDQ_NET), *want = int8_of(m, NULL);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_INT8;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, want, 3);
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
+    kf_exec_free(x);
+    kf_model_free(m);
+    kf_model_free(want);
+}
+
+/* The CLI on a model `kfuse quantize` wrote: an int8 plan passes --check
+ * against the integer graph with nothing on the host; `fuse` writes it. */
+static char bin[512], dir[256], out[8192];
+static void cli_setup(void) { tu_cli_setup("pass_qint", bin, sizeof bin, dir, sizeof dir); }
+static void cli_teardown(void) { tu_cli_dir_remove(dir); }
+#define kfuse(...) tu_cli_runf(bin, out, sizeof out, __VA_ARGS__)
+
+Test(pass_qint, cli_run_int8_check_on_a_quantized_model, .init = cli_setup, .fini = cli_teardown) {
+    cgu_need_opencl();
+    cr_assert_eq(kfuse("quantize %s/bench/models/small/resnet50/model.onnx -o %s/q.onnx --per-channel --random 2 "
+                       "--dim batch=1", KF_SOURCE_DIR, dir), 0, "%s", out);
+    cr_assert_eq(kfuse("run %s/q.onnx --backend opencl --check --precision int8 --dim batch=1", dir), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "0 on the reference evaluator (int8)"), "%s", out);
+    cr_assert_not_null(strstr(out, "match ref (ref on the graph with integer anchors)"), "%s", out);
+    cr_assert_eq(kfuse("fuse %s/q.onnx --precision int8 --dim batch=1 --json -o %s/f.onnx", dir, dir), 0, "%s", out);
+}
