@@ -562,7 +562,8 @@ static kf_status parse_example(lexer *lx, kf_rule *r, char syms[][64], int *nsym
         }
         next(lx);
         int64_t count = 1;
-        for (int d = 0; d < e->rank; d++) count = e->dims[d] >= 0 && count <= 64 ? count * e->dims[d] : 65;
+        for (int d = 0; d < e->rank; d++) /* bounded factors: no overflow on a hostile dim */
+            count = e->dims[d] >= 0 && e->dims[d] <= 64 && count <= 64 ? count * e->dims[d] : 65;
         if (count != e->nvalues) return perr(lx, "the values do not fill the example's fixed shape%s", "");
     }
     return lx->t.kind == T_END ? KF_OK : perr(lx, "unexpected '%s' after the example", lx->t.text);
