@@ -51,6 +51,8 @@ typedef struct kf_pat_node {
     int outs[KF_PAT_MAX_OUTS]; /* variables defined by this node */
     int nattrs;
     kf_pat_attr *attrs;
+    int copy_from; /* replacements: 1 + the variable whose producer's attributes are all
+                    * copied ({@V.*}); 0 none. Explicit attributes take precedence. */
     int line;
 } kf_pat_node;
 
@@ -64,8 +66,10 @@ typedef enum kf_guard_kind {
     KF_G_RANK,        /* rank compared with value */
     KF_G_SAME_SHAPE,  /* shapes of var and var2 known and equal */
     KF_G_ATTR,        /* attribute of var's producer compared with value */
-    KF_G_LAST_AXIS    /* attribute of var's producer (attr set) or the constant var
+    KF_G_LAST_AXIS,   /* attribute of var's producer (attr set) or the constant var
                        * itself (attr NULL) names the last axis of var2 */
+    KF_G_SAME_ATTR    /* attribute attr of var's producer equals attribute attr2 of
+                       * var2's producer (defaults standing in for absent ones) */
 } kf_guard_kind;
 
 typedef enum kf_cmp { KF_CMP_EQ, KF_CMP_NE, KF_CMP_GE, KF_CMP_LE, KF_CMP_GT, KF_CMP_LT } kf_cmp;
@@ -81,6 +85,9 @@ typedef struct kf_pat_guard {
     kf_attr attr_value;
     bool has_default;  /* KF_G_ATTR: attr_default stands in for an absent attribute */
     kf_attr attr_default;
+    char *attr2;        /* KF_G_SAME_ATTR: the attribute of var2's producer */
+    bool has_default2;
+    kf_attr attr_default2;
     int line;
 } kf_pat_guard;
 
@@ -94,9 +101,13 @@ typedef struct kf_pat_var {
  * (-1 - k) shared between vars. */
 typedef struct kf_pat_example {
     int var;
-    kf_dtype dtype;
+    kf_dtype dtype;           /* 0: an attribute example ({...} for var's producer) */
     int rank;
     int64_t dims[KF_MAX_RANK];
+    double *values;           /* `= [...]`: the capture is this constant */
+    int nvalues;
+    kf_attr *attrs;           /* attribute example; one is picked per shape draw */
+    int nattrs;
 } kf_pat_example;
 
 struct kf_rule;

@@ -37,6 +37,29 @@ static double uni(rng *r) {
 
 static int irange(rng *r, int lo, int hi) { return lo + (int)(uni(r) * (hi - lo + 1)); }
 
+/* The whole range of the narrow integer types quantised values live in
+ * (int8/uint8/int16/uint16); false for other types, whose inputs keep the
+ * float regimes rounded down (indices, axes, shapes stay small). */
+static bool narrow_int_range(kf_dtype dt, double *lo, double *hi) {
+    switch (dt) {
+    case KF_DT_INT8: *lo = -128; *hi = 127; return true;
+    case KF_DT_UINT8: *lo = 0; *hi = 255; return true;
+    case KF_DT_INT16: *lo = -32768; *hi = 32767; return true;
+    case KF_DT_UINT16: *lo = 0; *hi = 65535; return true;
+    default: return false;
+    }
+}
+
+/* A random integer of the type's whole range, the ends a fifth of the time
+ * (saturation and the zero point's extremes are where rewrites go wrong). */
+static double draw_narrow_int(double lo, double hi, rng *g) {
+    double u = uni(g);
+    if (u < 0.1) return u < 0.05 ? lo : hi;
+    if (u < 0.2) return u < 0.15 ? lo + 1 : hi - 1;
+    double x = floor(lo + uni(g) * (hi - lo + 1));
+    return x > hi ? hi : x;
+}
+
 static const kf_pat_guard *find_guard(const kf_rule *r, int var, kf_guard_kind kind) {
     for (int i = 0; i < r->nguards; i++)
         if (r->guards[i].var == var && r->guards[i].kind == kind) return &r->guards[i];
@@ -45,8 +68,76 @@ static const kf_pat_guard *find_guard(const kf_rule *r, int var, kf_guard_kind k
 
 static const kf_pat_example *find_example(const kf_rule *r, int var) {
     for (int i = 0; i < r->nexamples; i++)
-        if (r->examples[i].var == var) return &r->examples[i];
+        if (r->examples[i].var == var && r->examples[i].dtype) return &r->examples[i];
     return NULL;
+}
+
+/* The attribute example for the producer of var that shape draw `draw`
+ * uses (they take turns), or NULL. */
+static const kf_pat_example *attr_example(const kf_rule *r, int var, int draw) {
+    int n = 0;
+    for (int i = 0; i < r->nexamples; i++) n += r->examples[i].var == var && !r->examples[i].dtype;
+    for (int i = 0, k = 0; n && i < r->nexamples; i++)
+        if (r->examples[i].var == var && !r->examples[i].dtype && k++ == draw % n) return &r->examples[i];
+    return NULL;
+}
+
+/* The bounds the `const V > X` style guards on v put on its elements:
+ * lo and hi are -INFINITY and INFINITY where none is given. */
+static void const_bounds(const kf_rule *r, int v, double *lo, double *hi) {
+    *lo = -INFINITY;
+    *hi = INFINITY;
+    for (int i = 0; i < r->nguards; i++) {
+        const kf_pat_guard *gd = &r->guards[i];
+        if (gd->var != v || gd->kind != KF_G_CONST_CMP) continue;
+        if ((gd->cmp == KF_CMP_GT || gd->cmp == KF_CMP_GE) && gd->value > *lo) *lo = gd->value;
+        if ((gd->cmp == KF_CMP_LT || gd->cmp == KF_CMP_LE) && gd->value < *hi) *hi = gd->value;
+    }
+}
+
+static bool const_allowed(const kf_rule *r, int v, double x) {
+    for (int i = 0; i < r->nguards; i++) {
+        const kf_pat_guard *gd = &r->guards[i];
+        if (gd->var != v || gd->kind != KF_G_CONST_CMP) continue;
+        bool ok = true;
+        switch (gd->cmp) {
+        case KF_CMP_EQ: ok = x == gd->value; break;
+        case KF_CMP_NE: ok = x != gd->value; break;
+        case KF_CMP_GE: ok = x >= gd->value; break;
+        case KF_CMP_LE: ok = x <= gd->value; break;
+        case KF_CMP_GT: ok = x > gd->value; break;
+        case KF_CMP_LT: ok = x < gd->value; break;
+        }
+        if (!ok) return false;
+    }
+    return true;
+}
+
+/*
+ * One element of a constant capture v of dtype dt that its `const V cmp X`
+ * guards allow. A positive quantity (a lower bound >= 0: an epsilon, a
+ * quantisation scale) is drawn over many magnitudes, 10^-8 .. 10^4 above
+ * its bound, since rules that are exact for scales near 1 can fail for tiny
+ * or huge ones; other bounded constants lie within 2 of their bound as
+ * before. Narrow integer types span their whole range.
+ */
+static double draw_const(const kf_rule *r, int v, kf_dtype dt, rng *g) {
+    double lo, hi, ilo, ihi;
+    const_bounds(r, v, &lo, &hi);
+    bool narrow = narrow_int_range(dt, &ilo, &ihi);
+    for (int tries = 0; tries < 16; tries++) {
+        double x;
+        if (narrow) x = draw_narrow_int(ilo, ihi, g);
+        else if (lo >= 0 && lo < INFINITY) x = lo + pow(10, -8 + 12 * uni(g));
+        else if (lo > -INFINITY) x = lo + 1e-3 + 2 * uni(g);
+        else if (hi < INFINITY) x = hi - 1e-3 - 2 * uni(g);
+        else x = 4 * uni(g) - 2;
+        if (!kf_dtype_is_float(dt)) x = floor(x);
+        if (const_allowed(r, v, x)) return x;
+    }
+    /* the bounds leave little room: their middle, or just past the bound */
+    if (lo > -INFINITY && hi < INFINITY) return (lo + hi) / 2;
+    return lo > -INFINITY ? lo + 1 : hi < INFINITY ? hi - 1 : 0;
 }
 
 static bool is_capture(const kf_rule *r, int v) {
@@ -104,9 +195,27 @@ static int named_rank(const kf_rule *r, int v) {
     return g && g->cmp == KF_CMP_EQ && g->value >= 0 && g->value <= KF_MAX_RANK ? (int)g->value : -1;
 }
 
-/* Builds the source pattern as a model; false if a capture's shape cannot
- * be chosen (the caller reports it). */
-static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *inst) {
+/* The dtype shape draw number `draw` gives capture v: its example's or the
+ * first its `dtype` guard lists, else dflt. A guard that lists only integer
+ * types (`dtype q uint8 int8`) is walked through draw by draw, the same
+ * position for every capture, so a quantised value and its zero point
+ * guarded alike change type together. */
+static kf_dtype capture_dtype(const kf_rule *r, int v, int draw, kf_dtype dflt) {
+    const kf_pat_example *ex = find_example(r, v);
+    const kf_pat_guard *gd = find_guard(r, v, KF_G_DTYPE);
+    kf_dtype dt = ex ? ex->dtype : gd ? gd->dtypes[0] : dflt;
+    if (!gd) return dt;
+    bool ints = true, listed = false;
+    for (int i = 0; i < gd->ndtypes; i++) {
+        ints &= kf_dtype_is_int(gd->dtypes[i]);
+        listed |= gd->dtypes[i] == dt;
+    }
+    return ints && listed ? gd->dtypes[draw % gd->ndtypes] : dt;
+}
+
+/* Builds the source pattern as a model (shape draw number draw); false if
+ * a capture's shape cannot be chosen (the caller reports it). */
+static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, int draw, instance *inst) {
     kf_model *m = model_new(opset);
     if (!m) return kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_graph *gr = m->graph;
@@ -137,8 +246,7 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
     for (int v = 0; v < r->nvars && !st; v++) {
         if (!is_capture(r, v)) continue;
         const kf_pat_example *ex = find_example(r, v);
-        const kf_pat_guard *gd = find_guard(r, v, KF_G_DTYPE);
-        kf_dtype dt = ex ? ex->dtype : gd ? gd->dtypes[0] : default_dt;
+        kf_dtype dt = capture_dtype(r, v, draw, default_dt);
         kf_type ty;
         kf_type_unknown(&ty);
         ty.dtype = dt;
@@ -163,8 +271,8 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
         const kf_pat_guard *ceq = find_guard(r, v, KF_G_CONST_EQ);
         const kf_pat_guard *axes = find_guard(r, v, KF_G_LAST_AXIS);
         if (axes && axes->attr) axes = NULL;
-        const kf_pat_guard *ccmp = find_guard(r, v, KF_G_CONST_CMP);
-        bool is_const = ceq || axes || ccmp || find_guard(r, v, KF_G_CONST);
+        bool is_const = ceq || axes || find_guard(r, v, KF_G_CONST_CMP) || find_guard(r, v, KF_G_CONST) ||
+                        (ex && ex->nvalues);
         if (axes) { /* an axes input naming the last axis */
             kf_tensor *t = kf_tensor_new();
             int64_t one = 1;
@@ -186,13 +294,8 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
                 if (!st) st = kf_fail(KF_ERR_NOMEM, "out of memory");
                 break;
             }
-            for (int64_t i = 0; i < t->numel; i++) {
-                double x = 4 * uni(g) - 2;
-                if (ceq) x = ceq->value;
-                else if (ccmp) /* a value on the allowed side of the bound */
-                    x = ccmp->value + (ccmp->cmp == KF_CMP_LT || ccmp->cmp == KF_CMP_LE ? -1 : 1) * (1e-3 + 2 * uni(g));
-                kf_set_f64(t, i, x);
-            }
+            for (int64_t i = 0; i < t->numel; i++)
+                kf_set_f64(t, i, ex && i < ex->nvalues ? ex->values[i] : ceq ? ceq->value : draw_const(r, v, dt, g));
             gr->values[vid[v]].init = t;
             kf_type_of_tensor(&gr->values[vid[v]].type, t);
         } else {
@@ -240,6 +343,11 @@ static kf_status instantiate(const kf_rule *r, rng *g, int64_t opset, instance *
         n->op = kf_op_lookup(pn->domain, pn->op);
         n->opset = opset;
         for (int k = 0; k < pn->nattrs && !st; k++) st = kf_node_add_attr(n, &pn->attrs[k].value);
+        for (int o = 0; o < pn->nouts && !st; o++) {
+            const kf_pat_example *ae = attr_example(r, pn->outs[o], draw);
+            for (int k = 0; ae && k < ae->nattrs && !st; k++)
+                if (!kf_attr_find(n, ae->attrs[k].name)) st = kf_node_add_attr(n, &ae->attrs[k]);
+        }
         if (!st) st = guard_attrs(r, pn, n);
         for (int o = 0; o < pn->nouts; o++) vid[pn->outs[o]] = outs[o];
     }
@@ -275,8 +383,15 @@ static kf_model *copy_model(const kf_model *m) {
 }
 
 /* Fills an input for value regime k: 0 uniform [-2, 2], 1 negative,
- * 2 large magnitude, 3 tiny magnitude, 4 with NaN and +-Inf sprinkled. */
+ * 2 large magnitude, 3 tiny magnitude, 4 with NaN and +-Inf sprinkled.
+ * Narrow integer inputs (quantised values, zero points) take random values
+ * of their type's whole range in every regime instead. */
 static void fill(kf_tensor *t, int k, rng *g) {
+    double ilo, ihi;
+    if (narrow_int_range(t->dtype, &ilo, &ihi)) {
+        for (int64_t i = 0; i < t->numel; i++) kf_set_f64(t, i, draw_narrow_int(ilo, ihi, g));
+        return;
+    }
     for (int64_t i = 0; i < t->numel; i++) {
         double u = uni(g), x;
         switch (k) {
@@ -299,11 +414,17 @@ static void tolerance(kf_dtype dt, double *atol, double *rtol) {
     }
 }
 
-/* First differing element of a vs b under tolerance, or -1. */
+/* First differing element of a vs b under tolerance, or -1. Integer and
+ * boolean results must be equal bit for bit. */
 static int64_t differ(const kf_tensor *a, const kf_tensor *b, double scale) {
     if (a->dtype != b->dtype || a->rank != b->rank || a->numel != b->numel) return 0;
     for (int d = 0; d < a->rank; d++)
         if (a->dims[d] != b->dims[d]) return 0;
+    if (kf_dtype_is_int(a->dtype) || a->dtype == KF_DT_BOOL) {
+        for (int64_t i = 0; i < a->numel; i++)
+            if (kf_get_i64(a, i) != kf_get_i64(b, i)) return i;
+        return -1;
+    }
     double atol, rtol;
     tolerance(a->dtype, &atol, &rtol);
     if (scale > 1) {
@@ -360,7 +481,7 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
     char last_decline[512] = "";
     for (int s = 0; s < CHECK_SHAPES; s++) {
         instance inst = {0};
-        if (instantiate(r, g, opset, &inst)) {
+        if (instantiate(r, g, opset, s, &inst)) {
             fprintf(out, "FAIL %s: cannot build an instance: %s\n", r->name, kf_last_error());
             return false;
         }

@@ -264,6 +264,14 @@ static const char *check_guard(const kf_model *m, const kf_pat_guard *gd, const 
         double want = gd->attr_value.type == KF_ATTR_INT ? (double)gd->attr_value.i : gd->attr_value.f;
         return cmp_ok(gd->cmp, have, want) ? NULL : "attribute does not satisfy the guard";
     }
+    case KF_G_SAME_ATTR: {
+        const kf_node *p = producer_of(g, v), *q = producer_of(g, s->bind[gd->var2]);
+        const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL, *b = q ? kf_attr_find(q, gd->attr2) : NULL;
+        if (!a && p && gd->has_default) a = &gd->attr_default;
+        if (!b && q && gd->has_default2) b = &gd->attr_default2;
+        if (!a || !b) return "attribute absent";
+        return attr_equal(a, b) ? NULL : "attributes differ";
+    }
     case KF_G_LAST_AXIS: {
         int rank = g->values[s->bind[gd->var2]].type.rank;
         int64_t ax;
@@ -392,6 +400,11 @@ static kf_status apply(kf_rule *r, kf_model *m, kf_id root_node, mstate *s) {
             kf_attr copy = *attrs[k];
             copy.name = dn->attrs[k].value.name; /* the replacement's name for it */
             KF_TRY(kf_node_add_attr(n, &copy));
+        }
+        if (dn->copy_from) { /* {@V.*}: the rest of V's producer's attributes */
+            const kf_node *p = producer_of(g, s->bind[dn->copy_from - 1]);
+            for (int k = 0; p && k < p->nattrs; k++)
+                if (!kf_attr_find(n, p->attrs[k].name)) KF_TRY(kf_node_add_attr(n, &p->attrs[k]));
         }
         KF_TRY(kf_infer_node(m, nid));
     }

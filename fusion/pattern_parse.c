@@ -194,6 +194,22 @@ static kf_status parse_attrs(lexer *lx, kf_rule *r, kf_pat_node *pn, bool allow_
     if (!is(lx, "{")) return KF_OK;
     next(lx);
     while (!is(lx, "}")) {
+        if (is(lx, "@")) { /* @V.*: every attribute of V's producer */
+            if (!allow_refs) return perr(lx, "attribute references (@) are for replacements%s", "");
+            next(lx);
+            size_t tl = strlen(lx->t.text);
+            if (lx->t.kind != T_IDENT || tl < 2 || lx->t.text[tl - 1] != '.' || pn->copy_from)
+                return perr(lx, "expected one @variable.* in the attributes%s", "");
+            lx->t.text[tl - 1] = 0;
+            int v;
+            KF_TRY(var_ref(lx, r, lx->t.text, false, &v));
+            next(lx);
+            KF_TRY(expect(lx, "*"));
+            pn->copy_from = v + 1;
+            if (is(lx, ",")) next(lx);
+            else if (!is(lx, "}")) return perr(lx, "expected ',' or '}' after '@variable.*'%s", "");
+            continue;
+        }
         if (lx->t.kind != T_IDENT) return perr(lx, "expected an attribute name%s", "");
         char name[256];
         snprintf(name, sizeof name, "%s", lx->t.text);
@@ -383,6 +399,25 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
         if (lx->t.kind != T_IDENT) return perr(lx, "expected the variable whose last axis is meant%s", "");
         KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var2));
         next(lx);
+    } else if (!strcmp(kw, "same_attr")) {
+        /* same_attr V.name[|DEFAULT] W.name[|DEFAULT] */
+        g->kind = KF_G_SAME_ATTR;
+        for (int k = 0; k < 2; k++) {
+            if (lx->t.kind != T_IDENT || !strchr(lx->t.text, '.'))
+                return perr(lx, "expected variable.attribute in 'same_attr'%s", "");
+            char *dot = strrchr(lx->t.text, '.');
+            *dot = 0;
+            char *name = kf_strdup(dot + 1);
+            if (!name) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            *(k ? &g->attr2 : &g->attr) = name;
+            KF_TRY(var_ref(lx, r, lx->t.text, false, k ? &g->var2 : &g->var));
+            next(lx);
+            if (is(lx, "|")) {
+                next(lx);
+                KF_TRY(parse_attr_value(lx, name, k ? &g->attr_default2 : &g->attr_default));
+                *(k ? &g->has_default2 : &g->has_default) = true;
+            }
+        }
     } else if (!strcmp(kw, "attr") || !strcmp(kw, "last_axis")) {
         if (lx->t.kind != T_IDENT || !strchr(lx->t.text, '.')) return perr(lx, "expected variable.attribute after '%s'", kw);
         char *dot = strrchr(lx->t.text, '.');
@@ -454,7 +489,7 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
             KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var2));
             next(lx);
         } else {
-            return perr(lx, "unknown guard '%s' (const, scalar, single_use, dtype, rank, same_shape, attr, last_axis)", kw);
+            return perr(lx, "unknown guard '%s' (const, scalar, single_use, dtype, rank, same_shape, attr, same_attr, last_axis)", kw);
         }
     }
     return lx->t.kind == T_END ? KF_OK : perr(lx, "unexpected '%s' at the end of the guard", lx->t.text);
@@ -468,6 +503,27 @@ static kf_status parse_example(lexer *lx, kf_rule *r, char syms[][64], int *nsym
     if (lx->t.kind != T_IDENT) return perr(lx, "expected a variable after 'example'%s", "");
     KF_TRY(var_ref(lx, r, lx->t.text, false, &e->var));
     next(lx);
+    r->nexamples++; /* counted now, so rule_free releases a half-parsed example */
+    if (is(lx, "{")) { /* example VAR {attr=value, ...}: attributes of VAR's producer */
+        next(lx);
+        while (!is(lx, "}")) {
+            if (lx->t.kind != T_IDENT) return perr(lx, "expected an attribute name%s", "");
+            char name[256];
+            snprintf(name, sizeof name, "%s", lx->t.text);
+            next(lx);
+            KF_TRY(expect(lx, "="));
+            kf_attr *na = kf_realloc(e->attrs, sizeof(kf_attr) * (size_t)(e->nattrs + 1));
+            if (!na) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            e->attrs = na;
+            memset(&e->attrs[e->nattrs], 0, sizeof(kf_attr));
+            e->nattrs++;
+            KF_TRY(parse_attr_value(lx, name, &e->attrs[e->nattrs - 1]));
+            if (is(lx, ",")) next(lx);
+            else if (!is(lx, "}")) return perr(lx, "expected ',' or '}' after attribute '%s'", name);
+        }
+        next(lx);
+        return lx->t.kind == T_END ? KF_OK : perr(lx, "unexpected '%s' after the example", lx->t.text);
+    }
     if (lx->t.kind != T_IDENT || !(e->dtype = dtype_named(lx->t.text))) return perr(lx, "expected a dtype, not '%s'", lx->t.text);
     next(lx);
     KF_TRY(expect(lx, "["));
@@ -491,7 +547,25 @@ static kf_status parse_example(lexer *lx, kf_rule *r, char syms[][64], int *nsym
         else if (!is(lx, "]")) return perr(lx, "expected ',' or ']'%s", "");
     }
     next(lx);
-    r->nexamples++;
+    if (is(lx, "=")) { /* = [v, ...]: the capture is a constant with these values */
+        next(lx);
+        KF_TRY(expect(lx, "["));
+        while (!is(lx, "]")) {
+            if (lx->t.kind != T_NUM || e->nvalues >= 64) return perr(lx, "expected a number (64 at most) in the values%s", "");
+            double *nv = kf_realloc(e->values, sizeof(double) * (size_t)(e->nvalues + 1));
+            if (!nv) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            e->values = nv;
+            e->values[e->nvalues++] = lx->t.num;
+            next(lx);
+            if (is(lx, ",")) next(lx);
+            else if (!is(lx, "]")) return perr(lx, "expected ',' or ']'%s", "");
+        }
+        next(lx);
+        int64_t count = 1;
+        for (int d = 0; d < e->rank; d++) /* bounded factors: no overflow on a hostile dim */
+            count = e->dims[d] >= 0 && e->dims[d] <= 64 && count <= 64 ? count * e->dims[d] : 65;
+        if (count != e->nvalues) return perr(lx, "the values do not fill the example's fixed shape%s", "");
+    }
     return lx->t.kind == T_END ? KF_OK : perr(lx, "unexpected '%s' after the example", lx->t.text);
 }
 
@@ -518,6 +592,13 @@ static void rule_free(kf_rule *r) {
         kf_free(r->guards[i].attr);
         kf_attr_release(&r->guards[i].attr_value);
         kf_attr_release(&r->guards[i].attr_default);
+        kf_free(r->guards[i].attr2);
+        kf_attr_release(&r->guards[i].attr_default2);
+    }
+    for (int i = 0; i < r->nexamples; i++) {
+        kf_free(r->examples[i].values);
+        for (int k = 0; k < r->examples[i].nattrs; k++) kf_attr_release(&r->examples[i].attrs[k]);
+        kf_free(r->examples[i].attrs);
     }
     for (int i = 0; i < r->nnear; i++) {
         kf_free(r->near[i].node);

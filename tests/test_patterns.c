@@ -260,3 +260,49 @@ Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
     free(text);
     kf_rules_free(&rs);
 }
+
+/* Quantised rules: integer inputs span their type's whole range and
+ * integer results must agree exactly, so a rule wrong only below the zero
+ * point (where Relu acts) is caught for both types an integer dtype guard
+ * lists, and a scale with a lower bound of 0 is drawn over many magnitudes. */
+Test(patterns, checker_compares_quantized_integers_exactly) {
+    kf_ruleset rs = rules_from("# deliberately wrong: Relu clamps below the zero point\n"
+                               "rule relu_dropped\n  match\n    x = DequantizeLinear(q, s, z)\n    r = Relu(x)\n"
+                               "    y = QuantizeLinear(r, s, z)\n  where\n    const s > 0\n    scalar s\n"
+                               "    dtype q uint8 int8\n    dtype z uint8 int8\n  replace\n    y = q\n"
+                               "  example q uint8[A, B]\n  example s float[]\n  example z uint8[]\nend\n"
+                               "rule cancel\n  match\n    x = DequantizeLinear(q, s, z)\n    y = QuantizeLinear(x, s, z)\n"
+                               "  where\n    const s > 0\n    const s < 1e30\n    scalar s\n    dtype q uint8 int8\n"
+                               "    dtype z uint8 int8\n  replace\n    y = q\n"
+                               "  example q uint8[A, B]\n  example s float[]\n  example z uint8[]\nend\n");
+    kf_check_result res;
+    char *text = check_report(&rs, tu_seed(), &res);
+    cr_assert_eq(res.failed, 1, "%s", text);
+    cr_assert(strstr(text, "FAIL relu_dropped") && strstr(text, "element"), "%s", text);
+    cr_assert(strstr(text, "ok   cancel: held on 8 instances"), "%s", text);
+    free(text);
+    kf_rules_free(&rs);
+}
+
+Test(patterns, qdq_syntax_errors_name_the_line) {
+    const char *bad[] = {
+        /* values that do not fill the example */
+        "rule r\n  match\n    y = Reshape(x, s)\n  replace\n    y = x\n  example s int64[2] = [1]\nend\n",
+        /* two attribute copies */
+        "rule r\n  match\n    y = Neg(x)\n  replace\n    y = Abs(x) {@y.*, @y.*}\nend\n",
+        /* same_attr without an attribute */
+        "rule r\n  match\n    y = Neg(x)\n  where\n    same_attr y x.axis\n  replace\n    y = x\nend\n",
+        /* an attribute example that is not a list of name=value */
+        "rule r\n  match\n    y = Neg(x)\n  replace\n    y = x\n  example y {axis}\nend\n",
+    };
+    const int line[] = {6, 5, 5, 6};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kf_ruleset rs = {0};
+        cr_assert_eq(kf_rules_parse(&rs, bad[i], strlen(bad[i]), "q.kfp"), KF_ERR_BAD_MODEL, "case %zu", i);
+        char at[32];
+        snprintf(at, sizeof at, "q.kfp:%d", line[i]);
+        cr_assert(strstr(kf_last_error(), at), "case %zu: %s", i, kf_last_error());
+        cr_assert_eq(rs.n, 0);
+        kf_rules_free(&rs);
+    }
+}
