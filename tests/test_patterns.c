@@ -260,3 +260,59 @@ Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
     free(text);
     kf_rules_free(&rs);
 }
+
+/* sqrt(x) -> sqrt(abs(x)): equal except where the source gives NaN */
+static const char *sqrt_abs = "rule sqrt_abs\n"
+                              "  match\n"
+                              "    y = Sqrt(x)\n"
+                              "  replace\n"
+                              "    a = Abs(x)\n"
+                              "    y = Sqrt(a)\n"
+                              "%s"
+                              "end\n";
+
+Test(patterns, refines_nan_lets_a_number_replace_only_a_nan) {
+    char text[512];
+    kf_check_result res;
+    snprintf(text, sizeof text, sqrt_abs, "");
+    kf_ruleset rs = rules_from(text);
+    char *report = check_report(&rs, 4242, &res);
+    cr_assert_eq(res.failed, 1, "%s", report);
+    cr_assert(strstr(report, "source nan, replacement") || strstr(report, "source -nan, replacement"), "%s", report);
+    free(report);
+    kf_rules_free(&rs);
+    snprintf(text, sizeof text, sqrt_abs, "  refines nan\n");
+    rs = rules_from(text);
+    cr_assert(rs.rules[0]->nan_refined);
+    report = check_report(&rs, 4242, &res);
+    cr_assert_eq(res.passed, 1, "%s", report);
+    free(report);
+    kf_rules_free(&rs);
+    /* a NaN where the source has a number is still a disagreement */
+    rs = rules_from("rule abs_sqrt\n  match\n    a = Abs(x)\n    y = Sqrt(a)\n  replace\n    y = Sqrt(x)\n"
+                    "  refines nan\nend\n");
+    report = check_report(&rs, 4242, &res);
+    cr_assert_eq(res.failed, 1, "%s", report);
+    free(report);
+    kf_rules_free(&rs);
+}
+
+Test(patterns, directives_and_same_dim_parse_errors_name_the_line) {
+    static const char *const bad[] = {
+        "rule r\n  match\n    y = Relu(x)\n  replace\n    y = Abs(x)\n  refines inf\nend\n",
+        "rule r\n  match\n    y = Relu(x)\n  where\n    same_dim x 0 x\n  replace\n    y = Abs(x)\nend\n",
+        "rule r\n  match\n    y = Relu(x)\n  where\n    same_dim x z x 0\n  replace\n    y = Abs(x)\nend\n",
+        "rule r\n  match\n    y = Mul(x, c)\n  replace\n    y = Elu(x) {alpha=1/c}\nend\n",
+        "rule r\n  match\n    y = Mul(x, c)\n  replace\n    y = Elu(x) {alpha=$c*c}\nend\n",
+    };
+    static const int lines[] = {6, 5, 5, 5, 5};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kf_ruleset rs = {0};
+        cr_assert_eq(kf_rules_parse(&rs, bad[i], strlen(bad[i]), "d.kfp"), KF_ERR_BAD_MODEL, "case %zu", i);
+        char want[16];
+        snprintf(want, sizeof want, "d.kfp:%d", lines[i]);
+        cr_assert(strstr(kf_last_error(), want), "case %zu: %s", i, kf_last_error());
+        cr_assert_eq(rs.n, 0);
+        kf_rules_free(&rs);
+    }
+}
