@@ -37,6 +37,10 @@ typedef struct kf_opt_options {
     bool trace;                       /* default from KFUSE_TRACE containing "rules" */
     const char *disable;              /* comma-separated pass or rule names to skip */
     bool no_raise;                    /* never raise the model's opset */
+    int64_t opset;                    /* > 0: raise the model to this opset first (all or nothing; when it
+                                       * cannot, res->raise_declined says why), raise no further, and run
+                                       * the opt_in rules too (rewrites into standard ops that kfuse's own
+                                       * kernels run no better, e.g. Attention); 0: neither */
     const char *const *keep;          /* value names never rewritten away (like graph outputs) */
     int nkeep;
     int64_t fold_cap_bytes;           /* larger folds allowed (a model that is compiled, not saved:

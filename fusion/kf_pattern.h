@@ -40,6 +40,8 @@ typedef struct kf_pat_attr {
     char *ref_attr;
     bool has_default; /* ref with a literal default in value when absent */
     bool ref_value;   /* $VAR: the scalar value of the constant bound to ref_var */
+    int ref_var2;     /* $VAR*$VAR2: times the scalar value of a second constant (-1: none) */
+    bool ref_recip;   /* 1/$VAR (or 1/($VAR*$VAR2)) */
 } kf_pat_attr;
 
 typedef struct kf_pat_node {
@@ -68,8 +70,9 @@ typedef enum kf_guard_kind {
     KF_G_ATTR,        /* attribute of var's producer compared with value */
     KF_G_LAST_AXIS,   /* attribute of var's producer (attr set) or the constant var
                        * itself (attr NULL) names the last axis of var2 */
-    KF_G_SAME_ATTR    /* attribute attr of var's producer equals attribute attr2 of
+    KF_G_SAME_ATTR,   /* attribute attr of var's producer equals attribute attr2 of
                        * var2's producer (defaults standing in for absent ones) */
+    KF_G_SAME_DIM     /* dim axis of var and dim axis2 of var2 known and equal */
 } kf_guard_kind;
 
 typedef enum kf_cmp { KF_CMP_EQ, KF_CMP_NE, KF_CMP_GE, KF_CMP_LE, KF_CMP_GT, KF_CMP_LT } kf_cmp;
@@ -84,6 +87,7 @@ typedef struct kf_pat_guard {
     char *attr;
     kf_attr attr_value;
     bool has_default;  /* KF_G_ATTR: attr_default stands in for an absent attribute */
+    int axis, axis2;   /* KF_G_SAME_DIM: negative counts from the end */
     kf_attr attr_default;
     char *attr2;        /* KF_G_SAME_ATTR: the attribute of var2's producer */
     bool has_default2;
@@ -134,6 +138,8 @@ typedef struct kf_rule {
     int ndst;
     int result_var;     /* what replaces the root's first output */
     int64_t min_opset;  /* of the default domain, for the replacement */
+    bool opt_in;        /* runs only when the caller asks for an output opset (kf_opt_options.opset) */
+    bool nan_refined;   /* `patterns check` accepts a number where the source gives NaN */
     kf_pat_example examples[KF_PAT_MAX_VARS];
     int nexamples;
     const char *root_op; /* op type at the root (callbacks: the op they start from) */

@@ -98,7 +98,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     kf_ruleset off = {0};
     for (uint32_t i = 0; i < res->rules.n; i++) {
         kf_rule *r = res->rules.rules[i];
-        if (listed(o->disable, r->name)) {
+        if (listed(o->disable, r->name) || (r->opt_in && o->opset <= 0)) {
             if ((st = kf_grow((void **)&off.rules, &off.cap, off.n + 1, sizeof(kf_rule *)))) {
                 /* put the set back whole (keep + off.n == i), so the
                  * caller's kf_rules_free frees each rule once */
@@ -125,7 +125,19 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     kf_rewrite_opts ro = {o->fuel, o->trace};
     uint64_t graph_changes[sizeof graph_passes / sizeof *graph_passes] = {0};
     res->opset_before = res->opset_after = kf_model_opset(m, "");
-    bool raise_tried = false;
+    bool raise_tried = o->opset > 0; /* the caller chose the opset: no raise beyond it */
+    if (!st && o->opset > res->opset_before) {
+        const char *why = NULL;
+        kf_status rs = kf_model_raise_opset(m, o->opset, &why);
+        if (rs == KF_ERR_UNSUPPORTED) {
+            snprintf(res->raise_declined, sizeof res->raise_declined, "opset %lld not reached: %s",
+                     (long long)o->opset, why ? why : kf_last_error());
+            kf_clear_error();
+        } else if ((st = rs) == KF_OK) {
+            res->opset_after = kf_model_opset(m, "");
+            st = kf_infer_shapes(m);
+        }
+    }
     for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
         uint64_t n = 0;
         st = kf_rewrite(m, &res->rules, &ro, &n);

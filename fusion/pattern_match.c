@@ -36,6 +36,7 @@ typedef struct mctx {
     char why[256];   /* reason of the failure that got furthest */
     int why_depth;
     bool oom;        /* the search ran out of memory: not a decline */
+    char guard_why[384]; /* a complete match whose guards failed: the last such reason */
 } mctx;
 
 static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, const char *b) {
@@ -83,6 +84,7 @@ static bool same_domain(const char *a, const char *b) {
 }
 
 static bool solve(mctx *c, mstate *s);
+static bool guards_hold(mctx *c, const mstate *s);
 
 /* Expands source node sn matched at graph node gn into goals. */
 static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
@@ -186,7 +188,10 @@ static bool solve(mctx *c, mstate *s) {
         }
         return expand(c, s, sn, p);
     }
-    return true;
+    /* every goal met: the whole pattern is bound. Guards are judged here, so
+     * a failing guard sends the search back to the other operand order of
+     * a commutative op (Mul(c, kt) where the rule wrote Mul(kt, c)). */
+    return guards_hold(c, s);
 }
 
 /* ---- guards -------------------------------------------------------------------- */
@@ -253,6 +258,14 @@ static const char *check_guard(const kf_model *m, const kf_pat_guard *gd, const 
         return cmp_ok(gd->cmp, val->type.rank, gd->value) ? NULL : "rank does not satisfy the guard";
     case KF_G_SAME_SHAPE:
         return kf_type_same_shape(&val->type, &g->values[s->bind[gd->var2]].type) ? NULL : "shapes are not known to be equal";
+    case KF_G_SAME_DIM: {
+        const kf_type *a = &val->type, *b = &g->values[s->bind[gd->var2]].type;
+        if (a->rank < 0 || b->rank < 0) return "rank unknown";
+        int i = gd->axis < 0 ? gd->axis + a->rank : gd->axis, j = gd->axis2 < 0 ? gd->axis2 + b->rank : gd->axis2;
+        if (i < 0 || i >= a->rank || j < 0 || j >= b->rank) return "no such dim";
+        bool same = a->dims[i] >= 0 ? a->dims[i] == b->dims[j] : b->dims[j] < 0 && a->syms[i] && a->syms[i] == b->syms[j];
+        return same ? NULL : "dims are not known to be equal";
+    }
     case KF_G_ATTR: {
         const kf_node *p = producer_of(g, v);
         const kf_attr *a = p ? kf_attr_find(p, gd->attr) : NULL;
@@ -298,6 +311,20 @@ static const char *check_guard(const kf_model *m, const kf_pat_guard *gd, const 
     return "unknown guard";
 }
 
+static bool guards_hold(mctx *c, const mstate *s) {
+    char buf[128];
+    for (int i = 0; i < c->r->nguards; i++) {
+        const kf_pat_guard *gd = &c->r->guards[i];
+        const char *bad = check_guard(c->m, gd, s, buf, sizeof buf);
+        if (bad) {
+            snprintf(c->guard_why, sizeof c->guard_why, "guard at %s:%d on '%s': %s", c->r->file, gd->line,
+                     c->r->vars[gd->var].name, bad);
+            return false;
+        }
+    }
+    return true;
+}
+
 /* ---- replacement --------------------------------------------------------------- */
 
 static void near_miss(kf_rule *r, const kf_node *n, const char *why) {
@@ -327,15 +354,26 @@ static bool resolve_attrs(const kf_graph *g, const kf_pat_node *dn, const mstate
         }
         if (pa->ref_value) {
             const kf_tensor *t = g->values[s->bind[pa->ref_var]].init;
-            if (!t || t->numel != 1 || !(kf_dtype_is_float(t->dtype) || kf_dtype_is_int(t->dtype))) {
+            const kf_tensor *t2 = pa->ref_var2 >= 0 ? g->values[s->bind[pa->ref_var2]].init : NULL;
+            bool arith = pa->ref_var2 >= 0 || pa->ref_recip;
+            if (!t || t->numel != 1 || !(kf_dtype_is_float(t->dtype) || kf_dtype_is_int(t->dtype)) ||
+                (pa->ref_var2 >= 0 && (!t2 || t2->numel != 1 || !kf_dtype_is_float(t2->dtype))) ||
+                (arith && !kf_dtype_is_float(t->dtype))) {
                 *why = "a value the replacement reads into an attribute is not a one-element constant";
                 return false;
             }
             memset(&scratch[k], 0, sizeof scratch[k]);
             scratch[k].name = pa->value.name;
             if (kf_dtype_is_float(t->dtype)) {
+                /* products and quotients in double, rounded once to the attribute's float */
+                double x = kf_get_f64(t, 0) * (t2 ? kf_get_f64(t2, 0) : 1.0);
+                if (pa->ref_recip) x = 1.0 / x;
+                if (!isfinite(x) || fabs(x) > 3.4028234663852886e38) { /* FLT_MAX */
+                    *why = "a value the replacement computes for an attribute is not a finite float";
+                    return false;
+                }
                 scratch[k].type = KF_ATTR_FLOAT;
-                scratch[k].f = (float)kf_get_f64(t, 0);
+                scratch[k].f = (float)x;
             } else {
                 scratch[k].type = KF_ATTR_INT;
                 scratch[k].i = kf_get_i64(t, 0);
@@ -427,7 +465,7 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     const kf_pat_node *root = &r->src[r->nsrc - 1];
     if (strcmp(root->op, n->op_type) || !same_domain(root->domain, n->domain)) return KF_OK;
-    mctx c = {r, g, m, "", -1, false};
+    mctx c = {r, g, m, "", -1, false, ""};
     mstate *s = kf_calloc(1, sizeof *s);
     if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
@@ -438,19 +476,10 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
             st = kf_fail(KF_ERR_NOMEM, "out of memory matching rule '%s'", r->name);
             goto done;
         }
-        near_miss(r, n, c.why[0] ? c.why : "structure differs");
+        near_miss(r, n, c.guard_why[0] ? c.guard_why : c.why[0] ? c.why : "structure differs");
         goto done;
     }
-    char buf[128], why[384];
-    for (int i = 0; i < r->nguards; i++) {
-        const char *bad = check_guard(m, &r->guards[i], s, buf, sizeof buf);
-        if (bad) {
-            snprintf(why, sizeof why, "guard at %s:%d on '%s': %s", r->file, r->guards[i].line,
-                     r->vars[r->guards[i].var].name, bad);
-            near_miss(r, n, why);
-            goto done;
-        }
-    }
+    char why[384];
     if (r->min_opset && kf_model_opset(m, "") < r->min_opset) {
         snprintf(why, sizeof why, "needs opset %lld, the model imports %lld", (long long)r->min_opset,
                  (long long)kf_model_opset(m, ""));

@@ -220,17 +220,34 @@ static kf_status parse_attrs(lexer *lx, kf_rule *r, kf_pat_node *pn, bool allow_
         pn->attrs = na;
         kf_pat_attr *pa = &pn->attrs[pn->nattrs];
         memset(pa, 0, sizeof *pa);
-        pa->ref_var = -1;
+        pa->ref_var = pa->ref_var2 = -1;
         pn->nattrs++;
+        bool recip = lx->t.kind == T_NUM && lx->t.is_int && lx->t.ival == 1 && lx->p < lx->end && *lx->p == '/';
+        if (recip) { /* 1/$a */
+            next(lx);
+            next(lx);
+            if (!is(lx, "$")) return perr(lx, "expected 1/$variable for '%s'", name);
+        }
         if (is(lx, "$")) {
-            /* the scalar value of a matched constant, e.g. {epsilon=$eps} */
+            /* the scalar value of a matched constant, e.g. {epsilon=$eps},
+             * or of two multiplied ($a*$b), or its reciprocal (1/$c) */
             if (!allow_refs) return perr(lx, "constant values ($) are for replacements, not '%s'", name);
             next(lx);
             if (lx->t.kind != T_IDENT || strchr(lx->t.text, '.')) return perr(lx, "expected $variable for '%s'", name);
             KF_TRY(var_ref(lx, r, lx->t.text, false, &pa->ref_var));
             pa->ref_value = true;
+            pa->ref_recip = recip;
             if (!(pa->value.name = kf_strdup(name))) return kf_fail(KF_ERR_NOMEM, "out of memory");
             next(lx);
+            if (is(lx, "*")) {
+                next(lx);
+                if (!is(lx, "$")) return perr(lx, "expected $variable after '*' for '%s'", name);
+                next(lx);
+                if (lx->t.kind != T_IDENT || strchr(lx->t.text, '.'))
+                    return perr(lx, "expected $variable for '%s'", name);
+                KF_TRY(var_ref(lx, r, lx->t.text, false, &pa->ref_var2));
+                next(lx);
+            }
         } else if (is(lx, "@")) {
             if (!allow_refs) return perr(lx, "attribute references (@) are for replacements, not '%s'", name);
             next(lx);
@@ -483,13 +500,28 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
             }
             g->value = lx->t.num;
             next(lx);
+        } else if (!strcmp(kw, "same_dim")) {
+            /* same_dim A I B J: dim I of A and dim J of B (negative: from the end) */
+            g->kind = KF_G_SAME_DIM;
+            int *axes[2] = {&g->axis, &g->axis2};
+            for (int k = 0; k < 2; k++) {
+                if (k) {
+                    if (lx->t.kind != T_IDENT) return perr(lx, "expected a second variable in 'same_dim'%s", "");
+                    KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var2));
+                    next(lx);
+                }
+                if (lx->t.kind != T_NUM || !lx->t.is_int || lx->t.ival < -KF_MAX_RANK || lx->t.ival >= KF_MAX_RANK)
+                    return perr(lx, "expected a dim index after a variable in 'same_dim'%s", "");
+                *axes[k] = (int)lx->t.ival;
+                next(lx);
+            }
         } else if (!strcmp(kw, "same_shape")) {
             g->kind = KF_G_SAME_SHAPE;
             if (lx->t.kind != T_IDENT) return perr(lx, "expected a second variable after 'same_shape'%s", "");
             KF_TRY(var_ref(lx, r, lx->t.text, false, &g->var2));
             next(lx);
         } else {
-            return perr(lx, "unknown guard '%s' (const, scalar, single_use, dtype, rank, same_shape, attr, same_attr, last_axis)", kw);
+            return perr(lx, "unknown guard '%s' (const, scalar, single_use, dtype, rank, same_shape, same_dim, attr, same_attr, last_axis)", kw);
         }
     }
     return lx->t.kind == T_END ? KF_OK : perr(lx, "unexpected '%s' at the end of the guard", lx->t.text);
@@ -734,6 +766,15 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
             next(&lx);
             if (lx.t.kind != T_NUM || !lx.t.is_int) st = perr(&lx, "expected an opset number%s", "");
             else r->min_opset = lx.t.ival;
+            continue;
+        }
+        if (is(&lx, "opt_in") || is(&lx, "refines")) {
+            bool opt_in = is(&lx, "opt_in");
+            next(&lx);
+            if (opt_in) r->opt_in = true;
+            else if (is(&lx, "nan")) r->nan_refined = true, next(&lx);
+            else st = perr(&lx, "expected 'refines nan'%s", "");
+            if (!st && lx.t.kind != T_END) st = perr(&lx, "unexpected '%s' after the directive", lx.t.text);
             continue;
         }
         if (is(&lx, "example")) {

@@ -147,3 +147,80 @@ Test(opt, without_builtin_rules_only_the_graph_passes_run) {
     kf_rules_free(&res.rules);
     kf_model_free(m);
 }
+
+/* BERT-style attention at opset 17, [B, H, S, D] with an additive mask */
+static const char *attention17 = "input q float[B, 2, S, 4]\n"
+                                 "input k float[B, 2, S, 4]\n"
+                                 "input v float[B, 2, S, 4]\n"
+                                 "input mask float[B, 1, 1, S]\n"
+                                 "const c float[] = 0.5\n"
+                                 "kt = Transpose(k) {perm=[0, 1, 3, 2]}\n"
+                                 "s = MatMul(q, kt)\n"
+                                 "t = Mul(s, c)\n"
+                                 "a = Add(t, mask)\n"
+                                 "p = Softmax(a) {axis=-1}\n"
+                                 "y = MatMul(p, v)\n"
+                                 "output y\n";
+
+/* The attention rules are opt_in: the default pipeline (which `kfuse
+ * run`, `fuse` and `compile` use) keeps the decomposed form the planner
+ * fuses, and does not raise the opset for them. */
+Test(opt, attention_rules_do_not_run_unasked) {
+    kf_model *m = gt_parse(attention17);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(gt_count(m, "Attention"), 0);
+    cr_assert_eq(gt_count(m, "Softmax"), 1);
+    cr_assert_eq(kf_model_opset(m, ""), 17, "no rule that runs asked for a higher opset");
+    cr_assert_eq(gt_hits(&res.rules, "attention_mul_mask"), 0);
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
+
+Test(opt, asked_opset_raises_and_runs_the_attention_rules) {
+    kf_model *m = gt_parse(attention17);
+    kf_model *orig = gt_copy(m);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    o.opset = 23;
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(res.opset_before, 17);
+    cr_assert_eq(res.opset_after, 23);
+    cr_assert_eq(res.raise_declined[0], 0, "%s", res.raise_declined);
+    cr_assert_eq(gt_count(m, "Attention"), 1);
+    cr_assert_eq(gt_count(m, "Softmax"), 0);
+    cr_assert_eq(gt_count(m, "MatMul"), 0);
+    cr_assert_eq(gt_count(m, "Transpose"), 0, "K^T transposed back to K: the two Transposes compose away");
+    cr_assert_eq(gt_hits(&res.rules, "attention_mul_mask"), 1);
+    gt_expect_same_outputs(orig, m, 1e-5, 1e-4);
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+/* A model the raise cannot take to 23 (a node whose schema history kfuse
+ * does not know) keeps its opset, and the rules needing 23 do not fire. */
+Test(opt, asked_opset_that_cannot_be_reached_leaves_attention_decomposed) {
+    char text[2048];
+    /* GroupNormalization-18's scale and bias per group became per channel at 21 */
+    snprintf(text, sizeof text, "opset 18\n%s%s", attention17,
+             "const g float[2] = 1.5\nz = GroupNormalization(v, g, g) {num_groups=2}\noutput z\n");
+    kf_model *m = gt_parse(text);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    o.opset = 23;
+    kf_opt_result res = run(m, &o);
+    cr_assert_eq(kf_model_opset(m, ""), 18);
+    cr_assert(strstr(res.raise_declined, "opset 23 not reached") && strstr(res.raise_declined, "GroupNormalization"),
+              "%s", res.raise_declined);
+    cr_assert_eq(gt_count(m, "Attention"), 0);
+    cr_assert_eq(gt_count(m, "Softmax"), 1);
+    cr_assert(strstr(gt_reasons(&res.rules, "attention_mul_mask"), "needs opset 23"), "%s",
+              gt_reasons(&res.rules, "attention_mul_mask"));
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}

@@ -314,3 +314,88 @@ Test(opt_models, dynamo_exports_norms_and_activations_found, .timeout = 300) {
 Test(opt_models, dynamo_dynamic_exports_norms_and_activations_found, .timeout = 300) {
     check_exports("small_dynamo_dynamic", false);
 }
+
+/* ---- attention to the opset-23 Attention op (kfuse opt --opset 23) ---------- */
+
+/* Optimizes dir/model.onnx asking for opset 23 and checks: the model is
+ * raised, every layer's decomposed attention is one Attention node (the
+ * attention_* rules' hits and the node count both equal the layers, no
+ * Softmax is left), and the outputs on test_data_set_0 equal the
+ * original's (rewrite tolerance) and PyTorch's. */
+static void check_attention(const char *folder, const char *name, int layers) {
+    char path[1024], data[1024];
+    snprintf(path, sizeof path, "%s/bench/models/%s/%s/model.onnx", KF_SOURCE_DIR, folder, name);
+    snprintf(data, sizeof data, "%s/bench/models/%s/%s/test_data_set_0", KF_SOURCE_DIR, folder, name);
+    kf_model *m, *o;
+    cr_assert_eq(kf_model_load(path, &m), KF_OK, "%s: %s", path, kf_last_error());
+    cr_assert_eq(kf_model_load(path, &o), KF_OK);
+    kf_opt_options opts;
+    kf_opt_options_default(&opts);
+    opts.fuel = -1;
+    opts.opset = 23;
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(o, &opts, &res), KF_OK, "%s: optimize: %s", path, kf_last_error());
+    cr_expect_eq(res.opset_after, 23, "%s: %s", path, res.raise_declined);
+    int hits = 0;
+    for (uint32_t i = 0; i < res.rules.n; i++)
+        if (!strncmp(res.rules.rules[i]->name, "attention_", 10)) hits += (int)res.rules.rules[i]->hits;
+    kf_rules_free(&res.rules);
+    cr_log_info("%s: %d attention rule hits, %u Attention after", path, hits, gt_count(o, "Attention"));
+    cr_expect_eq(hits, layers, "%s: %d attention rule hits, want %d", path, hits, layers);
+    cr_expect_eq(gt_count(o, "Attention"), (uint32_t)layers, "%s", path);
+    cr_expect_eq(gt_count(o, "Softmax"), 0, "%s", path);
+    {
+        void *buf;
+        size_t len;
+        kf_model *rt;
+        cr_assert_eq(kf_model_save_memory(o, &buf, &len), KF_OK);
+        cr_assert_eq(kf_model_load_memory(buf, len, NULL, &rt), KF_OK, "%s: round trip: %s", path, kf_last_error());
+        free(buf);
+        kf_model_free(o);
+        o = rt;
+    }
+    kf_id *real;
+    uint32_t nreal;
+    cr_assert_eq(kf_graph_real_inputs(m->graph, &real, &nreal), KF_OK);
+    uint32_t nout = m->graph->noutputs;
+    kf_tensor *ins = calloc(nreal + 1, sizeof(kf_tensor));
+    kf_tensor *a = calloc(nout + 1, sizeof(kf_tensor)), *b = calloc(nout + 1, sizeof(kf_tensor));
+    cr_assert(gt_load_dataset_inputs(m, data, ins, nreal, real), "%s: test inputs: %s", data, kf_last_error());
+    cr_assert_eq(kf_eval_model(m, ins, (int)nreal, a, NULL), KF_OK, "%s: %s", path, kf_last_error());
+    cr_assert_eq(kf_eval_model(o, ins, (int)nreal, b, NULL), KF_OK, "%s optimized: %s", path, kf_last_error());
+    for (uint32_t k = 0; k < nout; k++) {
+        char why[512], p[1100];
+        double atol, rtol;
+        kf_run_tolerance(a[k].dtype, &atol, &rtol);
+        cr_expect(tu_close(&b[k], &a[k], atol, rtol, why, sizeof why), "%s output %u: Attention vs original: %s", path, k,
+                  why);
+        kf_tensor want = {0};
+        snprintf(p, sizeof p, "%s/output_%u.pb", data, k);
+        cr_assert_eq(kf_onnx_read_tensor_file(p, &want, NULL), KF_OK, "%s: %s", p, kf_last_error());
+        cr_expect(tu_close(&b[k], &want, 1e-4, 1e-3, why, sizeof why), "%s output %u: Attention vs PyTorch: %s", path, k,
+                  why);
+        kf_tensor_release(&want);
+    }
+    for (uint32_t i = 0; i < nreal; i++) kf_tensor_release(&ins[i]);
+    for (uint32_t k = 0; k < nout; k++) {
+        kf_tensor_release(&a[k]);
+        kf_tensor_release(&b[k]);
+    }
+    free(ins);
+    free(a);
+    free(b);
+    free(real);
+    kf_model_free(m);
+    kf_model_free(o);
+}
+
+/* TorchScript exports (opset 17): BERT (Mul scale, padding mask), GPT-2 (Mul
+ * scale, causal and padding mask in one additive mask), ViT (sqrt-scales on
+ * q and K^T, no mask), Llama; and the dynamo exports (opset 20, static and
+ * dynamic shapes). 2 layers each (bench/models/export.py, small). */
+Test(opt_models, exported_attention_becomes_one_op_per_layer_at_opset_23, .timeout = 600) {
+    static const char *const folders[] = {"small", "small_dynamo", "small_dynamo_dynamic"};
+    static const char *const models[] = {"bert", "gpt2", "vit_b16", "llama"};
+    for (size_t f = 0; f < 3; f++)
+        for (size_t i = 0; i < 4; i++) check_attention(folders[f], models[i], 2);
+}

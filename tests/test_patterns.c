@@ -306,3 +306,119 @@ Test(patterns, qdq_syntax_errors_name_the_line) {
         kf_rules_free(&rs);
     }
 }
+
+/* sqrt(x) -> sqrt(abs(x)): equal except where the source gives NaN */
+static const char *sqrt_abs = "rule sqrt_abs\n"
+                              "  match\n"
+                              "    y = Sqrt(x)\n"
+                              "  replace\n"
+                              "    a = Abs(x)\n"
+                              "    y = Sqrt(a)\n"
+                              "%s"
+                              "end\n";
+
+Test(patterns, refines_nan_lets_a_number_replace_only_a_nan) {
+    char text[512];
+    kf_check_result res;
+    snprintf(text, sizeof text, sqrt_abs, "");
+    kf_ruleset rs = rules_from(text);
+    char *report = check_report(&rs, 4242, &res);
+    cr_assert_eq(res.failed, 1, "%s", report);
+    cr_assert(strstr(report, "source nan, replacement") || strstr(report, "source -nan, replacement"), "%s", report);
+    free(report);
+    kf_rules_free(&rs);
+    snprintf(text, sizeof text, sqrt_abs, "  refines nan\n");
+    rs = rules_from(text);
+    cr_assert(rs.rules[0]->nan_refined);
+    report = check_report(&rs, 4242, &res);
+    cr_assert_eq(res.passed, 1, "%s", report);
+    free(report);
+    kf_rules_free(&rs);
+    /* a NaN where the source has a number is still a disagreement */
+    rs = rules_from("rule abs_sqrt\n  match\n    a = Abs(x)\n    y = Sqrt(a)\n  replace\n    y = Sqrt(x)\n"
+                    "  refines nan\nend\n");
+    report = check_report(&rs, 4242, &res);
+    cr_assert_eq(res.failed, 1, "%s", report);
+    free(report);
+    kf_rules_free(&rs);
+}
+
+Test(patterns, directives_and_same_dim_parse_errors_name_the_line) {
+    static const char *const bad[] = {
+        "rule r\n  match\n    y = Relu(x)\n  replace\n    y = Abs(x)\n  refines inf\nend\n",
+        "rule r\n  match\n    y = Relu(x)\n  where\n    same_dim x 0 x\n  replace\n    y = Abs(x)\nend\n",
+        "rule r\n  match\n    y = Relu(x)\n  where\n    same_dim x z x 0\n  replace\n    y = Abs(x)\nend\n",
+        "rule r\n  match\n    y = Mul(x, c)\n  replace\n    y = Elu(x) {alpha=1/c}\nend\n",
+        "rule r\n  match\n    y = Mul(x, c)\n  replace\n    y = Elu(x) {alpha=$c*c}\nend\n",
+    };
+    static const int lines[] = {6, 5, 5, 5, 5};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        kf_ruleset rs = {0};
+        cr_assert_eq(kf_rules_parse(&rs, bad[i], strlen(bad[i]), "d.kfp"), KF_ERR_BAD_MODEL, "case %zu", i);
+        char want[16];
+        snprintf(want, sizeof want, "d.kfp:%d", lines[i]);
+        cr_assert(strstr(kf_last_error(), want), "case %zu: %s", i, kf_last_error());
+        cr_assert_eq(rs.n, 0);
+        kf_rules_free(&rs);
+    }
+}
+
+/* Attention at opset 23 from the built-in rules: q [B, H, S, D] against
+ * K^T; `kt_heads` heads of K (MatMul broadcasts 1, Attention's batch and
+ * head rules are stricter); `scale` is the spelling of the scale. */
+static kf_model *attention23(const char *kt_heads, const char *scale) {
+    char text[2048];
+    snprintf(text, sizeof text,
+             "opset 23\n"
+             "input q float[B, 2, S, 4]\n"
+             "input kt float[B, %s, 4, S]\n"
+             "input v float[B, 2, S, 4]\n"
+             "const c float[] = 0.25\n"
+             "const c2 float[1] = 0.5\n"
+             "%s"
+             "p = Softmax(t) {axis=-1}\n"
+             "y = MatMul(p, v)\n"
+             "output y\n",
+             kt_heads, scale);
+    return gt_parse(text);
+}
+
+static double scale_of_attention(const kf_model *m) {
+    const kf_graph *g = m->graph;
+    for (kf_id i = 1; i < g->nnodes; i++)
+        if (!g->nodes[i].dead && !strcmp(g->nodes[i].op_type, "Attention")) return kf_attr_f(&g->nodes[i], "scale", -1);
+    cr_assert_fail("no Attention node");
+    return 0;
+}
+
+Test(patterns, attention_scale_is_the_constant_its_reciprocal_or_their_product) {
+    static const struct {
+        const char *form, *rule;
+        double scale;
+    } cases[] = {
+        {"s = MatMul(q, kt)\nt = Mul(s, c)\n", "attention_mul", 0.25},
+        {"s = MatMul(q, kt)\nt = Div(s, c)\n", "attention_div", 4.0},
+        {"qs = Mul(q, c2)\nks = Mul(c2, kt)\nt = MatMul(qs, ks)\n", "attention_split_scale", 0.25},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        kf_model *m = attention23("2", cases[i].form), *orig = gt_copy(m);
+        kf_ruleset rs = gt_run_rules(m, kf_rules_add_builtin);
+        cr_assert_eq(gt_hits(&rs, cases[i].rule), 1, "%s: %s", cases[i].rule, gt_reasons(&rs, cases[i].rule));
+        cr_assert_eq(gt_count(m, "Attention"), 1);
+        cr_assert_float_eq(scale_of_attention(m), cases[i].scale, 1e-7, "%s", cases[i].rule);
+        gt_expect_same_outputs(orig, m, 1e-5, 1e-4);
+        kf_rules_free(&rs);
+        kf_model_free(m);
+        kf_model_free(orig);
+    }
+}
+
+Test(patterns, does_not_rewrite_attention_whose_kv_heads_matmul_broadcasts) {
+    kf_model *m = attention23("1", "s = MatMul(q, kt)\nt = Mul(s, c)\n");
+    kf_ruleset rs = gt_run_rules(m, kf_rules_add_builtin);
+    cr_assert_eq(gt_count(m, "Attention"), 0);
+    cr_assert(strstr(gt_reasons(&rs, "attention_mul"), "on 'q': dims are not known to be equal"), "%s",
+              gt_reasons(&rs, "attention_mul"));
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}

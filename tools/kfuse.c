@@ -14,6 +14,7 @@
 #include <time.h>
 
 #include "kf_onnx.h"
+#include "kf_opset_raise.h"
 #include "kf_opt.h"
 #include "kf_precision.h"
 #include "kf_ref.h"
@@ -46,9 +47,10 @@ static void usage(FILE *f) {
             "                                  latency p50/p99, kernels launched, arena bytes\n"
             "  conform DIR... [--backend ref|opencl] [--verbose]\n"
             "                                  run ONNX backend-test folders, per-op table and summary\n"
-            "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise]\n"
+            "  opt M.onnx -o OUT.onnx [--patterns F]... [--keep NAME]... [--no-builtin] [--no-raise | --opset N]\n"
             "                 [--dim NAME=N]... [--report] [--json]\n"
-            "                                  rewrite to a smaller standard ONNX (--dim: fix a symbolic dim)\n"
+            "                                  rewrite to a smaller standard ONNX (--dim: fix a symbolic dim;\n"
+            "                                  --opset N: raise to N and use its ops, e.g. Attention at 23)\n"
             "  fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--no-opt] [--dim NAME=N] [--plan-dim NAME=N]\n"
             "                                  plan fusion; groups become ai.kfuse ONNX functions\n"
             "  quantize M.onnx -o Q.onnx [--calib DIR | --random N] [--method minmax|percentile|entropy]\n"
@@ -805,7 +807,16 @@ static int cmd_opt(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-builtin")) o.no_builtin = true;
         else if (!strcmp(argv[i], "--keep") && i + 1 < argc && nkeep < 256) keep[nkeep++] = argv[++i];
         else if (!strcmp(argv[i], "--no-raise")) o.no_raise = true;
-        else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
+        else if (!strcmp(argv[i], "--opset") && i + 1 < argc) {
+            char *end;
+            long long v = strtoll(argv[++i], &end, 10);
+            if (*end || v < 1 || v > KF_RAISE_MAX_OPSET) {
+                fprintf(stderr, "kfuse opt: --opset takes an opset from 1 to %d, not '%s'\n", KF_RAISE_MAX_OPSET,
+                        argv[i]);
+                return EXIT_USAGE;
+            }
+            o.opset = v;
+        } else if (!strcmp(argv[i], "--dim") && i + 1 < argc) {
             if (!kfuse_tool_dim_arg(&dims, argv[++i])) return EXIT_USAGE;
         }
         else if (!strcmp(argv[i], "--report")) report = true;
@@ -816,7 +827,8 @@ static int cmd_opt(int argc, char **argv) {
             return EXIT_USAGE;
         }
     }
-    if (!model || !out) {
+    if (!model || !out || (o.no_raise && o.opset)) {
+        if (o.no_raise && o.opset) fprintf(stderr, "kfuse opt: --no-raise and --opset exclude each other\n");
         usage(stderr);
         return EXIT_USAGE;
     }
@@ -881,8 +893,8 @@ static int cmd_opt(int argc, char **argv) {
         printf("%s: %u nodes -> %u nodes (%llu rewrites), written to %s\n", model, res.nodes_before, res.nodes_after,
                (unsigned long long)res.rewrites, out);
         if (res.opset_after != res.opset_before)
-            printf("opset raised %lld -> %lld for rules that need it\n", (long long)res.opset_before,
-                   (long long)res.opset_after);
+            printf("opset raised %lld -> %lld %s\n", (long long)res.opset_before, (long long)res.opset_after,
+                   o.opset ? "as asked" : "for rules that need it");
         if (res.raise_declined[0]) printf("%s\n", res.raise_declined);
     }
     if (report) {
