@@ -222,8 +222,9 @@ static void param_ix(const kf_type *pt, const char *name, ix *res) {
  * register reg (zero outside: the tile's edge or the conv's padding). An
  * integer anchor's operand is an int less its zero point zp (0: none) read
  * at zat, so the edge and the padding add nothing (ConvInteger pads with
- * the zero point). */
-static bool load_guarded(gen *st, const char *reg, const char *cond, kf_id v, const ix *at, kf_id zp, const ix *zat) {
+ * the zero point); shift (not 0) is subtracted inside the block too. */
+static bool load_guarded(gen *st, const char *reg, const char *cond, kf_id v, const ix *at, kf_id zp, const ix *zat,
+                         int shift) {
     const char *outer = st->ind;
     uint32_t mark = st->nmemo;
     char x[NAMELEN], z[NAMELEN];
@@ -233,8 +234,12 @@ static bool load_guarded(gen *st, const char *reg, const char *cond, kf_id v, co
         st->ind = deeper(outer);
     }
     bool ok = emit(st, v, at, x) && (!zp || emit(st, zp, zat, z));
-    if (ok && zp) kf_cg_printf(st->s, "%s%s = %s - %s;\n", st->ind, reg, x, z);
-    else if (ok) kf_cg_printf(st->s, "%s%s = %s;\n", st->ind, reg, x);
+    if (ok) {
+        kf_cg_printf(st->s, "%s%s = %s", st->ind, reg, x);
+        if (zp) kf_cg_printf(st->s, " - %s", z);
+        if (shift) kf_cg_printf(st->s, " - %d", shift);
+        kf_cg_puts(st->s, ";\n");
+    }
     st->ind = outer;
     if (cond[0]) kf_cg_printf(st->s, "%s}\n", outer);
     st->nmemo = mark;
@@ -390,7 +395,7 @@ static bool tile_loads(gen *st, const kf_node *n, const gemm *gm, int rows, cons
         } else operand_ix(gm, &st->g->values[gm->a].type, true, "gm", "gk", &ai);
         ix zi;
         if (gm->za) param_ix(&st->g->values[gm->za].type, "gm", &zi);
-        if (!load_guarded(st, "x", cond, gm->a, &ai, gm->za, &zi)) return false;
+        if (!load_guarded(st, "x", cond, gm->a, &ai, gm->za, &zi, 0)) return false;
         kf_cg_printf(b, "                kf_as[e %% %d][e / %d] = x;\n            }\n", GEMM_TK, GEMM_TK);
     }
     /* B: element e -> (k e / 64, column e % 64): consecutive work-items read consecutive columns */
@@ -406,7 +411,7 @@ static bool tile_loads(gen *st, const kf_node *n, const gemm *gm, int rows, cons
     } else operand_ix(gm, &st->g->values[gm->b].type, false, "gk", "gn", &bi);
     ix zi;
     if (gm->zb) param_ix(&st->g->values[gm->zb].type, "gn", &zi);
-    if (!load_guarded(st, "x", cond, gm->b, &bi, gm->zb, &zi)) return false;
+    if (!load_guarded(st, "x", cond, gm->b, &bi, gm->zb, &zi, 0)) return false;
     kf_cg_printf(b, "                kf_bs[e / %d][e %% %d] = x;\n            }\n", GEMM_TN, GEMM_TN);
     return true;
 }
@@ -452,9 +457,160 @@ static bool tiles_end(gen *st, kf_cg_str *s, kf_cg_str *body, int64_t ntiles, bo
     return ok;
 }
 
+/* ---- integer GEMM: four 8-bit lanes a word ------------------------------------
+ *
+ * MatMulInteger on the tiled GEMM's 64 x 64 tile and 16 x 16 work-items, its
+ * operands packed four k at a time into ints (kf_as[4][65], kf_bs[4][64]
+ * per k step of 16) and multiplied by KF_DOT4, the dialect's dot product of
+ * four signed 8-bit lanes (dp4a on CUDA): one instruction per four products
+ * and a quarter of the shared-memory reads of the int tile. The lanes are
+ * signed, so a uint8 operand is moved to int8 by subtracting 128 as it loads,
+ * its zero point with it (differences a - za are unchanged). A difference
+ * needs 9 bits, so the zero points come after the sums:
+ *
+ *   sum (a - za)(b - zb) = sum ab - zb sum a - za sum b + K za zb
+ *
+ * with sum a per row and sum b per column accumulated by the work-items that
+ * load them (each loads one word of A and one of B per k step) and gathered
+ * through shared memory after the k loop, only where the other operand's
+ * zero point is not 0. Tile edges read 0 and add to none of the sums. With
+ * K <= INT_SUM_MAX_K every partial result fits an int (|a|, |b| <= 128). */
+
+/* The zero point of integer GEMM operand op (zp: its zero-point value, 0 if
+ * none) moved as the operand is, at row or column `at`: text into z. */
+static bool izero(gen *st, kf_id op, kf_id zp, const char *at, char *z, size_t len) {
+    bool u8 = st->g->values[op].type.dtype == KF_DT_UINT8;
+    if (!zp) {
+        snprintf(z, len, "%s", u8 ? "(-128)" : "0");
+        return true;
+    }
+    ix zi;
+    char v[NAMELEN];
+    param_ix(&st->g->values[zp].type, at, &zi);
+    if (!emit(st, zp, &zi, v)) return false;
+    snprintf(z, len, u8 ? "(%s - 128)" : "%s", v);
+    return true;
+}
+
+/* The work-item's word of operand A (is_a: row KF_LOCAL_ID / 4, word
+ * KF_LOCAL_ID % 4) or B (word KF_LOCAL_ID / 64, column KF_LOCAL_ID % 64) for
+ * one k step: four values at k0 + 4 word + j, as int8, 0 past the edges,
+ * packed into the shared tile; with sum, their sum added to that register. */
+static bool load_words(gen *st, const gemm *gm, bool is_a, const char *sum) {
+    const char *I = st->ity;
+    kf_cg_str *b = st->s;
+    kf_id v = is_a ? gm->a : gm->b;
+    const kf_type *t = &st->g->values[v].type;
+    int shift = t->dtype == KF_DT_UINT8 ? 128 : 0;
+    kf_cg_puts(b, "            {\n");
+    if (is_a) kf_cg_printf(b, "                const %s gm = tm * %d + KF_LOCAL_ID / 4;\n", I, GEMM_TM);
+    else kf_cg_printf(b, "                const %s gn = tn * %d + KF_LOCAL_ID %% %d;\n", I, GEMM_TN, GEMM_TN);
+    st->ind = "                ";
+    bool ok = true;
+    for (int j = 0; ok && j < 4; j++) {
+        char gk[8], reg[8], cond[128]; /* two compares of a name with a number */
+        snprintf(gk, sizeof gk, "gk%d", j);
+        snprintf(reg, sizeof reg, "x%d", j);
+        kf_cg_printf(b, "                const %s %s = k0 + %s * 4 + %d;\n", I, gk, is_a ? "KF_LOCAL_ID % 4" : "KF_LOCAL_ID / 64",
+                     j);
+        if (is_a) snprintf(cond, sizeof cond, "gm < %lld && %s < %lld", (long long)gm->M, gk, (long long)gm->K);
+        else snprintf(cond, sizeof cond, "%s < %lld && gn < %lld", gk, (long long)gm->K, (long long)gm->N);
+        ix at;
+        operand_ix(gm, t, is_a, is_a ? "gm" : gk, is_a ? gk : "gn", &at);
+        ok = load_guarded(st, reg, cond, v, &at, 0, NULL, shift);
+    }
+    kf_cg_printf(b, "                %s = KF_PACK4(x0, x1, x2, x3);\n",
+                 is_a ? "kf_as[KF_LOCAL_ID % 4][KF_LOCAL_ID / 4]" : "kf_bs[KF_LOCAL_ID / 64][KF_LOCAL_ID % 64]");
+    if (sum) kf_cg_printf(b, "                %s += x0 + x1 + x2 + x3;\n", sum);
+    kf_cg_puts(b, "            }\n");
+    return ok;
+}
+
+static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) {
+    const gemm gm = *gmp;
+    const kf_type *ot = &st->g->values[n->out[0]].type;
+    const char *I = st->ity;
+    int64_t tm = (gm.M + GEMM_TM - 1) / GEMM_TM, tn = (gm.N + GEMM_TN - 1) / GEMM_TN, nbatch = 1;
+    for (int d = 0; d < gm.nb; d++) nbatch *= ot->dims[d];
+    int64_t ntiles = nbatch * tm * tn;
+    if (ntiles > INT32_MAX / GEMM_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)ntiles);
+    kf_free(st->k->name);
+    if (!(st->k->name = kf_strdup("kf_igemm"))) return fail_oom(st);
+    st->k->block = GEMM_WG;
+    st->k->numel = ntiles * GEMM_WG;
+    /* row sums of A matter when B's zero point (as int8) is not 0, column sums of B when A's is not */
+    bool rows = gm.zb || st->g->values[gm.b].type.dtype == KF_DT_UINT8;
+    bool cols = gm.za || st->g->values[gm.a].type.dtype == KF_DT_UINT8;
+
+    kf_cg_str body = {0};
+    st->s = &body;
+    st->ind = "        ";
+    kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
+    kf_cg_printf(&body, "        const %s tm = (tile / %lld) %% %lld;\n", I, (long long)tn, (long long)tm);
+    if (gm.nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)(tn * tm));
+    batch_names(st, &gm, ot);
+    kf_cg_puts(&body, "        int acc[4][4];\n"
+                      "        for (int p = 0; p < 4; p++)\n"
+                      "            for (int q = 0; q < 4; q++) acc[p][q] = 0;\n");
+    if (rows) kf_cg_puts(&body, "        int ra = 0;\n");
+    if (cols) kf_cg_puts(&body, "        int cb = 0;\n");
+    kf_cg_printf(&body, "        for (%s k0 = 0; k0 < %lld; k0 += %d) {\n", I, (long long)gm.K, GEMM_TK);
+    bool ok = load_words(st, &gm, true, rows ? "ra" : NULL) && load_words(st, &gm, false, cols ? "cb" : NULL);
+    kf_cg_puts(&body, "            KF_BARRIER;\n"
+                      "            for (int kk = 0; kk < 4; kk++) {\n"
+                      "                int fa[4], fb[4];\n"
+                      "                for (int q = 0; q < 4; q++) {\n"
+                      "                    fa[q] = kf_as[kk][ty + 16 * q];\n"
+                      "                    fb[q] = kf_bs[kk][tx + 16 * q];\n"
+                      "                }\n"
+                      "                for (int p = 0; p < 4; p++)\n"
+                      "                    for (int q = 0; q < 4; q++) acc[p][q] = KF_DOT4(fa[p], fb[q], acc[p][q]);\n"
+                      "            }\n"
+                      "            KF_BARRIER;\n"
+                      "        }\n");
+    if (rows) kf_cg_puts(&body, "        kf_ra[KF_LOCAL_ID / 4][KF_LOCAL_ID % 4] = ra;\n");
+    if (cols) kf_cg_puts(&body, "        kf_cb[KF_LOCAL_ID / 64][KF_LOCAL_ID % 64] = cb;\n");
+    if (rows || cols) kf_cg_puts(&body, "        KF_BARRIER;\n");
+    kf_cg_puts(&body, "        for (int p = 0; p < 4; p++) {\n");
+    kf_cg_printf(&body, "            const %s gm = tm * %d + ty + 16 * p;\n", I, GEMM_TM);
+    if (rows) kf_cg_puts(&body, "            const int sa = kf_ra[ty + 16 * p][0] + kf_ra[ty + 16 * p][1] + "
+                                "kf_ra[ty + 16 * p][2] + kf_ra[ty + 16 * p][3];\n");
+    kf_cg_puts(&body, "            for (int q = 0; q < 4; q++) {\n");
+    kf_cg_printf(&body, "                const %s gn = tn * %d + tx + 16 * q;\n", I, GEMM_TN);
+    if (cols) kf_cg_puts(&body, "                const int sb = kf_cb[0][tx + 16 * q] + kf_cb[1][tx + 16 * q] + "
+                                "kf_cb[2][tx + 16 * q] + kf_cb[3][tx + 16 * q];\n");
+    kf_cg_printf(&body, "                if (gm < %lld && gn < %lld) {\n", (long long)gm.M, (long long)gm.N);
+    st->ind = "                    ";
+    uint32_t mark = st->nmemo;
+    char za[NAMELEN + 16], zb[NAMELEN + 16]; /* "(name - 128)" */
+    ok = ok && izero(st, gm.a, gm.za, "gm", za, sizeof za) && izero(st, gm.b, gm.zb, "gn", zb, sizeof zb);
+    kf_cg_str sum = {0}, rhs = {0};
+    kf_cg_puts(&sum, "(acc[p][q]");
+    if (rows) kf_cg_printf(&sum, " - %s * sa", zb);
+    if (cols) kf_cg_printf(&sum, " - %s * sb", za);
+    if (rows && cols) kf_cg_printf(&sum, " + %lld * %s * %s", (long long)gm.K, za, zb);
+    kf_cg_puts(&sum, ")");
+    ix oi;
+    if (sum.oom) ok = fail_oom(st);
+    ok = ok && anchor_value(st, n, &gm, sum.p, &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, NULL);
+    st->nmemo = mark;
+    kf_cg_str_release(&sum);
+    kf_cg_str_release(&rhs);
+    kf_cg_puts(&body, "                }\n            }\n        }\n");
+    if (ok) {
+        header(st, s, "tiled integer GEMM, four 8-bit lanes a word");
+        kf_cg_puts(s, "    KF_SHARED int kf_as[4][65];\n    KF_SHARED int kf_bs[4][64];\n");
+        if (rows) kf_cg_puts(s, "    KF_SHARED int kf_ra[64][4];\n");
+        if (cols) kf_cg_puts(s, "    KF_SHARED int kf_cb[4][64];\n");
+        kf_cg_puts(s, "    const int tx = KF_LOCAL_ID % 16, ty = KF_LOCAL_ID / 16;\n");
+    }
+    return tiles_end(st, s, &body, ntiles, ok);
+}
+
 static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     gemm gm;
     if (!gemm_setup(st, n, &gm)) return false;
+    if (st->iacc) return gen_igemm(st, s, n, &gm);
     const kf_type *ot = &st->g->values[n->out[0]].type;
     const char *I = st->ity;
     int64_t tm = (gm.M + GEMM_TM - 1) / GEMM_TM, tn = (gm.N + GEMM_TN - 1) / GEMM_TN, nbatch = 1;
@@ -509,7 +665,7 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     kf_cg_str_release(&rhs);
     kf_cg_puts(&body, "                }\n            }\n        }\n");
     if (ok) {
-        header(st, s, st->iacc ? "tiled integer GEMM" : "tiled GEMM");
+        header(st, s, "tiled GEMM");
         kf_cg_printf(s, "    KF_SHARED %s kf_as[%d][%d];\n", T, GEMM_TK, GEMM_TM + 1);
         kf_cg_printf(s, "    KF_SHARED %s kf_bs[%d][%d];\n", T, GEMM_TK, GEMM_TN);
         kf_cg_puts(s, "    const int tx = KF_LOCAL_ID % 16, ty = KF_LOCAL_ID / 16;\n");
@@ -881,7 +1037,7 @@ static bool conv_taps(gen *st, const kf_node *n, const conv *cv, int ct, const c
     kf_id zx = st->iacc && n->nin > 2 ? n->in[2] : 0, zw = st->iacc && n->nin > 3 ? n->in[3] : 0;
     ix zi;
     if (zx) param_ix(&st->g->values[zx].type, "0", &zi);
-    bool ok = cond.oom ? fail_oom(st) : load_guarded(st, "x", cond.p ? cond.p : "", n->in[0], &xi, zx, &zi);
+    bool ok = cond.oom ? fail_oom(st) : load_guarded(st, "x", cond.p ? cond.p : "", n->in[0], &xi, zx, &zi, 0);
     kf_cg_str_release(&cond);
     uint32_t mark = st->nmemo;
     for (int q = 0; ok && q < ct; q++) {

@@ -132,7 +132,7 @@ static bool att_load(gen *st, const attn *a, const kf_node *m, const gemm *gm, i
     snprintf(cond, sizeof cond, "%s < %lld && %s < %lld", row, (long long)rlim, col, (long long)clim);
     ix at;
     operand_ix(gm, &st->g->values[m->in[slot]].type, slot == 0, row, col, &at);
-    if (!load_guarded(st, "x", cond, m->in[slot], &at, 0, NULL)) return false;
+    if (!load_guarded(st, "x", cond, m->in[slot], &at, 0, NULL, 0)) return false;
     char idx[96];
     snprintf(idx, sizeof idx, transposed ? "ec * %lld + er" : "er * %lld + ec", (long long)ld);
     att_put(st, a, arr, idx, "x");

@@ -199,6 +199,14 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                        * columns at B[bo + col * ldb + k]; lane l holds C rows l/4 and l/4 + 8,
                        * columns 2(l%4) and 2(l%4) + 1 in c[0..3] (PTX's m16n8k16 fragments).
                        * 16-bit data on tensor cores (mma.sync, sm_80+), float32 by FMAs. */
+                      /* integer GEMM (cg_anchor.c): four signed 8-bit lanes of a and b
+                       * multiplied and added to c (dp4a, sm_61+); KF_PACK4 packs the low
+                       * bytes of four ints, the first lowest */
+                      "__device__ inline int kf_dot4(int a, int b, int c) { int d; "
+                      "asm(\"dp4a.s32.s32 %0, %1, %2, %3;\" : \"=r\"(d) : \"r\"(a), \"r\"(b), \"r\"(c)); return d; }\n"
+                      "#define KF_DOT4(a, b, c) kf_dot4((a), (b), (c))\n"
+                      "#define KF_PACK4(a, b, c, d) ((int)(((unsigned)(a) & 255u) | ((unsigned)(b) & 255u) << 8 | "
+                      "((unsigned)(c) & 255u) << 16 | (unsigned)(d) << 24))\n"
                       "#define KF_UNROLL _Pragma(\"unroll\")\n"
                       "#define KF_SHALF unsigned short\n"
                       "#define KF_SLOAD_HALF(p, i) kf_h2f((p)[i])\n"
@@ -286,6 +294,13 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_LOAD_BF16(p, i) kf_bf2f((p)[i])\n"
                       "#define KF_STORE_BF16(p, i, v) ((p)[i] = kf_f2bf(v))\n"
                       "#define KF_ROUND_BF16(x) kf_bf2f(kf_f2bf(x))\n"
+                      /* integer GEMM: the four lanes' products summed in int (the same
+                       * function as dp4a) */
+                      "int kf_dot4(int a, int b, int c) { const int4 p = convert_int4(as_char4(a)) * convert_int4(as_char4(b)); "
+                      "return c + p.x + p.y + p.z + p.w; }\n"
+                      "#define KF_DOT4(a, b, c) kf_dot4((a), (b), (c))\n"
+                      "#define KF_PACK4(a, b, c, d) as_int(((uint)(a) & 255u) | ((uint)(b) & 255u) << 8 | "
+                      "((uint)(c) & 255u) << 16 | (uint)(d) << 24)\n"
                       "#define KF_F4 float4\n"
                       "#define KF_VLOAD4(p, q) vload4((q), (p))\n"
                       "#define KF_VSTORE4(p, q, a, b, c, d) vstore4((float4)((a), (b), (c), (d)), (q), (p))\n"

@@ -23,11 +23,6 @@
 #include "kf_precision.h"
 #include "kf_ref.h"
 
-/* A DequantizeLinear feeding operand slot of n: its node, or 0 when the
- * operand is something else or a form the integer anchor does not take
- * (8-bit values, float32 result, constant float32 scale per tensor or of
- * len elements along axis `axis` of the operand, zero point of the same
- * shape or absent, no blocks). len 0: per tensor only. */
 /* Is constant t all zeros? */
 static bool all_zero(const kf_tensor *t) {
     for (int64_t i = 0; i < t->numel; i++)
@@ -35,6 +30,11 @@ static bool all_zero(const kf_tensor *t) {
     return true;
 }
 
+/* A DequantizeLinear feeding operand slot of n: its node, or 0 when the
+ * operand is something else or a form the integer anchor does not take
+ * (8-bit values, float32 result, constant float32 scale per tensor or of
+ * len elements along axis `axis` of the operand, zero point of the same
+ * shape or absent, no blocks). len 0: per tensor only. */
 static kf_id dq_operand(const kf_model *m, const kf_node *n, int slot, int axis, int64_t len) {
     const kf_graph *g = m->graph;
     if (slot >= n->nin || !n->in[slot]) return 0;
@@ -61,6 +61,44 @@ static kf_id dq_operand(const kf_model *m, const kf_node *n, int slot, int axis,
         if (e != 1 && (!per_axis || zt->rank != 1 || e != len)) return 0;
     }
     return d;
+}
+
+/* A Conv bias of len channels that the integer form can add as a constant:
+ * a float32 constant, or a DequantizeLinear of constants (ONNX Runtime's
+ * quantize_static writes an int32 bias with the scale sx * sw so, which an
+ * int8 plan leaves unfolded). */
+static bool conv_bias_ok(const kf_model *m, kf_id b, int64_t len) {
+    const kf_graph *g = m->graph;
+    const kf_type *t = &g->values[b].type;
+    if (t->dtype != KF_DT_FLOAT || t->rank != 1 || t->dims[0] != len) return false;
+    if (kf_value_is_constant(m, b)) return true;
+    kf_id d = g->values[b].producer;
+    if (!d || g->nodes[d].op != KF_OP_DEQUANTIZE_LINEAR) return false;
+    const kf_node *dn = &g->nodes[d];
+    for (int i = 0; i < dn->nin; i++)
+        if (dn->in[i] && !kf_value_is_constant(m, dn->in[i])) return false;
+    return dn->nin >= 2 && dn->in[0] && dn->in[1];
+}
+
+/* The float32 values of such a bias into out (len floats): the constant's,
+ * or its DequantizeLinear run by the reference evaluator. */
+static kf_status conv_bias_values(const kf_model *m, kf_id b, float *out, int64_t len) {
+    const kf_graph *g = m->graph;
+    if (kf_value_is_constant(m, b)) {
+        memcpy(out, g->values[b].init->data, sizeof(float) * (size_t)len);
+        return KF_OK;
+    }
+    const kf_node *dn = &g->nodes[g->values[b].producer];
+    const kf_tensor *in[3] = {0};
+    for (int i = 0; i < dn->nin && i < 3; i++) in[i] = dn->in[i] ? g->values[dn->in[i]].init : NULL;
+    kf_tensor r = {0};
+    kf_status st = kf_eval_node(dn, dn->nin < 3 ? dn->nin : 3, in, &r);
+    if (!st && (r.dtype != KF_DT_FLOAT || r.numel != len))
+        st = kf_fail(KF_ERR_INTERNAL, "node '%s': bias of %lld values, want %lld", kf_node_label(dn), (long long)r.numel,
+                     (long long)len);
+    if (!st) memcpy(out, r.data, sizeof(float) * (size_t)len);
+    kf_tensor_release(&r);
+    return st;
 }
 
 typedef struct anchor {
@@ -106,7 +144,7 @@ static bool eligible(const kf_model *m, kf_id id, anchor *a) {
     default: return false;
     }
     /* Conv's B is added per channel: reshaped, so it must be a constant */
-    if (a->bias && (g->values[a->bias].type.dtype != KF_DT_FLOAT || (a->conv && !kf_value_is_constant(m, a->bias))))
+    if (a->bias && (a->conv ? !conv_bias_ok(m, a->bias, a->channels) : g->values[a->bias].type.dtype != KF_DT_FLOAT))
         return false;
     a->dx = dq_operand(m, n, 0, 0, 0);
     if (!a->dx && !a->conv) {
@@ -200,12 +238,11 @@ static kf_status rewrite(kf_model *m, const anchor *a) {
     if (bias && a->conv) { /* [M] -> [M, 1, ...] to add along the channels of NC... */
         kf_tensor *t = kf_tensor_new();
         if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        const kf_tensor *b = g->values[bias].init;
         int64_t dims[KF_MAX_RANK];
-        dims[0] = b->numel;
+        dims[0] = a->channels;
         for (int d = 1; d < orank - 1; d++) dims[d] = 1;
         kf_status st = kf_tensor_alloc(t, KF_DT_FLOAT, orank - 1, dims);
-        if (!st) memcpy(t->data, b->data, sizeof(float) * (size_t)b->numel);
+        if (!st) st = conv_bias_values(m, bias, (float *)t->data, a->channels);
         if (st) {
             kf_tensor_free(t);
             return st;

@@ -86,6 +86,26 @@
     "n = MatMulInteger(as, bq, zs)\n"                                                                  \
     "output o\noutput n\n"
 
+/* The packed integer GEMM over several tiles each way (M 70, N 130, K 300:
+ * not a multiple of the 16-deep k step nor of the 4 lanes of a word) with
+ * every zero-point form of its sums: uint8 x uint8 with both zero points
+ * (row and column sums and the K za zb term), uint8 without a zero point
+ * (moved to int8, its zero point -128), int8 x int8 with none (no sums), and
+ * a batch of B broadcast against a 2-D A. */
+#define MATMUL_INTEGER_TILES                                                                           \
+    "opset 13\ninput a float[70, 300]\ninput c float[2, 300, 130]\n"                                   \
+    "const b float[300, 130] = random\n"                                                               \
+    "const s float[] = 0.01\nconst za uint8[] = 131\nconst zb uint8[130] = 120 128 140 7\nconst zs int8[] = 0\nconst sb float[130] = 0.01 0.02\n" \
+    "aq = QuantizeLinear(a, s, za)\n"                                                                  \
+    "bq = QuantizeLinear(b, sb, zb) {axis=1}\n"                                                         \
+    "au = QuantizeLinear(a, s)\n"                                                                      \
+    "as = QuantizeLinear(a, s, zs)\n"                                                                  \
+    "cs = QuantizeLinear(c, s, zs)\n"                                                                  \
+    "m1 = MatMulInteger(aq, bq, za, zb)\n"                                                             \
+    "m2 = MatMulInteger(au, bq)\n"                                                                     \
+    "m3 = MatMulInteger(as, cs)\n"                                                                     \
+    "output m1\noutput m2\noutput m3\n"
+
 /* Every group of the chosen kinds generates and equals the reference
  * within atol (0: bit for bit); returns how many ran. */
 static uint32_t run_kinds(const char *text, unsigned kinds, double atol) {
@@ -120,6 +140,11 @@ Test(cg_quant, matmul_integer_with_requantize_bit_for_bit_on_opencl) {
 
 /* The planner puts the requantising epilogue in the integer anchor's
  * group, and the whole plan runs nothing on the host. */
+Test(cg_quant, packed_integer_gemm_every_zero_point_form_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    cr_assert_eq(run_kinds(MATMUL_INTEGER_TILES, ANCHOR, 0), 3);
+}
+
 Test(cg_quant, integer_anchor_groups_hold_the_requantize_and_nothing_runs_on_the_host) {
     cgu_need_opencl();
     kf_model *m = gt_parse(CONV_INTEGER);
@@ -161,4 +186,5 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     cr_assert_eq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE, EW), 1);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
+    cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
 }

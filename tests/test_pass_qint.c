@@ -108,6 +108,71 @@ Test(pass_qint, rewritten_graph_matches_the_qdq_graph_within_one_step) {
     kf_model_free(b);
 }
 
+/* ONNX Runtime's quantize_static spelling of a conv bias: int32 values
+ * dequantised with the scale sx * sw per channel. The int8 plan keeps that
+ * DequantizeLinear unfolded, and the rewrite evaluates it into the float
+ * bias it adds; the result stays within one step of the QDQ graph and the
+ * OpenCL plan equals the rewritten graph's reference. */
+#define QDQ_CONV_INT32_BIAS                                                                            \
+    "opset 13\ninput x float[2, 3, 8, 8]\n"                                                            \
+    "const w float[4, 3, 3, 3] = random\n"                                                             \
+    "const sw float[4] = 0.016 0.012 0.02 0.01\nconst zw int8[4] = 0\n"                                \
+    "const sx float[] = 0.016\nconst zx uint8[] = 128\n"                                               \
+    "const bq int32[4] = 250 -1200 37 9000\nconst sb float[4] = 0.000256 0.000192 0.00032 0.00016\n"   \
+    "const sr float[] = 0.05\nconst zr uint8[] = 100\n"                                                \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                              \
+    "wq = QuantizeLinear(w, sw, zw) {axis=0}\nwd = DequantizeLinear(wq, sw, zw) {axis=0}\n"            \
+    "bd = DequantizeLinear(bq, sb) {axis=0}\n"                                                         \
+    "c = Conv(xd, wd, bd) {pads=[1,1,1,1]}\nq = QuantizeLinear(c, sr, zr)\n"                           \
+    "output q\n"
+
+Test(pass_qint, an_int32_bias_dequantized_from_constants_is_added_as_floats) {
+    kf_int8_stats st;
+    kf_model *a = gt_parse(QDQ_CONV_INT32_BIAS), *b = int8_of(a, &st);
+    cr_assert_eq(st.anchors, 1);
+    cr_assert_eq(gt_count(b, "ConvInteger"), 1);
+    cr_assert_eq(gt_count(b, "DequantizeLinear"), 0, "the bias's DequantizeLinear is evaluated once");
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(a, &ins, &nins);
+    kf_tensor wa = {0}, wb = {0};
+    cr_assert_eq(kf_eval_model(a, ins, nins, &wa, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_eval_model(b, ins, nins, &wb, NULL), KF_OK, "%s", kf_last_error());
+    int64_t moved = 0, distinct = 0;
+    for (int64_t i = 0; i < wa.numel; i++) {
+        int64_t d = llabs(kf_get_i64(&wa, i) - kf_get_i64(&wb, i));
+        cr_assert_leq(d, 1, "element %lld moved by %lld steps", (long long)i, (long long)d);
+        moved += d;
+        distinct += kf_get_i64(&wa, i) != kf_get_i64(&wa, 0);
+    }
+    cr_assert_lt(moved * 100, wa.numel, "%lld of %lld codes moved", (long long)moved, (long long)wa.numel);
+    cr_assert_gt(distinct, wa.numel / 4, "the outputs are not one saturated code");
+    kf_tensor_release(&wa);
+    kf_tensor_release(&wb);
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(ins);
+    kf_model_free(a);
+    kf_model_free(b);
+}
+
+Test(pass_qint, an_int32_bias_plan_on_opencl_equals_the_integer_reference) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QDQ_CONV_INT32_BIAS), *want = int8_of(m, NULL);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_INT8;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, want, 3);
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
+    kf_exec_free(x);
+    kf_model_free(m);
+    kf_model_free(want);
+}
+
 /* What the integer anchor does not take stays float: a dequantised
  * operand with a per-tensor scale that is not a constant, a transposed or
  * scaled Gemm, a float weight. */

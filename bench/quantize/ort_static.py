@@ -168,7 +168,10 @@ def main():
                 print(f"{name}: failed: {e}", file=sys.stderr)
                 bad = True
                 continue
-            ok = row["load"] and row["opencl"] and row["off"] <= 1 and row["all"] <= 1 and row["groups"] is not None
+            # ORT's optimized and unoptimized runs differ from each other by
+            # several steps on the transformers; kfuse must be within one step
+            # of at least one of them.
+            ok = row["load"] and row["opencl"] and min(row["off"], row["all"]) <= 1 and row["groups"] is not None
             bad |= not ok
             row["ok"] = ok
             rows.append(row)

@@ -6,7 +6,8 @@
 # kernels must be 128-bit (LDG.E.128 / STG.E.128), a row reduction must load
 # each element of its row once (its 128-bit loads of the row input = the
 # steps a lane holds, no loop over the row), and nothing may spill; the
-# attention kernels (attn_*) must hold tensor-core instructions (HMMA).
+# attention kernels (attn_*) must hold tensor-core instructions (HMMA), and
+# the integer GEMM (kf_igemm) dot products of four 8-bit lanes (IDP.4A).
 #   bench/sass/check.sh BUILD_DIR [OUT_DIR]
 # cuobjdump: $CUOBJDUMP, PATH, the CUDA toolkit, bench/.venv's nvidia
 # package, else pip's nvidia-cuda-cuobjdump installed into a scratch folder;
@@ -66,6 +67,16 @@ for m in "$root"/bench/sass/models/*.onnx; do
       printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
       continue
     fi
+    if grep -q 'kf_igemm' "$cu"; then
+      # integer GEMM: four 8-bit products per instruction (dp4a); its tile
+      # loads are byte loads (not held to the 128-bit rule)
+      idp=$(grep -c 'IDP\.4A' "$out/$name/$g.sass" || true)
+      [ "$idp" -gt 0 ] || { note="no IDP.4A"; bad=1; }
+      [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
+      note="$note integer GEMM: $idp IDP.4A"
+      printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
+      continue
+    fi
     [ "$ldg128" -gt 0 ] && [ "$stg128" -gt 0 ] || { note="no 128-bit access"; bad=1; }
     [ "$other" -eq 0 ] || { note="$note narrower global access"; bad=1; }
     [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
@@ -79,4 +90,4 @@ for m in "$root"/bench/sass/models/*.onnx; do
   done
 done
 [ "$bad" -eq 0 ] || { echo "sass check: FAILED (see notes)"; exit 1; }
-echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, no spills (sm_80, sm_90)"
+echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM on IDP.4A, no spills (sm_80, sm_90)"

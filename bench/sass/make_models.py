@@ -2,9 +2,12 @@
 LayerNormalization, Softmax and Add + Gelu over [32768, 1024] in float32 and
 float16, and a chain of 4 elementwise ops over 2^26 floats; and attention as
 exported (QK^T / sqrt(d) + additive mask, Softmax, xV) at BERT-base's heads
-(12 x 64) for sequences 128 and 512, float16 and bfloat16. Small files (the
-only weights are 1024-long rows); bench/sass/check.sh reads their kernels'
-SASS.
+(12 x 64) for sequences 128 and 512, float16 and bfloat16; and an integer
+GEMM as `--precision int8` plans BERT-base's [128, 768] x [768, 768] (uint8
+activations with a zero point, int8 weights, the int32 sums requantised to
+uint8 in the epilogue). Small files (the only weights are 1024-long rows or
+scales; the GEMM's weights are an input); bench/sass/check.sh reads their
+kernels' SASS.
 
     python3 bench/sass/make_models.py OUT_DIR
 """
@@ -42,6 +45,24 @@ def main(out):
     for dt, tag in ((T.FLOAT16, "f16"), (T.BFLOAT16, "bf16")):
         for seq in (128, 512):
             attention(out, f"attn_{tag}_s{seq}", dt, 12, seq, 64)
+    igemm(out, "igemm_u8s8", 128, 768, 768)
+
+
+def igemm(out, name, m, k, n):
+    """x uint8 [m, k] with zero point 128 times w int8 [k, n] (an input, so
+    the file stays small), then Cast, the per-column scale and
+    QuantizeLinear back to uint8: the group pass_qint.c makes of a QDQ MatMul."""
+    inits = [nh.from_array(np.array(128, np.uint8), "zx"),
+             nh.from_array(np.linspace(1e-4, 3e-4, n, dtype=np.float32), "s"),
+             nh.from_array(np.array(0.05, np.float32), "so"), nh.from_array(np.array(128, np.uint8), "zo")]
+    nodes = [h.make_node("MatMulInteger", ["x", "w", "zx"], ["acc"]), h.make_node("Cast", ["acc"], ["f"], to=T.FLOAT),
+             h.make_node("Mul", ["f", "s"], ["r"]), h.make_node("QuantizeLinear", ["r", "so", "zo"], ["y"])]
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.UINT8, [m, k]),
+                                   h.make_tensor_value_info("w", T.INT8, [k, n])],
+                     [h.make_tensor_value_info("y", T.UINT8, [m, n])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, f"{out}/{name}.onnx")
 
 
 def attention(out, name, dt, heads, seq, d):
