@@ -476,6 +476,23 @@ static bool tiles_end(gen *st, kf_cg_str *s, kf_cg_str *body, int64_t ntiles, bo
  * zero point is not 0. Tile edges read 0 and add to none of the sums. With
  * K <= INT_SUM_MAX_K every partial result fits an int (|a|, |b| <= 128). */
 
+/* The 64 x 64 tiles of GEMM gm (output type ot) into *tm, *tn and *ntiles,
+ * and the kernel named name launched as one work-group of GEMM_WG per tile;
+ * false (failed) past an int's count of work-items. */
+static bool gemm_tiles(gen *st, const kf_node *n, const gemm *gm, const kf_type *ot, const char *name, int64_t *tm,
+                       int64_t *tn, int64_t *ntiles) {
+    int64_t nbatch = 1;
+    *tm = (gm->M + GEMM_TM - 1) / GEMM_TM, *tn = (gm->N + GEMM_TN - 1) / GEMM_TN;
+    for (int d = 0; d < gm->nb; d++) nbatch *= ot->dims[d];
+    *ntiles = nbatch * *tm * *tn;
+    if (*ntiles > INT32_MAX / GEMM_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)*ntiles);
+    kf_free(st->k->name);
+    if (!(st->k->name = kf_strdup(name))) return fail_oom(st);
+    st->k->block = GEMM_WG;
+    st->k->numel = *ntiles * GEMM_WG;
+    return true;
+}
+
 /* The zero point of integer GEMM operand op (zp: its zero-point value, 0 if
  * none) moved as the operand is, at row or column `at`: text into z. */
 static bool izero(gen *st, kf_id op, kf_id zp, const char *at, char *z, size_t len) {
@@ -530,14 +547,8 @@ static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) 
     const gemm gm = *gmp;
     const kf_type *ot = &st->g->values[n->out[0]].type;
     const char *I = st->ity;
-    int64_t tm = (gm.M + GEMM_TM - 1) / GEMM_TM, tn = (gm.N + GEMM_TN - 1) / GEMM_TN, nbatch = 1;
-    for (int d = 0; d < gm.nb; d++) nbatch *= ot->dims[d];
-    int64_t ntiles = nbatch * tm * tn;
-    if (ntiles > INT32_MAX / GEMM_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)ntiles);
-    kf_free(st->k->name);
-    if (!(st->k->name = kf_strdup("kf_igemm"))) return fail_oom(st);
-    st->k->block = GEMM_WG;
-    st->k->numel = ntiles * GEMM_WG;
+    int64_t tm, tn, ntiles;
+    if (!gemm_tiles(st, n, &gm, ot, "kf_igemm", &tm, &tn, &ntiles)) return false;
     /* row sums of A matter when B's zero point (as int8) is not 0, column sums of B when A's is not */
     bool rows = gm.zb || st->g->values[gm.b].type.dtype == KF_DT_UINT8;
     bool cols = gm.za || st->g->values[gm.a].type.dtype == KF_DT_UINT8;
@@ -613,14 +624,8 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     if (st->iacc) return gen_igemm(st, s, n, &gm);
     const kf_type *ot = &st->g->values[n->out[0]].type;
     const char *I = st->ity;
-    int64_t tm = (gm.M + GEMM_TM - 1) / GEMM_TM, tn = (gm.N + GEMM_TN - 1) / GEMM_TN, nbatch = 1;
-    for (int d = 0; d < gm.nb; d++) nbatch *= ot->dims[d];
-    int64_t ntiles = nbatch * tm * tn;
-    if (ntiles > INT32_MAX / GEMM_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)ntiles);
-    kf_free(st->k->name);
-    if (!(st->k->name = kf_strdup("kf_gemm"))) return fail_oom(st);
-    st->k->block = GEMM_WG;
-    st->k->numel = ntiles * GEMM_WG;
+    int64_t tm, tn, ntiles;
+    if (!gemm_tiles(st, n, &gm, ot, "kf_gemm", &tm, &tn, &ntiles)) return false;
 
     kf_cg_str body = {0};
     st->s = &body;

@@ -59,6 +59,27 @@ static kf_model *int8_of(const kf_model *m, kf_int8_stats *st) {
     return c;
 }
 
+/* The int8 plan of graph text on OpenCL: nothing on the host, outputs
+ * equal to the reference on the rewritten graph (the quantised ones bit
+ * for bit: kf_run_close holds integers exact). */
+static void int8_plan_matches_ref(const char *text) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(text), *want = int8_of(m, NULL);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_INT8;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref(x, want, 3);
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
+    kf_exec_free(x);
+    kf_model_free(m);
+    kf_model_free(want);
+}
+
 Test(pass_qint, conv_and_matmul_between_dequantizes_become_integer_anchors) {
     kf_int8_stats st;
     kf_model *q = gt_parse(QDQ_NET), *m = int8_of(q, &st);
@@ -156,21 +177,7 @@ Test(pass_qint, an_int32_bias_dequantized_from_constants_is_added_as_floats) {
 }
 
 Test(pass_qint, an_int32_bias_plan_on_opencl_equals_the_integer_reference) {
-    cgu_need_opencl();
-    kf_model *m = gt_parse(QDQ_CONV_INT32_BIAS), *want = int8_of(m, NULL);
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    o.precision = KF_PRECISION_INT8;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref(x, want, 3);
-    kf_exec_stats s;
-    kf_exec_get_stats(x, &s);
-    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
-    kf_exec_free(x);
-    kf_model_free(m);
-    kf_model_free(want);
+    int8_plan_matches_ref(QDQ_CONV_INT32_BIAS);
 }
 
 /* What the integer anchor does not take stays float: a dequantised
@@ -199,21 +206,7 @@ Test(pass_qint, other_forms_stay_float) {
  * reference evaluator on the rewritten graph (the quantised ones bit for
  * bit: kf_run_close holds integers exact). */
 Test(pass_qint, int8_plan_on_opencl_equals_the_integer_reference) {
-    cgu_need_opencl();
-    kf_model *m = gt_parse(QDQ_NET), *want = int8_of(m, NULL);
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    o.precision = KF_PRECISION_INT8;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref(x, want, 3);
-    kf_exec_stats s;
-    kf_exec_get_stats(x, &s);
-    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
-    kf_exec_free(x);
-    kf_model_free(m);
-    kf_model_free(want);
+    int8_plan_matches_ref(QDQ_NET);
 }
 
 /* The CLI on a model `kfuse quantize` wrote: an int8 plan passes --check
