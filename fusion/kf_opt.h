@@ -35,6 +35,7 @@ typedef struct kf_opt_options {
     bool no_builtin;                  /* skip the built-in rules */
     int64_t fuel;                     /* < 0 unlimited; default from KFUSE_FUEL */
     bool trace;                       /* default from KFUSE_TRACE containing "rules" */
+    bool trace_time;                  /* each stage's time to stderr (KFUSE_TRACE containing "time") */
     const char *disable;              /* comma-separated pass or rule names to skip */
     bool no_raise;                    /* never raise the model's opset */
     int64_t opset;                    /* > 0: raise the model to this opset first (all or nothing; when it
@@ -58,6 +59,9 @@ typedef struct kf_opt_result {
     uint64_t rewrites;
     int64_t opset_before, opset_after; /* default domain; raised when a rule needed it */
     char raise_declined[512];          /* why the opset was not raised, when a rule wanted it */
+    int rounds;                        /* rounds of (rules, graph passes) run */
+    bool converged;                    /* the last round changed nothing (false: stopped by the round
+                                        * cap or the fuel; a rewrite and its undoing cycling is a bug) */
     kf_ruleset rules; /* with per-rule statistics; caller frees (kf_rules_free) */
 } kf_opt_result;
 

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "kf_opset_raise.h"
 #include "kf_opt.h"
@@ -36,6 +37,7 @@ void kf_opt_options_default(kf_opt_options *o) {
     if (fuel && *fuel) o->fuel = strtoll(fuel, NULL, 10);
     const char *trace = getenv("KFUSE_TRACE");
     o->trace = trace && strstr(trace, "rules");
+    o->trace_time = trace && strstr(trace, "time");
     o->disable = getenv("KFUSE_DISABLE_PASSES");
 }
 
@@ -59,6 +61,21 @@ static kf_status add_rule_passes(kf_ruleset *rs) {
 }
 
 static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res);
+
+/* KFUSE_TRACE=time: the milliseconds since the previous mark, per stage. */
+typedef struct stage_clock {
+    bool on;
+    struct timespec last;
+} stage_clock;
+
+static void stage_mark(stage_clock *c, const char *stage, int round) {
+    if (!c->on) return;
+    struct timespec now;
+    clock_gettime(CLOCK_MONOTONIC, &now);
+    double ms = (double)(now.tv_sec - c->last.tv_sec) * 1e3 + (double)(now.tv_nsec - c->last.tv_nsec) * 1e-6;
+    if (stage) fprintf(stderr, "kfuse: opt %-10s round %2d %8.3f ms\n", stage, round, ms);
+    c->last = now;
+}
 
 /* Values the caller asked to keep are made graph outputs for the length of
  * the optimization, so every pass protects them exactly as it protects
@@ -85,6 +102,8 @@ kf_status kf_optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) 
 }
 
 static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) {
+    stage_clock clk = {o->trace_time, {0, 0}};
+    stage_mark(&clk, NULL, 0);
     res->nodes_before = kf_graph_live_nodes(m->graph);
     kf_status st = KF_OK;
     if (!o->no_builtin) {
@@ -122,6 +141,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
         gp_stats[p] = res->rules.rules[res->rules.n - 1];
     }
     kf_rules_reset_stats(&res->rules);
+    stage_mark(&clk, "ruleset", 0);
     kf_rewrite_opts ro = {o->fuel, o->trace};
     uint64_t graph_changes[sizeof graph_passes / sizeof *graph_passes] = {0};
     res->opset_before = res->opset_after = kf_model_opset(m, "");
@@ -141,6 +161,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
         uint64_t n = 0;
         st = kf_rewrite(m, &res->rules, &ro, &n);
+        stage_mark(&clk, "rules", round);
         res->rewrites += n;
         uint64_t changed = n;
         for (int p = 0; !st && graph_passes[p].name; p++) {
@@ -152,7 +173,9 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
             changed += ctx.changes;
             res->rewrites += ctx.changes;
             if (!st) st = kf_graph_dce(m->graph, NULL);
+            stage_mark(&clk, graph_passes[p].name, round);
         }
+        res->rounds = round + 1;
         if (o->trace) fprintf(stderr, "kfuse: optimizer round %d: %llu changes\n", round, (unsigned long long)changed);
         if (st || ro.fuel == 0) break;
         /* If a rule declined only because the model's opset is too old,
@@ -178,10 +201,14 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
                     fprintf(stderr, "kfuse: raised the model's opset %lld -> %lld for rules that need it\n",
                             (long long)res->opset_before, (long long)res->opset_after);
                 if ((st = kf_infer_shapes(m))) break;
+                stage_mark(&clk, "raise", round);
                 continue;
             }
         }
-        if (!changed) break;
+        if (!changed) {
+            res->converged = true;
+            break;
+        }
     }
     for (int p = 0; graph_passes[p].name; p++)
         if (gp_stats[p]) gp_stats[p]->hits = gp_stats[p]->attempts = graph_changes[p];

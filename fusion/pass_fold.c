@@ -211,13 +211,16 @@ static kf_id input_with(const kf_model *m, uint32_t sym, int *pos) {
     return 0;
 }
 
-/* True when v is already the form build_target writes: Gather(Shape(a
- * graph input), constant), or a Concat of such Gathers and constants. */
+/* True when v is already the form build_target writes: Shape(a graph
+ * input), Gather(Shape(a graph input), constant), or a Concat of those and
+ * constants. (A Gather of every dim in order is the Shape alone: the rules
+ * take such a Gather away, and rebuilding it would undo them each round.) */
 static bool built_form(const kf_model *m, kf_id v) {
     const kf_graph *g = m->graph;
     kf_id p = g->values[v].producer;
     const kf_node *n = p ? &g->nodes[p] : NULL;
     if (!n) return false;
+    if (n->op == KF_OP_SHAPE) return kf_node_onnx_nin(n) == 1 && n->nattrs == 0 && n->in[0] && g->values[n->in[0]].is_input;
     if (n->op == KF_OP_GATHER) {
         kf_id sp = n->in[0] ? g->values[n->in[0]].producer : 0;
         const kf_node *s = sp ? &g->nodes[sp] : NULL;
@@ -295,6 +298,13 @@ static kf_status build_target(kf_model *m, target_cache *c, const kf_symvec *s, 
             if (!c->shape_of[from]) {
                 kf_id in[1] = {from};
                 KF_TRY(add_node(m, "Shape", KF_OP_SHAPE, "input_shape", in, 1, &c->shape_of[from]));
+            }
+            bool whole = nv == g->values[from].type.rank;
+            for (int k = 0; k < nv && whole; k++) whole = vals[k] == k;
+            if (whole) {
+                pieces[np++] = c->shape_of[from];
+                d = e;
+                continue;
             }
             kf_id idx, in[2];
             KF_TRY(int64_const(g, vals, nv, &idx));

@@ -232,6 +232,8 @@ static bool check_export(const char *folder, const export_case *c) {
     opts.fuel = -1;
     kf_opt_result res;
     cr_assert_eq(kf_optimize(o, &opts, &res), KF_OK, "%s: optimize: %s", path, kf_last_error());
+    cr_expect(res.converged, "%s: no fixed point after %d optimizer rounds (a rewrite undone each round?)", path,
+              res.rounds);
     int hits[FAM_N] = {0};
     for (uint32_t i = 0; i < res.rules.n; i++) {
         const kf_rule *r = res.rules.rules[i];

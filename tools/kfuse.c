@@ -856,10 +856,10 @@ static int cmd_opt(int argc, char **argv) {
         return fail_status(st);
     }
     if (json) {
-        printf("{\"nodes_before\": %u, \"nodes_after\": %u, \"rewrites\": %llu, \"opset_before\": %lld, "
-               "\"opset_after\": %lld, \"opset_raise_declined\": ",
-               res.nodes_before, res.nodes_after, (unsigned long long)res.rewrites, (long long)res.opset_before,
-               (long long)res.opset_after);
+        printf("{\"nodes_before\": %u, \"nodes_after\": %u, \"rewrites\": %llu, \"rounds\": %d, \"converged\": %s, "
+               "\"opset_before\": %lld, \"opset_after\": %lld, \"opset_raise_declined\": ",
+               res.nodes_before, res.nodes_after, (unsigned long long)res.rewrites, res.rounds,
+               res.converged ? "true" : "false", (long long)res.opset_before, (long long)res.opset_after);
         if (res.raise_declined[0]) json_str(stdout, res.raise_declined);
         else printf("null");
         printf(", \"rules\": {");
