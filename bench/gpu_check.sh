@@ -40,9 +40,12 @@ if [ "${1:-}" = "--pack" ]; then
   ldd "$bin" | awk '/=>/ {print $3}' | grep -E 'protobuf-c|OpenCL' | while read -r lib; do
     cp -L "$lib" "$dir/"
   done
+  # (kfuse loads NVRTC at run time, so ldd does not show it: the build's CMake cache names it)
   if [ "${KFUSE_PACK_NVRTC:-0}" = 1 ]; then
-    cp -L "$(ldd "$bin" | awk '/nvrtc/ {print $3}')" "$dir/"
-    for b in "$(dirname "$(ldd "$bin" | awk '/nvrtc/ {print $3}')")"/libnvrtc-builtins.so*; do
+    nvrtc=$(sed -n 's/^CUDA_nvrtc_LIBRARY:[A-Z]*=//p' "$(dirname "$(dirname "$bin")")/CMakeCache.txt")
+    nvrtc=$(readlink -f "$nvrtc")
+    cp "$nvrtc" "$dir/" || exit 1
+    for b in "$(dirname "$nvrtc")"/libnvrtc-builtins.so*; do
       [ -e "$b" ] && cp -L "$b" "$dir/"
     done
   fi

@@ -112,10 +112,10 @@ exported_symbols() { # the shared library exports the public API and nothing els
   echo "libkfuse.so exports $(nm -D --defined-only "$root/build/libkfuse.so" | grep -c ' kf_') kf_ symbols only"
 }
 stage "exported symbols" exported_symbols
-no_libcuda() { # the CUDA driver, cuBLASLt and cuDNN are loaded at run time: nothing may need them to start
-  if ldd "$root/build/tools/kfuse" "$root/build/libkfuse.so" | grep -qE 'libcuda\.so|libcublas|libcudnn'; then
-    echo "kfuse or libkfuse.so links libcuda, cuBLAS or cuDNN"; return 1; fi
-  echo "neither kfuse nor libkfuse.so links libcuda, cuBLAS or cuDNN"
+no_libcuda() { # the CUDA driver, NVRTC, cuBLASLt and cuDNN are loaded at run time: nothing may need them to start
+  if ldd "$root/build/tools/kfuse" "$root/build/libkfuse.so" | grep -qE 'libcuda\.so|libnvrtc|libcublas|libcudnn'; then
+    echo "kfuse or libkfuse.so links libcuda, NVRTC, cuBLAS or cuDNN"; return 1; fi
+  echo "neither kfuse nor libkfuse.so links libcuda, NVRTC, cuBLAS or cuDNN"
 }
 stage "no libcuda linked" no_libcuda
 stage "unit tests" "$root/build/tests/kfuse_tests" --jobs "$jobs"
