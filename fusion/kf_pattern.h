@@ -128,19 +128,23 @@ typedef struct kf_rule {
     char *name;
     char *file;
     int line;
-    kf_pat_var vars[KF_PAT_MAX_VARS];
+    /* The five lists below hold KF_PAT_MAX_* entries while the rule is
+     * parsed and exactly their counts after (NULL in callback rules): at
+     * the maxima a rule is 57 KB, and zeroing that for every rule of the
+     * set was most of the fixed cost of `kfuse opt`. */
+    kf_pat_var *vars;
     int nvars;
-    kf_pat_node src[KF_PAT_MAX_NODES];
+    kf_pat_node *src;
     int nsrc;
-    kf_pat_guard guards[KF_PAT_MAX_GUARDS];
+    kf_pat_guard *guards;
     int nguards;
-    kf_pat_node dst[KF_PAT_MAX_NODES];
+    kf_pat_node *dst;
     int ndst;
     int result_var;     /* what replaces the root's first output */
     int64_t min_opset;  /* of the default domain, for the replacement */
     bool opt_in;        /* runs only when the caller asks for an output opset (kf_opt_options.opset) */
     bool nan_refined;   /* `patterns check` accepts a number where the source gives NaN */
-    kf_pat_example examples[KF_PAT_MAX_VARS];
+    kf_pat_example *examples;
     int nexamples;
     const char *root_op; /* op type at the root (callbacks: the op they start from) */
     kf_rule_fn fn;

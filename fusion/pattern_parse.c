@@ -636,7 +636,42 @@ static void rule_free(kf_rule *r) {
         kf_free(r->near[i].node);
         kf_free(r->near[i].reason);
     }
+    kf_free(r->vars);
+    kf_free(r->src);
+    kf_free(r->guards);
+    kf_free(r->dst);
+    kf_free(r->examples);
     kf_free(r);
+}
+
+/* A text rule being parsed: its lists at their maxima, zeroed. */
+static kf_rule *rule_new_text(void) {
+    kf_rule *r = kf_calloc(1, sizeof *r);
+    if (!r) return NULL;
+    r->vars = kf_calloc(KF_PAT_MAX_VARS, sizeof *r->vars);
+    r->src = kf_calloc(KF_PAT_MAX_NODES, sizeof *r->src);
+    r->guards = kf_calloc(KF_PAT_MAX_GUARDS, sizeof *r->guards);
+    r->dst = kf_calloc(KF_PAT_MAX_NODES, sizeof *r->dst);
+    r->examples = kf_calloc(KF_PAT_MAX_VARS, sizeof *r->examples);
+    if (!r->vars || !r->src || !r->guards || !r->dst || !r->examples) {
+        rule_free(r);
+        return NULL;
+    }
+    return r;
+}
+
+/* Gives a list back all but its used entries (a failed shrink keeps it). */
+static void shrink(void **list, int n, size_t size) {
+    void *p = kf_realloc(*list, (size_t)(n > 0 ? n : 1) * size);
+    if (p) *list = p;
+}
+
+static void rule_shrink(kf_rule *r) {
+    shrink((void **)&r->vars, r->nvars, sizeof *r->vars);
+    shrink((void **)&r->src, r->nsrc, sizeof *r->src);
+    shrink((void **)&r->guards, r->nguards, sizeof *r->guards);
+    shrink((void **)&r->dst, r->ndst, sizeof *r->dst);
+    shrink((void **)&r->examples, r->nexamples, sizeof *r->examples);
 }
 
 void kf_rules_free(kf_ruleset *rs) {
@@ -715,7 +750,7 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
                 st = perr(&lx, "expected a rule name%s", "");
                 break;
             }
-            r = kf_calloc(1, sizeof *r);
+            r = rule_new_text();
             if (!r) {
                 st = kf_fail(KF_ERR_NOMEM, "out of memory");
                 break;
@@ -746,6 +781,7 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
                     break;
                 }
             if (st) break;
+            rule_shrink(r);
             st = add_rule(rs, r);
             r = NULL;
             continue;
