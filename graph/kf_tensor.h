@@ -84,6 +84,10 @@ kf_status kf_shape_numel(int rank, const int64_t *dims, size_t esz, int64_t *num
 /* (Re)initialises t as a zero-filled tensor of the given shape. Any old data
  * of t is freed first. Errors: bad shape (see kf_shape_numel), out of memory.
  * On failure t is left empty (data NULL, numel 0). */
+/* Hints that the fresh allocation p of the given bytes, about to be written
+ * whole, be backed by 2 MiB pages where the kernel offers them (nothing for
+ * allocations under 4 MiB). */
+void kf_advise_huge(void *p, size_t bytes);
 kf_status kf_tensor_alloc(kf_tensor *t, kf_dtype dt, int rank, const int64_t *dims);
 /* Frees data (and string elements); leaves t empty but reusable. */
 void kf_tensor_release(kf_tensor *t);

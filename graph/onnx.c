@@ -30,6 +30,7 @@ static void *pb_alloc(void *data, size_t n) {
     (void)data;
     void *p = kf_malloc(n);
     if (!p) pb_nomem = true;
+    else kf_advise_huge(p, n); /* weights' raw_data: the decoder writes them whole, and the model keeps them */
     return p;
 }
 static void pb_free(void *data, void *p) {
