@@ -220,7 +220,8 @@ static bool built_form(const kf_model *m, kf_id v) {
     kf_id p = g->values[v].producer;
     const kf_node *n = p ? &g->nodes[p] : NULL;
     if (!n) return false;
-    if (n->op == KF_OP_SHAPE) return kf_node_onnx_nin(n) == 1 && n->nattrs == 0 && n->in[0] && g->values[n->in[0]].is_input;
+    if (n->op == KF_OP_SHAPE)
+        return kf_node_onnx_nin(n) == 1 && n->nattrs == 0 && n->in[0] && g->values[n->in[0]].is_input;
     if (n->op == KF_OP_GATHER) {
         kf_id sp = n->in[0] ? g->values[n->in[0]].producer : 0;
         const kf_node *s = sp ? &g->nodes[sp] : NULL;
