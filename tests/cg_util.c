@@ -68,8 +68,13 @@ void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch) {
     kf_free(src);
 }
 
-void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) {
+void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) { cgu_exec_matches_ref_model(x, m, runs, -1); }
+
+void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int prec) {
     uint32_t nout = m->graph->noutputs;
+    uint32_t *depth = calloc(nout + 1, sizeof *depth);
+    cr_assert(depth);
+    if (prec >= 0) cr_assert_eq(kf_run_output_depths(m, depth), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_exec_num_outputs(x), nout);
     for (int r = 0; r < runs; r++) {
         kf_tensor *ins;
@@ -80,7 +85,9 @@ void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) {
         cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", r, kf_last_error());
         for (uint32_t o = 0; o < nout; o++) {
             char why[512];
-            cr_assert(kf_run_close(&got[o], &want[o], why, sizeof why), "run %d output %u: %s", r, o, why);
+            bool close = prec < 0 ? kf_run_close(&got[o], &want[o], why, sizeof why)
+                                  : kf_run_close_model(&got[o], &want[o], (kf_precision)prec, depth[o], why, sizeof why);
+            cr_assert(close, "run %d output %u: %s", r, o, why);
             kf_tensor_release(&got[o]);
             kf_tensor_release(&want[o]);
         }
@@ -89,6 +96,7 @@ void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) {
         free(got);
         free(want);
     }
+    free(depth);
 }
 
 double cgu_dot_atol(int64_t K) {

@@ -64,6 +64,11 @@ double cgu_dot_atol(int64_t K);
  * every output matches the reference evaluator on m within DESIGN.md's
  * policy (kf_run_close). */
 void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs);
+/* The same at the whole-model check of a plan at precision prec (a
+ * kf_precision: kf_run_close_model, as `kfuse run --check` judges; integer
+ * outputs stay exact): for plans with long float dot products whose
+ * results may cancel. prec < 0: kf_run_close. */
+void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int prec);
 
 /* Compiles m for OpenCL with the default options, checks it against the
  * reference `runs` times (cgu_exec_matches_ref) and returns its stats. */
