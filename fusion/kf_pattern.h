@@ -47,6 +47,7 @@ typedef struct kf_pat_attr {
 typedef struct kf_pat_node {
     char *op;
     char *domain;
+    kf_op opid; /* op and domain resolved in the op table (the matcher compares ids) */
     int nargs;
     kf_pat_arg args[KF_PAT_MAX_ARGS];
     int nouts;

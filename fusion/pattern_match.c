@@ -77,11 +77,6 @@ static bool attr_equal(const kf_attr *a, const kf_attr *b) {
     }
 }
 
-static bool same_domain(const char *a, const char *b) {
-    if (!a || !strcmp(a, "ai.onnx")) a = "";
-    if (!b || !strcmp(b, "ai.onnx")) b = "";
-    return !strcmp(a, b);
-}
 
 static bool solve(mctx *c, mstate *s);
 static bool guards_hold(mctx *c, const mstate *s);
@@ -90,7 +85,7 @@ static bool guards_hold(mctx *c, const mstate *s);
 static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
     const kf_pat_node *pn = &c->r->src[sn];
     const kf_node *n = &c->g->nodes[gn];
-    if (strcmp(pn->op, n->op_type) || !same_domain(pn->domain, n->domain)) {
+    if (pn->opid != n->op) {
         fail_at(c, s, "%s is produced by %s", pn->op, n->op_type);
         return false;
     }
@@ -464,7 +459,7 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
         return KF_OK;
     }
     const kf_pat_node *root = &r->src[r->nsrc - 1];
-    if (strcmp(root->op, n->op_type) || !same_domain(root->domain, n->domain)) return KF_OK;
+    if (root->opid != n->op) return KF_OK;
     mctx c = {r, g, m, "", -1, false, ""};
     mstate *s = kf_calloc(1, sizeof *s);
     if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");

@@ -702,7 +702,7 @@ static kf_status finish_rule(lexer *lx, kf_rule *r) {
     int counts[2] = {r->nsrc, r->ndst};
     for (int l = 0; l < 2; l++)
         for (int i = 0; i < counts[l]; i++)
-            if (!kf_op_lookup(lists[l][i].domain, lists[l][i].op)) {
+            if (!(lists[l][i].opid = kf_op_lookup(lists[l][i].domain, lists[l][i].op))) {
                 lexer at = *lx;
                 at.line = lists[l][i].line;
                 return perr(&at, "unknown op '%s'", lists[l][i].op);

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "kf_ir.h"
+#include "kf_ops.h"
 
 kf_graph *kf_graph_new(void) {
     kf_graph *g = kf_calloc(1, sizeof *g);
@@ -187,6 +188,7 @@ kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain
         return kf_fail(KF_ERR_NOMEM, "out of memory adding node");
     }
     g->nnodes++;
+    n->op = kf_op_lookup(n->domain, n->op_type); /* callers that know it may set it again */
     n->nin = n->nupos = nin;
     n->nout = nout;
     for (int i = 0; i < nin; i++) {
