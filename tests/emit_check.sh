@@ -8,7 +8,9 @@
 # BERT with batch and seq left symbolic: its shape computations are
 # plan-time constants per shape and every other group has symbolic dims, so
 # nothing may be emitted there, but every group not generated must say it is
-# for that reason (nothing else may fail).
+# for that reason (nothing else may fail). With --plan-dim, the same symbolic
+# exports (TorchScript BERT, dynamo Llama) emit the kernels a run at those
+# sizes compiles, and those must compile too.
 #   tests/emit_check.sh BUILD_DIR
 # Exits non-zero when a file does not compile or nothing was emitted; says
 # why when nvcc or OpenCL is absent and that half is not checked.
@@ -23,6 +25,8 @@ nvcc=$(command -v nvcc || true)
 models=("tiny_cnn:$root/bench/models/tiny_cnn.onnx:--dim N=2"
         "bert:$root/bench/models/small/bert/model.onnx:--dim batch=2 --dim seq=16"
         "bert_dynamic:$root/bench/models/small/bert/model.onnx:"
+        "bert_dynamic_at:$root/bench/models/small/bert/model.onnx:--plan-dim batch=2 --plan-dim seq=16"
+        "llama_dynamo_dynamic_at:$root/bench/models/small_dynamo_dynamic/llama/model.onnx:--plan-dim batch=1 --plan-dim seq=16"
         "resnet50:$root/bench/models/small/resnet50/model.onnx:--dim batch=1")
 total=0
 for entry in "${models[@]}"; do

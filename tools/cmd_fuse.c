@@ -42,7 +42,8 @@ static void fuse_usage(FILE *f) {
                "  --dot F   Graphviz picture, one cluster per group (F.svg too when dot is installed)\n"
                "  --emit DIR  write each generated kernel as DIR/group_N.cl and DIR/group_N.cu, and each\n"
                "            horizontal launch of several groups as DIR/launch_L.cl and .cu (groups\n"
-               "            codegen does not handle yet are listed with the reason)\n"
+               "            codegen does not handle yet are listed with the reason); with --plan-dim,\n"
+               "            the kernels a run at those sizes compiles\n"
                "  --no-opt  plan the model as loaded, without kfuse opt's rewrites\n");
 }
 
@@ -155,6 +156,64 @@ static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan 
     return KF_OK;
 }
 
+/* What `fuse` does to a model before its plan is written: the choices of
+ * the command line. */
+typedef struct fuse_flow {
+    bool opt, int8;
+    kf_dtype low;
+    int math;
+    bool legal_only;
+    const char *target;
+} fuse_flow;
+
+/* --dim fixed, optimized, the precision passes, planned (at the --plan-dim
+ * sizes when at->n): the model and plan `fuse` writes. sum gets the node counts. */
+static kf_status prepare(kf_model *m, const fuse_flow *fl, const kfuse_tool_dims *dims, const kfuse_tool_dims *at,
+                         kf_fuse_summary *sum, kf_plan **p) {
+    KF_TRY(kfuse_tool_apply_dims(m, dims, true));
+    sum->nodes_before = kf_graph_live_nodes(m->graph);
+    if (fl->opt) {
+        kf_opt_options o;
+        kf_opt_options_default(&o);
+        o.keep_quantized = fl->int8;
+        kf_opt_result res;
+        kf_status st = kf_optimize(m, &o, &res);
+        kf_rules_free(&res.rules);
+        KF_TRY(st);
+    } else {
+        KF_TRY(kf_infer_shapes(m)); /* the cost model reads shapes */
+    }
+    if (fl->low != KF_DT_UNDEFINED) KF_TRY(kf_fuse_precision(m, fl->low, NULL));
+    if (fl->int8) KF_TRY(kf_fuse_int8(m, NULL));
+    sum->nodes_after = kf_graph_live_nodes(m->graph);
+    return make_plan(m, fl->target, fl->math, fl->legal_only, at, p);
+}
+
+/* --emit with --plan-dim: the kernels a run at the --plan-dim sizes compiles
+ * (the executor specialises a symbolic model to each input shape and plans
+ * it again), from a second copy of the model with those dims fixed. */
+static kf_status emit_at(const char *dir, const char *path, const fuse_flow *fl, const kfuse_tool_dims *dims,
+                         const kfuse_tool_dims *at) {
+    kfuse_tool_dims all = *dims;
+    for (int i = 0; i < at->n; i++) {
+        if (all.n == KFUSE_TOOL_MAX_DIMS) return kf_fail(KF_ERR_INVALID_ARG, "too many --dim and --plan-dim");
+        all.names[all.n] = at->names[i];
+        all.values[all.n++] = at->values[i];
+    }
+    kf_model *m;
+    KF_TRY(kfuse_tool_load(path, &m));
+    kf_fuse_summary sum = {0};
+    kf_plan *p = NULL;
+    kf_status st = prepare(m, fl, &all, &(kfuse_tool_dims){0}, &sum, &p);
+    if (!st) {
+        fprintf(stderr, "kfuse: --emit: the kernels of a run at the --plan-dim sizes (their dims fixed)\n");
+        st = emit_kernels(dir, m, p);
+    }
+    if (p) free_plan(p);
+    kf_model_free(m);
+    return st;
+}
+
 int kfuse_cmd_fuse(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *dot = NULL, *emit = NULL, *target = NULL;
     bool report = false, json = false, opt = true, legal_only = false;
@@ -195,39 +254,13 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         fuse_usage(stderr);
         return EXIT_USAGE;
     }
+    fuse_flow fl = {opt, int8, low, math, legal_only, target};
     kf_model *m;
     kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail(st);
-    st = kfuse_tool_apply_dims(m, &dims, true);
-    if (st) {
-        kf_model_free(m);
-        return fail(st);
-    }
     kf_fuse_summary sum = {0};
-    sum.nodes_before = kf_graph_live_nodes(m->graph);
-    if (opt) {
-        kf_opt_options o;
-        kf_opt_options_default(&o);
-        o.keep_quantized = int8;
-        kf_opt_result res;
-        st = kf_optimize(m, &o, &res);
-        kf_rules_free(&res.rules);
-    } else {
-        st = kf_infer_shapes(m); /* the cost model reads shapes */
-    }
-    if (st) {
-        kf_model_free(m);
-        return fail(st);
-    }
-    if (!st && low != KF_DT_UNDEFINED) st = kf_fuse_precision(m, low, NULL);
-    if (!st && int8) st = kf_fuse_int8(m, NULL);
-    if (st) {
-        kf_model_free(m);
-        return fail(st);
-    }
-    sum.nodes_after = kf_graph_live_nodes(m->graph);
     kf_plan *p = NULL;
-    if ((st = make_plan(m, target, math, legal_only, &plan_at, &p))) {
+    if ((st = prepare(m, &fl, &dims, &plan_at, &sum, &p))) {
         kf_model_free(m);
         return fail(st);
     }
@@ -241,7 +274,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         st = KF_OK;
     }
     bool svg = false;
-    if (emit && !st) st = emit_kernels(emit, m, p);
+    if (emit && !st) st = plan_at.n ? emit_at(emit, model, &fl, &dims, &plan_at) : emit_kernels(emit, m, p);
     if (dot && !st) st = kf_fuse_write_dot(dot, m, p, &svg);
     kf_fuse_stats fs = {0};
     if (!st) st = kf_fuse_apply(m, p, &fs);
