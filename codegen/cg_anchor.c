@@ -775,6 +775,14 @@ static bool row_pass(gen *st, const kf_node *r, const gemm *gmp, const kf_type *
         kf_cg_str_release(&lit);
         snprintf(st->stat[0], NAMELEN, "rmean");
         snprintf(st->stat[1], NAMELEN, "rstd");
+    } else if (st->rk == RK_RMSNORM) {
+        if (!put_float(&lit, kf_attr_f(r, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(r));
+        else if (lit.oom || !lit.p) ok = fail_oom(st);
+        kf_cg_printf(b, "                float rsq = 0.0f;\n                %s rsq += %s[rr][j] * %s[rr][j];\n", lp, buf, buf);
+        kf_cg_printf(b, "                const float rstd = 1.0f / KF_SQRT(kf_block_sum(rsq, kf_red, KF_LOCAL_SIZE) / %s + %s);\n",
+                     nf, lit.p ? lit.p : "0.0f");
+        kf_cg_str_release(&lit);
+        snprintf(st->stat[1], NAMELEN, "rstd");
     } else {
         kf_cg_printf(b, "                float rmax = -KF_INF;\n                %s rmax = KF_FMAX(rmax, %s[rr][j]);\n", lp, buf);
         kf_cg_puts(b, "                rmax = kf_block_max(rmax, kf_red, KF_LOCAL_SIZE);\n");
@@ -851,9 +859,10 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
                         kf_node_label(n), kf_node_label(n2));
     }
     if (r) {
-        if (r->op != KF_OP_SOFTMAX && r->op != KF_OP_LOG_SOFTMAX && r->op != KF_OP_LAYER_NORMALIZATION)
-            return fail(st, "node '%s': %s after a GEMM is not generated (Softmax, LogSoftmax, LayerNormalization are)",
-                        kf_node_label(r), r->op_type);
+        if (r->op != KF_OP_SOFTMAX && r->op != KF_OP_LOG_SOFTMAX && r->op != KF_OP_LAYER_NORMALIZATION &&
+            r->op != KF_OP_RMS_NORMALIZATION)
+            return fail(st, "node '%s': %s after a GEMM is not generated (Softmax, LogSoftmax, LayerNormalization, "
+                            "RMSNormalization are)", kf_node_label(r), r->op_type);
         for (int j = 1; j < r->nout; j++)
             if (r->out[j] && st->g->values[r->out[j]].nusers + st->g->values[r->out[j]].is_output)
                 return fail(st, "node '%s': %s output %d is used (not generated)", kf_node_label(r), r->op_type, j);

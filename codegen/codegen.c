@@ -561,7 +561,7 @@ typedef struct rowcache {
 } rowcache;
 
 typedef enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_LOGSUM, RK_LOGSUMEXP,
-                     RK_SUMSQ, RK_SOFTMAX, RK_LOGSOFTMAX, RK_LAYERNORM } rkind;
+                     RK_SUMSQ, RK_SOFTMAX, RK_LOGSOFTMAX, RK_LAYERNORM, RK_RMSNORM } rkind;
 
 typedef struct gen {
     const kf_graph *g;
@@ -1258,7 +1258,7 @@ static bool emit_red_value(gen *st, const kf_node *n, kf_id v, const ix *at, cha
             return fail(st, "node '%s': %s result is read at another row than the one reduced (not generated)",
                         kf_node_label(n), n->op_type);
     char x[NAMELEN], rhs[256]; /* a few names and KF_ calls */
-    if (st->rk == RK_SOFTMAX || st->rk == RK_LOGSOFTMAX || st->rk == RK_LAYERNORM) {
+    if (st->rk == RK_SOFTMAX || st->rk == RK_LOGSOFTMAX || st->rk == RK_LAYERNORM || st->rk == RK_RMSNORM) {
         if (!emit(st, n->in[0], at, x)) return false;
     }
     switch (st->rk) {
@@ -1274,6 +1274,15 @@ static bool emit_red_value(gen *st, const kf_node *n, kf_id v, const ix *at, cha
                 return false;
         }
         snprintf(rhs, sizeof rhs, "(%s - %s) * %s * %s%s%s", x, st->stat[0], st->stat[1], sc, bi[0] ? " + " : "", bi);
+        break;
+    }
+    case RK_RMSNORM: {
+        char sc[NAMELEN];
+        ix a;
+        if (!bcast_ix(st, n, at, &st->g->values[n->in[0]].type, &st->g->values[n->in[1]].type, &a) ||
+            !emit(st, n->in[1], &a, sc))
+            return false;
+        snprintf(rhs, sizeof rhs, "%s * %s * %s", x, st->stat[1], sc);
         break;
     }
     default:
@@ -1876,6 +1885,16 @@ static bool red_setup(gen *st, const kf_node *n) {
         st->rk = ln ? RK_LAYERNORM : n->op == KF_OP_SOFTMAX ? RK_SOFTMAX : RK_LOGSOFTMAX;
         return true;
     }
+    case KF_OP_RMS_NORMALIZATION: { /* x / sqrt(mean(x^2 over [axis, rank)) + eps) * scale, in float */
+        int64_t axis = kf_attr_i(n, "axis", -1);
+        if (axis < 0) axis += r;
+        if (axis < 0 || axis >= r) return fail(st, "node '%s': axis out of range", kf_node_label(n));
+        if (kf_attr_i(n, "stash_type", 1) != 1)
+            return fail(st, "node '%s': RMSNormalization with stash_type other than float is not generated", kf_node_label(n));
+        for (int d = (int)axis; d < r; d++) st->mask[d] = true;
+        st->rk = RK_RMSNORM;
+        return true;
+    }
     case KF_OP_GLOBAL_AVERAGEPOOL:
     case KF_OP_GLOBAL_MAXPOOL:
     case KF_OP_GLOBAL_LPPOOL: {
@@ -2133,6 +2152,17 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         ok = ok && red_pass(st, n, xt, &rowix, "rvar", "0.0f", "%1$s + %2$s", "(%1$s - %2$s) * (%1$s - %2$s)", "rmean", bsum, block, K, tail);
         if (ok) kf_cg_printf(&body, "        const float rstd = 1.0f / KF_SQRT(rvar / %s + %s);\n", kf, eps);
         snprintf(m, NAMELEN, "rmean");
+        snprintf(sum, NAMELEN, "rstd");
+        break;
+    }
+    case RK_RMSNORM: {
+        lit = (kf_cg_str){0};
+        if (!put_float(&lit, kf_attr_f(n, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(n));
+        else if (lit.oom || !lit.p) ok = fail_oom(st);
+        snprintf(eps, sizeof eps, "%s", lit.p && !lit.oom ? lit.p : "0.0f");
+        kf_cg_str_release(&lit);
+        ok = ok && red_pass(st, n, xt, &rowix, "rsq", "0.0f", "%1$s + %2$s", "%1$s * %1$s", NULL, bsum, block, K, tail);
+        if (ok) kf_cg_printf(&body, "        const float rstd = 1.0f / KF_SQRT(rsq / %s + %s);\n", kf, eps);
         snprintf(sum, NAMELEN, "rstd");
         break;
     }

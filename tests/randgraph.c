@@ -624,6 +624,8 @@ static bool lastdim2_ok(const gen *G, const val *x) { (void)G; return x->rank >=
  * decomposition the inaccurate one (campaign seeds 330247, 338619). With
  * eps >= 1e-2 the factor is <= 10. The rules accept any eps > 0, so they
  * fire all the same. */
+/* LayerNormalization, or from opset 23 RMSNormalization, over the last
+ * dims from a random axis. */
 static bool emit_layernorm(gen *G) {
     /* Not in fp16: normalising a row of near-equal values divides by a tiny
      * deviation and magnifies any upstream rounding difference (a folded
@@ -637,17 +639,20 @@ static bool emit_layernorm(gen *G) {
     if (chance(&G->r, 0.3)) axis = irand(&G->r, xx.rank);
     int64_t nn = numel(xx.rank - axis, xx.dims + axis);
     val *sc = fconst(G, xx.rank - axis, xx.dims + axis, 0.5, 1.5, false);
+    /* both norms bound an element by sqrt(row) * |scale|: a normalised row
+     * has unit variance (LayerNorm) or unit mean square (RMSNorm) */
     double bound = sqrt((double)nn) * fmax(fabs(sc->lo), fabs(sc->hi));
     kf_id in[3] = {xx.id, sc->id, 0};
     int nin = 2;
-    if (chance(&G->r, 0.6)) {
+    bool rms = G->opset >= 23 && chance(&G->r, 0.4);
+    if (!rms && chance(&G->r, 0.6)) {
         val *b = fconst(G, xx.rank - axis, xx.dims + axis, -1, 1, false);
         in[nin++] = b->id;
         bound += fmax(fabs(b->lo), fabs(b->hi));
     }
     if (!bounded(G, -bound, bound)) return false;
     kf_id out;
-    kf_node *n = mk(G, "LayerNormalization", in, nin, &out);
+    kf_node *n = mk(G, rms ? "RMSNormalization" : "LayerNormalization", in, nin, &out);
     if (axis != xx.rank - 1 || chance(&G->r, 0.5)) attr_i(n, "axis", chance(&G->r, 0.5) ? axis : axis - xx.rank);
     attr_f(n, "epsilon", chance(&G->r, 0.5) ? 1e-2f : 5e-2f); /* see NORM_EPS_NOTE */
     push(G, out, xx.rank, xx.dims, -bound, bound, false);

@@ -112,6 +112,13 @@ static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint
     "input res float[2, 21, 100]\nconst g float[100] = random\nconst be float[100] = random\n"          \
     "y = MatMul(x, w)\nz = Add(y, b)\nh = Add(z, res)\nn = LayerNormalization(h, g, be) {axis=-1, epsilon=0.001}\n" \
     "r = Relu(n)\noutput r\noutput h\n"
+/* Llama's norm after the attention output projection: GEMM + residual +
+ * RMSNormalization over rows of 96, the residual sum also an output */
+#define MM_RMSNORM                                                                                    \
+    "opset 23\ninput x float[2, 13, 40]\nconst w float[40, 96] = random\n"                            \
+    "input res float[2, 13, 96]\nconst g float[96] = random\n"                                          \
+    "y = MatMul(x, w)\nh = Add(y, res)\nn = RMSNormalization(h, g) {axis=-1, epsilon=0.000001}\n"      \
+    "output n\noutput h\n"
 /* BERT's pooler input: GEMM + LayerNorm, then the first token's row only (a
  * select after the row reduction) */
 #define MM_LN_CLS                                                                                     \
@@ -298,6 +305,16 @@ Test(cg_anchor, gemm_residual_layernorm_rows) {
     kf_free(body);
 }
 
+Test(cg_anchor, gemm_residual_rmsnorm_rows) {
+    cgu_need_opencl();
+    char *body = NULL;
+    uint32_t rows = 0;
+    cr_assert_eq(check_anchors(MM_RMSNORM, 40, &body, &rows), 1);
+    cr_assert_eq(rows, 1, "the planner fused the RMSNormalization into the GEMM group");
+    cr_assert_not_null(strstr(body, "rsq"), "%s", body);
+    kf_free(body);
+}
+
 Test(cg_anchor, gemm_layernorm_then_select_first_token) {
     cgu_need_opencl();
     uint32_t rows = 0;
@@ -437,9 +454,9 @@ Test(cg_anchor, cuda_text_compiles_with_nvrtc_sm80_sm90) {
         cr_skip_test("NVRTC: %s", why);
         return;
     }
-    const char *graphs[] = {MM_BIAS_RELU, MM_HEADS, MM_HALF, CONV_2D, MM_LAYERNORM, GEMM_LOGSOFTMAX, CONV_B2B_RESNET, FFN_B2B, ATTENTION_B2B, FFN_B2B_LAYERNORM};
+    const char *graphs[] = {MM_BIAS_RELU, MM_HEADS, MM_HALF, CONV_2D, MM_LAYERNORM, GEMM_LOGSOFTMAX, CONV_B2B_RESNET, FFN_B2B, ATTENTION_B2B, FFN_B2B_LAYERNORM, MM_RMSNORM};
     uint32_t n = 0;
     for (size_t gi = 0; gi < sizeof graphs / sizeof graphs[0]; gi++)
         n += cgu_nvrtc_check_text(graphs[gi], 1u << KF_GROUP_ANCHOR);
-    cr_assert_eq(n, 10);
+    cr_assert_eq(n, 11);
 }

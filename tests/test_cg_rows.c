@@ -86,7 +86,12 @@ static void reduction_text(char *text, size_t len, const char *op, const char *d
     char pro[160];
     if (near_one) snprintf(pro, sizeof pro, "const c float[] = 0.005\nconst one float[] = 1\nq = Mul(x, c)\ny = Add(q, one)\n");
     else snprintf(pro, sizeof pro, "const s float[%lld] = random\nq = Mul(x, s)\ny = Add(q, x)\n", (long long)K);
-    if (!strcmp(op, "LayerNormalization"))
+    if (!strcmp(op, "RMSNormalization"))
+        snprintf(text, len,
+                 "opset 23\ninput x0 %s[%lld, %lld]\nx = Cast(x0) {to=1}\n%sconst g float[%lld] = random\n"
+                 "r = RMSNormalization(y, g) {axis=-1}\nz = Relu(r)\no = Cast(z) {to=%s}\noutput o\n",
+                 dt, (long long)rows, (long long)K, pro, (long long)K, dt[0] == 'b' ? "16" : dt[5] == '1' ? "10" : "1");
+    else if (!strcmp(op, "LayerNormalization"))
         snprintf(text, len,
                  "opset 18\ninput x0 %s[%lld, %lld]\nx = Cast(x0) {to=1}\n%sconst g float[%lld] = random\n"
                  "const b float[%lld] = random\nr = LayerNormalization(y, g, b) {axis=-1}\nz = Relu(r)\n"
@@ -107,7 +112,7 @@ static void reduction_text(char *text, size_t len, const char *op, const char *d
 static const char *const KINDS[] = {"ReduceSum",       "ReduceMean",      "ReduceMax",  "ReduceMin",
                                     "ReduceProd",      "ReduceL1",        "ReduceL2",   "ReduceLogSum",
                                     "ReduceLogSumExp", "ReduceSumSquare", "Softmax",    "LogSoftmax",
-                                    "LayerNormalization"};
+                                    "LayerNormalization", "RMSNormalization"};
 #define NKINDS (sizeof KINDS / sizeof *KINDS)
 
 /* Every kind over row lengths from 2 to 1024 (odd ones, powers of two and
@@ -401,10 +406,11 @@ Test(rows, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     reduction_text(prod, sizeof prod, "ReduceProd", "float16", 13, 300);
     reduction_text(sm, sizeof sm, "Softmax", "float", 100, 128);
     /* rows of 8..31: segments of 4 and 8 lanes (shuffles inside a warp) */
-    char sm16[1024], ln24[1024];
+    char sm16[1024], ln24[1024], rms[1024];
     reduction_text(sm16, sizeof sm16, "Softmax", "float", 100, 16);
     reduction_text(ln24, sizeof ln24, "LayerNormalization", "float16", 50, 24);
-    const char *graphs[] = {ln, prod, sm, sm16, ln24,
+    reduction_text(rms, sizeof rms, "RMSNormalization", "float16", 40, 2048);
+    const char *graphs[] = {ln, prod, sm, sm16, ln24, rms,
                             "opset 13\ninput x bfloat16[5, 37]\ninput y bfloat16[37]\na = Add(x, y)\ns = Sigmoid(a)\n"
                             "t = Transpose(s)\nf = Cast(t) {to=10}\noutput f\n",
                             "opset 13\ninput x bfloat16[9, 16]\nconst w bfloat16[16, 12] = random\n"
