@@ -22,6 +22,7 @@
  * float32 result (the same function is what the evaluator and codegen
  * check dtypes against).
  */
+#include <math.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -139,13 +140,23 @@ static kf_status add_cast(ctx *c, kf_id from, kf_dtype to, kf_id *out) {
     return KF_OK;
 }
 
-/* A copy of float32 tensor t in the low type (rounded to nearest even). */
+/* A copy of float32 tensor t in the low type (rounded to nearest even),
+ * finite values past the low type's range saturated to its largest finite
+ * value: exporters write masks as float32's lowest value (finfo.min), which
+ * rounds to -inf in float16 and in bfloat16 alike, and a Softmax row whose
+ * every key is masked then gives NaN where the float32 model gives finite
+ * numbers (a left-padded sequence's first row under a causal mask).
+ * Infinities and NaN stay what they are. */
 static kf_status convert(const kf_tensor *t, kf_dtype low, kf_tensor *out) {
     KF_TRY(kf_tensor_alloc(out, low, t->rank, t->dims));
     const float *src = t->data;
     uint16_t *dst = out->data;
-    for (int64_t i = 0; i < t->numel; i++)
-        dst[i] = low == KF_DT_FLOAT16 ? kf_float_to_half(src[i]) : kf_float_to_bf16(src[i]);
+    const uint16_t max_finite = low == KF_DT_FLOAT16 ? 0x7bff : 0x7f7f; /* 65504, 3.39e38 */
+    for (int64_t i = 0; i < t->numel; i++) {
+        uint16_t h = low == KF_DT_FLOAT16 ? kf_float_to_half(src[i]) : kf_float_to_bf16(src[i]);
+        bool overflowed = (h & 0x7fff) == (low == KF_DT_FLOAT16 ? 0x7c00 : 0x7f80) && isfinite(src[i]);
+        dst[i] = overflowed ? (uint16_t)((h & 0x8000) | max_finite) : h;
+    }
     return KF_OK;
 }
 

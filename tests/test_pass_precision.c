@@ -288,3 +288,43 @@ Test(pass_precision, output_depths) {
     cr_expect_eq(d[2], 1, "an input passed through counts as one");
     kf_model_free(m);
 }
+
+/* An exporter's mask (float32's lowest value where a key is masked) turned
+ * 16-bit saturates to the low type's lowest finite value instead of
+ * rounding to -inf: a Softmax row whose every key is masked stays finite
+ * and uniform, as in float32, where -inf would give NaN. */
+static void mask_saturates(kf_dtype low, double lowest) {
+    const char *text = "opset 17\n"
+                       "input s float[2, 4]\n"
+                       "const m float[2, 4] = -3.40282347e38 -3.40282347e38 -3.40282347e38 -3.40282347e38 "
+                       "0 0 -3.40282347e38 0\n"
+                       "y = Add(s, m)\n"
+                       "p = Softmax(y) {axis=-1}\n"
+                       "output p\n";
+    kf_model *f = gt_parse(text), *m = converted(text, low, NULL);
+    const kf_tensor *c = m->graph->values[kf_graph_find(m->graph, "m")].init;
+    cr_assert_eq(c->dtype, low);
+    cr_expect_eq(kf_get_f64(c, 0), lowest, "%g", kf_get_f64(c, 0));
+    cr_expect_eq(kf_get_f64(c, 4), 0.0);
+    kf_tensor in = {0};
+    int64_t d[2] = {2, 4};
+    cr_assert_eq(kf_tensor_alloc(&in, KF_DT_FLOAT, 2, d), KF_OK);
+    const double sv[8] = {0.5, -0.25, 0.75, -1.0, 0.3, -0.6, 0.9, 0.1};
+    for (int i = 0; i < 8; i++) kf_set_f64(&in, i, sv[i]);
+    kf_tensor want = {0}, got = {0};
+    cr_assert_eq(kf_eval_model(f, &in, 1, &want, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_eval_model(m, &in, 1, &got, NULL), KF_OK, "%s", kf_last_error());
+    for (int i = 0; i < 4; i++) cr_expect_float_eq(kf_get_f64(&got, i), 0.25, 1e-6, "a fully masked row is uniform");
+    char why[256];
+    cr_expect(kf_run_close_model(&got, &want, low == KF_DT_FLOAT16 ? KF_PRECISION_FP16 : KF_PRECISION_BF16, 2, why,
+                                 sizeof why),
+              "%s", why);
+    kf_tensor_release(&in);
+    kf_tensor_release(&want);
+    kf_tensor_release(&got);
+    kf_model_free(f);
+    kf_model_free(m);
+}
+
+Test(pass_precision, lowest_float_mask_saturates_float16) { mask_saturates(KF_DT_FLOAT16, -65504.0); }
+Test(pass_precision, lowest_float_mask_saturates_bfloat16) { mask_saturates(KF_DT_BFLOAT16, -3.3895313892515355e38); }
