@@ -8,7 +8,6 @@
 #endif
 #include <math.h>
 #include <stdint.h>
-#include <stdlib.h>
 #include <string.h>
 #if defined(__unix__)
 #include <sys/mman.h>
@@ -80,8 +79,8 @@ kf_status kf_shape_numel(int rank, const int64_t *dims, size_t esz, int64_t *num
 /* Weights are written once, whole, right after they are allocated (a load,
  * a fold, a merge). Asked for 2 MiB pages, the kernel faults a large one in
  * 512 times less often than in 4 KiB pages, and those faults were half of
- * merging BERT-base's Q/K/V weights. Only a hint: where transparent huge pages are off, or
- * the region is not fresh, nothing changes. */
+ * merging BERT-base's Q/K/V weights. Only a hint: where transparent huge
+ * pages are off, or the region is not fresh, nothing changes. */
 #define HUGE_PAGE ((uintptr_t)2 << 20)
 void kf_advise_huge(void *p, size_t bytes) {
 #ifdef MADV_HUGEPAGE

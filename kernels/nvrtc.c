@@ -6,7 +6,7 @@
  * reason) when CMake found no CUDA toolkit. NVRTC is loaded with dlopen the
  * first time a kernel is compiled, as the driver and cuBLASLt are: linked,
  * its 200,000 relocations cost every kfuse process about 4 ms at start,
- * which is most of `kfuse opt` on a small model.
+ * a fifth of `kfuse opt` on a small model.
  */
 #include <stdio.h>
 #include <stdlib.h>
