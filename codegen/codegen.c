@@ -1182,6 +1182,51 @@ static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
     return emit(st, n->in[0], &a, name);
 }
 
+/* GatherND: the output's leading coordinates pick a row of index tuples;
+ * tuple element j (negative counts from the end) is data's coordinate
+ * batch_dims + j, the output's trailing coordinates the rest. Each element
+ * is checked, clamped and reported as Gather's are. */
+static bool emit_gathernd(gen *st, const kf_node *n, const ix *at, char *name) {
+    const kf_type *dt = &st->g->values[n->in[0]].type, *it = &st->g->values[n->in[1]].type;
+    int r = dt->rank, q = it->rank;
+    int64_t b = kf_attr_i(n, "batch_dims", 0);
+    if (it->dtype != KF_DT_INT64) return fail(st, "node '%s': GatherND indices are %s", kf_node_label(n), kf_dtype_name(it->dtype));
+    int64_t k = q >= 1 ? it->dims[q - 1] : -1;
+    if (q < 1 || b < 0 || b >= q || k < 1 || b + k > r)
+        return fail(st, "node '%s': GatherND shapes are not generated (batch_dims %lld, index tuples of %lld)",
+                    kf_node_label(n), (long long)b, (long long)k);
+    const kf_tensor *ci = st->g->values[n->in[1]].init;
+    for (int64_t i = 0; ci && i < ci->numel; i++) { /* constant indices: checked now, the reference reports them */
+        int64_t x = kf_get_i64(ci, i), dim = dt->dims[b + i % k];
+        if (x < -dim || x >= dim)
+            return fail(st, "node '%s': index %lld is out of range for a dimension of size %lld", kf_node_label(n),
+                        (long long)x, (long long)dim);
+    }
+    ix a = {.rank = r};
+    for (int d = 0; d < b; d++) snprintf(a.c[d], NAMELEN, "%s", at->c[d]);
+    for (int d = (int)(b + k); d < r; d++) snprintf(a.c[d], NAMELEN, "%s", at->c[q - 1 + d - b - k]);
+    for (int64_t j = 0; j < k; j++) {
+        int64_t dim = dt->dims[b + j];
+        ix ia = {.rank = q};
+        for (int d = 0; d < q - 1; d++) snprintf(ia.c[d], NAMELEN, "%s", at->c[d]);
+        snprintf(ia.c[q - 1], NAMELEN, "%lld", (long long)j);
+        char idx[NAMELEN], e[128], t[NAMELEN]; /* a cast and a compare of one name */
+        if (!emit(st, n->in[1], &ia, idx)) return false;
+        snprintf(e, sizeof e, "(%s)(%s < 0 ? %s + %lld : %s)", st->ity, idx, idx, (long long)dim, idx);
+        if (!ci && dim > 1) { /* indices from data: a bad one is reported (kf_cg_check) */
+            int code = check_code(st, n, dim);
+            if (code < 0) return fail_oom(st);
+            bind(st, t, e);
+            kf_cg_printf(st->s, "%sif (%s < 0 || %s >= %lld) kf_index_fail(kf_err, %d, (kf_i64)%s);\n", st->ind, t, t,
+                         (long long)dim, code, idx);
+            snprintf(e, sizeof e, "%s", t);
+        }
+        if (dim == 1) snprintf(a.c[b + j], NAMELEN, "0");
+        else clamp_bind(st, a.c[b + j], e, dim);
+    }
+    return emit(st, n->in[0], &a, name);
+}
+
 /* Pad, constant mode: the value where the index falls outside the input,
  * else the input read at the (clamped, so always valid) shifted index. */
 static bool emit_pad(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
@@ -1334,6 +1379,7 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     case KF_OP_SPLIT: return emit_split(st, n, v, at, name);
     case KF_OP_CONCAT: return emit_concat(st, n, v, at, name);
     case KF_OP_GATHER: return emit_gather(st, n, at, name);
+    case KF_OP_GATHER_ND: return emit_gathernd(st, n, at, name);
     case KF_OP_PAD: return emit_pad(st, n, v, at, name);
     default: return emit_expr(st, n, v, at, name);
     }

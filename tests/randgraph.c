@@ -1105,9 +1105,41 @@ static bool emit_expand(gen *G) {
     return true;
 }
 
+/* GatherND of x with constant index tuples of 1 or 2 elements (negatives
+ * count from the end), batch_dims 0 or 1. */
+static bool emit_gathernd(gen *G, const val *x) {
+    val xx = *x;
+    int b = xx.rank >= 2 && chance(&G->r, 0.3) ? 1 : 0;
+    int kmax = xx.rank - b > 2 ? 2 : xx.rank - b;
+    int k = 1 + irand(&G->r, kmax);
+    int64_t m = 1 + irand(&G->r, 4), idims[3], iv[64];
+    int ir = 0;
+    if (b) idims[ir++] = xx.dims[0];
+    idims[ir++] = m;
+    idims[ir++] = k;
+    int64_t cnt = numel(ir, idims);
+    if (cnt > 64) return false;
+    for (int64_t i = 0; i < cnt; i++) {
+        int64_t dim = xx.dims[b + i % k];
+        iv[i] = irand(&G->r, (int)(2 * dim)) - dim;
+    }
+    int64_t d[MAX_R + 2];
+    int ro = 0;
+    for (int i = 0; i < ir - 1; i++) d[ro++] = idims[i];
+    for (int i = b + k; i < xx.rank; i++) d[ro++] = xx.dims[i];
+    if (ro > MAX_R || numel(ro, d) > MAX_NUMEL) return false;
+    kf_id in[2] = {xx.id, iconst(G, ir, idims, iv)}, out;
+    kf_node *nd = mk(G, "GatherND", in, 2, &out);
+    if (b) attr_i(nd, "batch_dims", b);
+    push(G, out, ro, d, xx.lo, xx.hi, xx.exact);
+    return true;
+}
+
+/* Gather along a random axis (from opset 12 sometimes GatherND instead). */
 static bool emit_gather(gen *G) {
     val *x = pick(G, rank1_ok);
     if (!x) return false;
+    if (G->opset >= 12 && chance(&G->r, 0.25)) return emit_gathernd(G, x);
     val xx = *x;
     int axis = irand(&G->r, xx.rank);
     int64_t n = xx.dims[axis];

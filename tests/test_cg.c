@@ -372,7 +372,7 @@ Test(cg, concat_whose_operands_do_not_add_up_is_declined) {
     kf_model_free(m);
 }
 
-Test(cg, gather_pad_where_cast_on_opencl) {
+Test(cg, gather_gathernd_pad_where_cast_on_opencl) {
     cgu_need_opencl();
     uint32_t n;
     /* runtime int64 indices (random in [-2, 2]: negatives count from the end) */
@@ -382,6 +382,22 @@ Test(cg, gather_pad_where_cast_on_opencl) {
     /* constant int32 indices, axis 0 */
     check_graph("opset 13\ninput x float[6, 4]\nconst i int32[3] = 5 0 2\ng = Gather(x, i)\nh = Exp(g)\noutput h\n",
                 &n);
+    /* GatherND: pairs of indices into the first two dims; batch_dims 1; constant
+     * one-element tuples with a negative; the mask lookup of a dynamo-exported Llama */
+    check_graph("opset 13\ninput x float[3, 4, 5]\ninput i int64[2, 2]\ng = GatherND(x, i)\nh = Abs(g)\noutput h\n",
+                &n);
+    cr_assert_eq(n, 1);
+    check_graph("opset 13\ninput x float[2, 3, 4]\ninput i int64[2, 5, 1]\ng = GatherND(x, i) {batch_dims=1}\n"
+                "h = Neg(g)\noutput h\n",
+                &n);
+    cr_assert_eq(n, 1);
+    check_graph("opset 13\ninput x float[4, 6]\nconst i int64[3, 1] = 3 -1 0\ng = GatherND(x, i)\nh = Exp(g)\noutput h\n",
+                &n);
+    cr_assert_eq(n, 1);
+    check_graph("opset 13\ninput m bool[2, 8]\ninput i int64[2, 1, 1, 8, 2]\ng = GatherND(m, i)\n"
+                "input o bool[2, 1, 8, 8]\na = And(g, o)\noutput a\n",
+                &n);
+    cr_assert_eq(n, 2, "the lookup and the broadcast And it feeds, each generated");
     check_graph("opset 13\ninput x float[3, 5]\nconst p int64[4] = 1 0 2 -1\nconst v float[] = 0.5\n"
                 "y = Pad(x, p, v)\nz = Mul(y, y)\noutput z\n",
                 &n);

@@ -256,11 +256,14 @@ Test(run_opencl, bad_gather_index_fails_the_run_naming_the_node) {
         "opset 13\ninput x float[4, 3]\ninput i int64[2]\ng = Gather(x, i) {axis=0}\ny = Relu(g)\noutput y\n",
         "opset 13\ninput x float[5, 40]\ninput i int32[3]\ng = Gather(x, i) {axis=0}\ne = Exp(g)\n"
         "y = ReduceMax(e) {axes=[1], keepdims=0}\noutput y\n",
+        "opset 13\ninput x float[4, 3]\ninput i int64[2, 2]\ng = GatherND(x, i)\ny = Relu(g)\noutput y\n",
     };
-    static const int64_t bad[][3] = {{1, 99, 0}, {0, -6, 2}}, good[][3] = {{-4, 3, 0}, {-5, 4, 0}};
+    static const int64_t bad[][4] = {{1, 99, 0, 0}, {0, -6, 2, 0}, {0, 1, 2, -4}},
+                         good[][4] = {{-4, 3, 0, 0}, {-5, 4, 0, 0}, {3, -3, 0, 2}};
     static const char *want[] = {"index 99 is out of range for a dimension of size 4",
-                                 "index -6 is out of range for a dimension of size 5"};
-    for (int c = 0; c < 2; c++) {
+                                 "index -6 is out of range for a dimension of size 5",
+                                 "index -4 is out of range for a dimension of size 3"};
+    for (int c = 0; c < 3; c++) {
         kf_model *m = gt_parse(texts[c]);
         kf_tensor *ins;
         uint32_t nins;
