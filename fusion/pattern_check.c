@@ -457,6 +457,88 @@ static int64_t differ(const kf_tensor *a, const kf_tensor *b, double scale, bool
     return -1;
 }
 
+/* A float64 copy of tensor t (float types widened; others copied). */
+static bool widened(const kf_tensor *t, kf_tensor *out) {
+    if (!kf_dtype_is_float(t->dtype)) return kf_tensor_copy(out, t) == KF_OK;
+    if (kf_tensor_alloc(out, KF_DT_DOUBLE, t->rank, t->dims)) return false;
+    for (int64_t e = 0; e < t->numel; e++) kf_set_f64(out, e, kf_get_f64(t, e));
+    return true;
+}
+
+/* The source instance computed in float64: every float value and constant
+ * widened, the inputs too; false where that is not the same computation (a
+ * node with a dtype attribute, a value the shape functions refuse in
+ * double) or it fails. */
+static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t nreal, kf_tensor *truth) {
+    kf_model *m = copy_model(src);
+    if (!m) return false;
+    kf_graph *g = m->graph;
+    bool ok = true;
+    for (kf_id n = 1; ok && n < g->nnodes; n++)
+        ok = g->nodes[n].dead || (!kf_attr_find(&g->nodes[n], "to") && !kf_attr_find(&g->nodes[n], "dtype") &&
+                                  !kf_attr_find(&g->nodes[n], "value") && !kf_attr_find(&g->nodes[n], "output_dtype"));
+    for (kf_id v = 1; ok && v < g->nvalues; v++) {
+        kf_value *val = &g->values[v];
+        if (kf_dtype_is_float(val->type.dtype)) val->type.dtype = KF_DT_DOUBLE;
+        if (val->init && kf_dtype_is_float(val->init->dtype)) {
+            kf_tensor w = {0};
+            ok = widened(val->init, &w);
+            if (ok) {
+                kf_tensor_release(val->init);
+                *val->init = w;
+            }
+        }
+    }
+    kf_tensor *in = ok ? kf_calloc(nreal + 1, sizeof(kf_tensor)) : NULL;
+    ok = ok && in && kf_infer_shapes(m) == KF_OK;
+    for (uint32_t i = 0; ok && i < nreal; i++) ok = widened(&ins[i], &in[i]);
+    ok = ok && kf_eval_model(m, in, (int)nreal, truth, NULL) == KF_OK;
+    for (uint32_t i = 0; in && i < nreal; i++) kf_tensor_release(&in[i]);
+    kf_free(in);
+    kf_model_free(m);
+    if (!ok) kf_clear_error();
+    return ok;
+}
+
+/* How much further from the float64 source than the float32 source the
+ * replacement may be: rounding once where the source rounds per op (or
+ * applying a scale as two square roots, as the Attention op does) changes
+ * the error by a small factor, a wrong rule by the order of the values. */
+#define ROUNDING_FACTOR 8.0
+
+/* Whether every element of the replacement (got) is about as close to the
+ * source computed in float64 as the float32 source (want) is at its worst
+ * on this instance (ROUNDING_FACTOR), within the tolerance. The builtin rules replace decompositions that
+ * round after every op by one op that rounds once; on an ill-conditioned
+ * instance (a LayerNorm over two near-equal values with a tiny epsilon, a
+ * Softmax over logits in the thousands) the float32 source is itself the
+ * inaccurate one, and comparing against it would reject a correct rule.
+ * A wrong rule is far from the float64 source too. */
+static bool as_close_as_source(const kf_model *src, const kf_tensor *ins, uint32_t nreal, const kf_tensor *want,
+                               const kf_tensor *got, bool nan_refined) {
+    kf_tensor truth = {0};
+    if (!source_in_double(src, ins, nreal, &truth)) return false;
+    double atol, rtol;
+    tolerance(want->dtype, &atol, &rtol);
+    bool ok = truth.numel == want->numel;
+    double worst = 0; /* the float32 source's largest error on this instance */
+    for (int64_t i = 0; ok && i < want->numel; i++) {
+        double y = kf_get_f64(want, i), z = kf_get_f64(&truth, i);
+        if (isfinite(y) && isfinite(z)) worst = fmax(worst, fabs(y - z));
+    }
+    for (int64_t i = 0; ok && i < want->numel; i++) {
+        double x = kf_get_f64(got, i), y = kf_get_f64(want, i), z = kf_get_f64(&truth, i);
+        if (isnan(y) && nan_refined) continue;
+        if (!isfinite(x) || !isfinite(y) || !isfinite(z)) {
+            ok = x == y || (isnan(x) && isnan(y));
+            continue;
+        }
+        ok = fabs(x - z) <= ROUNDING_FACTOR * worst + atol + rtol * fabs(z);
+    }
+    kf_tensor_release(&truth);
+    return ok;
+}
+
 static const char *regime_name(int k) {
     static const char *const names[] = {"uniform [-2,2]", "negative", "large magnitude", "tiny magnitude", "NaN/Inf sprinkled"};
     return names[k];
@@ -480,7 +562,7 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
                 return true;
             }
         }
-    int applied = 0, instantiated = 0;
+    int applied = 0, instantiated = 0, ill_conditioned = 0;
     char last_decline[512] = "";
     for (int s = 0; s < CHECK_SHAPES; s++) {
         instance inst = {0};
@@ -540,6 +622,11 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
             kf_status s2 = kf_eval_model(dst, ins, (int)nreal, &got, NULL);
             int64_t bad = -1;
             if (!s1 && !s2) bad = differ(&got, &want, k == 2 ? 1e3 : 1.0, r->nan_refined);
+            if (bad >= 0 && kf_dtype_is_float(want.dtype) && got.dtype == want.dtype &&
+                as_close_as_source(src, ins, nreal, &want, &got, r->nan_refined)) {
+                bad = -1;
+                ill_conditioned++;
+            }
             if ((s1 != KF_OK) != (s2 != KF_OK) || bad >= 0) {
                 ok = false;
                 fprintf(out, "FAIL %s (%s:%d): source and replacement disagree\n", r->name, r->file, r->line);
@@ -570,7 +657,11 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
                 CHECK_SHAPES, last_decline[0] ? "; last decline: " : "", last_decline);
         return false;
     }
-    fprintf(out, "ok   %s: held on %d instances x %d value sets\n", r->name, applied, CHECK_REGIMES);
+    fprintf(out, "ok   %s: held on %d instances x %d value sets", r->name, applied, CHECK_REGIMES);
+    if (ill_conditioned)
+        fprintf(out, " (%d of them judged against the source in float64: there the float32 source was the less accurate)",
+                ill_conditioned);
+    fputc('\n', out);
     return true;
 }
 

@@ -217,6 +217,38 @@ Test(patterns, checker_rejects_a_wrong_rule_with_a_counterexample) {
     kf_rules_free(&rs);
 }
 
+/* A LayerNorm over rows of two near-equal values with a tiny epsilon: the
+ * decomposed float32 source is the inaccurate side, so the checker judges
+ * such an instance against the source in float64 (seed 48 made the builtin
+ * layernorm_pow_scaled_attr fail before; seed 203 attention_mul_mask, whose
+ * Attention applies the scale as two square roots). A rule that is wrong by
+ * a little (a scale of 1.001) is still rejected. */
+Test(patterns, checker_judges_ill_conditioned_instances_in_float64) {
+    static const uint64_t seeds[] = {48, 203};
+    for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+        kf_ruleset rs = {0};
+        cr_assert_eq(kf_rules_add_builtin(&rs), KF_OK, "%s", kf_last_error());
+        kf_check_result res;
+        char *text = check_report(&rs, seeds[i], &res);
+        cr_expect_eq(res.failed, 0, "seed %llu:\n%s", (unsigned long long)seeds[i], text);
+        cr_expect(strstr(text, "judged against the source in float64"), "%s", text);
+        free(text);
+        kf_rules_free(&rs);
+    }
+    kf_ruleset rs = rules_from("# deliberately wrong: scaled by 1.001\n"
+                               "rule ln_scaled\n  match\n    mu = ReduceMean(x)\n    d = Sub(x, mu)\n"
+                               "    sq = Mul(d, d)\n    v = ReduceMean(sq)\n    ve = Add(v, eps)\n    r = Sqrt(ve)\n"
+                               "    y = Div(d, r)\n  where\n    last_axis mu.axes x\n    last_axis v.axes x\n"
+                               "    const eps > 0\n    scalar eps\n  replace\n"
+                               "    y = LayerNormalization(x, 1.001) {axis=-1, epsilon=$eps}\n  requires opset 17\n"
+                               "  example x float[B, S, H]\nend\n");
+    kf_check_result res;
+    char *text = check_report(&rs, 12345, &res);
+    cr_assert_eq(res.failed, 1, "%s", text);
+    free(text);
+    kf_rules_free(&rs);
+}
+
 /* A rank guard of 9 with dims of 2..6 used to draw tensors of up to 6^9
  * elements (a 10 s libFuzzer timeout); drawn instances now stay at 4096
  * elements, and an example shape past 65536 elements is refused by name. */
