@@ -493,6 +493,16 @@ static bool gemm_tiles(gen *st, const kf_node *n, const gemm *gm, const kf_type 
     return true;
 }
 
+/* The work-group's tile from its number (tile): column tile tn, row tile
+ * tm and batch tb of tm x tn tiles per batch, then the batch dims' names. */
+static void tile_coords(gen *st, const gemm *gm, const kf_type *ot, int64_t tm, int64_t tn) {
+    const char *I = st->ity;
+    kf_cg_printf(st->s, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
+    kf_cg_printf(st->s, "        const %s tm = (tile / %lld) %% %lld;\n", I, (long long)tn, (long long)tm);
+    if (gm->nb) kf_cg_printf(st->s, "        const %s tb = tile / %lld;\n", I, (long long)(tn * tm));
+    batch_names(st, gm, ot);
+}
+
 /* The zero point of integer GEMM operand op (zp: its zero-point value, 0 if
  * none) moved as the operand is, at row or column `at`: text into z. */
 static bool izero(gen *st, kf_id op, kf_id zp, const char *at, char *z, size_t len) {
@@ -556,10 +566,7 @@ static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) 
     kf_cg_str body = {0};
     st->s = &body;
     st->ind = "        ";
-    kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
-    kf_cg_printf(&body, "        const %s tm = (tile / %lld) %% %lld;\n", I, (long long)tn, (long long)tm);
-    if (gm.nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)(tn * tm));
-    batch_names(st, &gm, ot);
+    tile_coords(st, &gm, ot, tm, tn);
     kf_cg_puts(&body, "        int acc[4][4];\n"
                       "        for (int p = 0; p < 4; p++)\n"
                       "            for (int q = 0; q < 4; q++) acc[p][q] = 0;\n");
@@ -630,10 +637,7 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     kf_cg_str body = {0};
     st->s = &body;
     st->ind = "        ";
-    kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
-    kf_cg_printf(&body, "        const %s tm = (tile / %lld) %% %lld;\n", I, (long long)tn, (long long)tm);
-    if (gm.nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)(tn * tm));
-    batch_names(st, &gm, ot);
+    tile_coords(st, &gm, ot, tm, tn);
     const char *T = acc_type(st);
     kf_cg_printf(&body, "        %s acc[4][4];\n"
                         "        for (int p = 0; p < 4; p++)\n"

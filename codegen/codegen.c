@@ -1138,6 +1138,41 @@ static int check_code(gen *st, const kf_node *n, int64_t dim) {
     return (int)st->k->nchecks;
 }
 
+/* Constant indices (input 1 of n, element i indexing a dimension of size
+ * dims[i % k]) are checked now, as the reference reports a bad one: such a
+ * group declines. True when in range or not constant. */
+static bool const_indices_ok(gen *st, const kf_node *n, const int64_t *dims, int64_t k) {
+    const kf_tensor *ci = st->g->values[n->in[1]].init;
+    for (int64_t i = 0; ci && i < ci->numel; i++) {
+        int64_t x = kf_get_i64(ci, i), dim = dims[i % k];
+        if (x < -dim || x >= dim)
+            return fail(st, "node '%s': index %lld is out of range for a dimension of size %lld", kf_node_label(n),
+                        (long long)x, (long long)dim);
+    }
+    return true;
+}
+
+/* Data's coordinate from index element idx_at of index input ind (of a
+ * dimension of size dim) into coord: a negative index counts from the end;
+ * one read from data (not constant) is checked, the first bad one reported
+ * through kf_err (kf_cg_check); then clamped, so loads stay in bounds. */
+static bool index_coord(gen *st, const kf_node *n, kf_id ind, const ix *idx_at, int64_t dim, char *coord) {
+    char idx[NAMELEN], e[128], t[NAMELEN]; /* a cast and a compare of one name */
+    if (!emit(st, ind, idx_at, idx)) return false;
+    snprintf(e, sizeof e, "(%s)(%s < 0 ? %s + %lld : %s)", st->ity, idx, idx, (long long)dim, idx);
+    if (!st->g->values[ind].init && dim > 1) {
+        int code = check_code(st, n, dim);
+        if (code < 0) return fail_oom(st);
+        bind(st, t, e);
+        kf_cg_printf(st->s, "%sif (%s < 0 || %s >= %lld) kf_index_fail(kf_err, %d, (kf_i64)%s);\n", st->ind, t, t,
+                     (long long)dim, code, idx);
+        snprintf(e, sizeof e, "%s", t);
+    }
+    if (dim == 1) snprintf(coord, NAMELEN, "0");
+    else clamp_bind(st, coord, e, dim);
+    return true;
+}
+
 /* Gather along axis with a runtime or constant index tensor. A negative
  * index counts from the end; an index still out of range is clamped to the
  * nearest element (never a read out of bounds) and reported through
@@ -1153,33 +1188,14 @@ static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
         return fail(st, "node '%s': Gather indices are %s", kf_node_label(n), kf_dtype_name(it->dtype));
     ix ia = {.rank = q};
     for (int d = 0; d < q; d++) snprintf(ia.c[d], NAMELEN, "%s", at->c[axis + d]);
-    char idx[NAMELEN], e[128], t[NAMELEN]; /* a cast and a compare of one name */
     int64_t dim = dt->dims[axis];
-    const kf_tensor *ci = st->g->values[n->in[1]].init;
-    for (int64_t i = 0; ci && i < ci->numel; i++) { /* constant indices: checked now, the reference reports them */
-        int64_t x = kf_get_i64(ci, i);
-        if (x < -dim || x >= dim)
-            return fail(st, "node '%s': index %lld is out of range for a dimension of size %lld", kf_node_label(n),
-                        (long long)x, (long long)dim);
-    }
-    if (!emit(st, n->in[1], &ia, idx)) return false;
-    snprintf(e, sizeof e, "(%s)(%s < 0 ? %s + %lld : %s)", st->ity, idx, idx, (long long)dim, idx);
-    if (!ci && dim > 1) { /* indices from data: a bad one is reported (kf_cg_check) */
-        int code = check_code(st, n, dim);
-        if (code < 0) return fail_oom(st);
-        bind(st, t, e);
-        kf_cg_printf(st->s, "%sif (%s < 0 || %s >= %lld) kf_index_fail(kf_err, %d, (kf_i64)%s);\n", st->ind, t, t,
-                     (long long)dim, code, idx);
-        snprintf(e, sizeof e, "%s", t);
-    }
+    if (!const_indices_ok(st, n, &dt->dims[axis], 1)) return false;
     ix a = {.rank = r};
     for (int d = 0; d < r; d++) {
         if (d < axis) snprintf(a.c[d], NAMELEN, "%s", at->c[d]);
         else if (d > axis) snprintf(a.c[d], NAMELEN, "%s", at->c[d + q - 1]);
     }
-    if (dim == 1) snprintf(a.c[axis], NAMELEN, "0");
-    else clamp_bind(st, a.c[axis], e, dim);
-    return emit(st, n->in[0], &a, name);
+    return index_coord(st, n, n->in[1], &ia, dim, a.c[axis]) && emit(st, n->in[0], &a, name);
 }
 
 /* GatherND: the output's leading coordinates pick a row of index tuples;
@@ -1195,13 +1211,7 @@ static bool emit_gathernd(gen *st, const kf_node *n, const ix *at, char *name) {
     if (q < 1 || b < 0 || b >= q || k < 1 || b + k > r)
         return fail(st, "node '%s': GatherND shapes are not generated (batch_dims %lld, index tuples of %lld)",
                     kf_node_label(n), (long long)b, (long long)k);
-    const kf_tensor *ci = st->g->values[n->in[1]].init;
-    for (int64_t i = 0; ci && i < ci->numel; i++) { /* constant indices: checked now, the reference reports them */
-        int64_t x = kf_get_i64(ci, i), dim = dt->dims[b + i % k];
-        if (x < -dim || x >= dim)
-            return fail(st, "node '%s': index %lld is out of range for a dimension of size %lld", kf_node_label(n),
-                        (long long)x, (long long)dim);
-    }
+    if (!const_indices_ok(st, n, &dt->dims[b], k)) return false;
     ix a = {.rank = r};
     for (int d = 0; d < b; d++) snprintf(a.c[d], NAMELEN, "%s", at->c[d]);
     for (int d = (int)(b + k); d < r; d++) snprintf(a.c[d], NAMELEN, "%s", at->c[q - 1 + d - b - k]);
@@ -1210,19 +1220,7 @@ static bool emit_gathernd(gen *st, const kf_node *n, const ix *at, char *name) {
         ix ia = {.rank = q};
         for (int d = 0; d < q - 1; d++) snprintf(ia.c[d], NAMELEN, "%s", at->c[d]);
         snprintf(ia.c[q - 1], NAMELEN, "%lld", (long long)j);
-        char idx[NAMELEN], e[128], t[NAMELEN]; /* a cast and a compare of one name */
-        if (!emit(st, n->in[1], &ia, idx)) return false;
-        snprintf(e, sizeof e, "(%s)(%s < 0 ? %s + %lld : %s)", st->ity, idx, idx, (long long)dim, idx);
-        if (!ci && dim > 1) { /* indices from data: a bad one is reported (kf_cg_check) */
-            int code = check_code(st, n, dim);
-            if (code < 0) return fail_oom(st);
-            bind(st, t, e);
-            kf_cg_printf(st->s, "%sif (%s < 0 || %s >= %lld) kf_index_fail(kf_err, %d, (kf_i64)%s);\n", st->ind, t, t,
-                         (long long)dim, code, idx);
-            snprintf(e, sizeof e, "%s", t);
-        }
-        if (dim == 1) snprintf(a.c[b + j], NAMELEN, "0");
-        else clamp_bind(st, a.c[b + j], e, dim);
+        if (!index_coord(st, n, n->in[1], &ia, dim, a.c[b + j])) return false;
     }
     return emit(st, n->in[0], &a, name);
 }
