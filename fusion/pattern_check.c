@@ -508,8 +508,9 @@ static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t
 
 /* Whether every element of the replacement (got) is about as close to the
  * source computed in float64 as the float32 source (want) is at its worst
- * on this instance (ROUNDING_FACTOR), within the tolerance. The builtin rules replace decompositions that
- * round after every op by one op that rounds once; on an ill-conditioned
+ * on this instance (ROUNDING_FACTOR), within the tolerance. The builtin
+ * rules replace decompositions that round after every op by one op that
+ * rounds once; on an ill-conditioned
  * instance (a LayerNorm over two near-equal values with a tiny epsilon, a
  * Softmax over logits in the thousands) the float32 source is itself the
  * inaccurate one, and comparing against it would reject a correct rule.
@@ -659,7 +660,7 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
     }
     fprintf(out, "ok   %s: held on %d instances x %d value sets", r->name, applied, CHECK_REGIMES);
     if (ill_conditioned)
-        fprintf(out, " (%d of them judged against the source in float64: there the float32 source was the less accurate)",
+        fprintf(out, " (%d of them judged against the source in float64: the float32 source was off too)",
                 ill_conditioned);
     fputc('\n', out);
     return true;
