@@ -356,25 +356,6 @@ static double dot(bool in_f32, const double *a, const double *b, int64_t n, int6
 
 static bool is16(kf_dtype dt) { return dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
 
-/* Softmax of x[0..n) in place, computed in dtype p the way the reference
- * computes it: max-shifted exponentials rounded to p, their sum (rounded
- * after every addition in bfloat16, whose numpy sum does so), quotients
- * rounded to p. A row of -inf gives zeros, not NaN. */
-static void softmax_row(kf_dtype p, double *x, int64_t n) {
-    double m = -INFINITY;
-    for (int64_t j = 0; j < n; j++)
-        if (x[j] > m || isnan(x[j])) m = x[j];
-    if (m == -INFINITY) m = 0;
-    double sum = 0;
-    for (int64_t j = 0; j < n; j++) {
-        x[j] = kf_nn_round_to(p, exp(kf_nn_round_to(p, x[j] - m)));
-        sum = p == KF_DT_BFLOAT16 ? kf_nn_round_to(p, sum + x[j]) : sum + x[j];
-    }
-    sum = kf_nn_round_to(p, sum);
-    if (sum == 0) sum = 1;
-    for (int64_t j = 0; j < n; j++) x[j] = kf_nn_round_to(p, x[j] / sum);
-}
-
 /* Everything one evaluation needs beside the tensors. */
 typedef struct att_run {
     const kf_node *n;
@@ -462,7 +443,7 @@ static void attend(const att_run *r, const kf_tensor *const *in, int64_t b, int6
         w->prob[j] = kf_nn_round_to(p, w->biased[j]);
         all_masked = all_masked && w->bias[j] == -INFINITY;
     }
-    softmax_row(p, w->prob, r->T);
+    kf_nn_softmax_row(p, w->prob, r->T, true, true);
     /* a query that may attend no key gets zeros, decided on the bias (its
      * scores may be NaN) */
     for (int64_t j = 0; j < r->T; j++) w->prob[j] = all_masked ? 0 : kf_nn_round_to(t, w->prob[j]);

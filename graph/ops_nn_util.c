@@ -416,6 +416,21 @@ double kf_nn_round_to(kf_dtype dt, double v) {
     }
 }
 
+void kf_nn_softmax_row(kf_dtype p, double *x, int64_t n, bool masked_zero, bool bf16_step_sum) {
+    double m = -INFINITY;
+    for (int64_t j = 0; j < n; j++)
+        if (x[j] > m || isnan(x[j])) m = x[j];
+    if (m == -INFINITY && masked_zero) m = 0;
+    double sum = 0;
+    for (int64_t j = 0; j < n; j++) {
+        x[j] = kf_nn_round_to(p, exp(kf_nn_round_to(p, x[j] - m)));
+        sum = p == KF_DT_BFLOAT16 && bf16_step_sum ? kf_nn_round_to(p, sum + x[j]) : sum + x[j];
+    }
+    sum = kf_nn_round_to(p, sum);
+    if (sum == 0 && masked_zero) sum = 1;
+    for (int64_t j = 0; j < n; j++) x[j] = kf_nn_round_to(p, x[j] / sum);
+}
+
 void kf_nn_int_range(kf_dtype dt, double *lo, double *hi) {
     switch (dt) {
     case KF_DT_INT8:

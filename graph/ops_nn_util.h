@@ -119,6 +119,14 @@ double kf_nn_round_even(double v);
  * with the ONNX reference bit for bit in 16-bit types round after every
  * step it rounds. */
 double kf_nn_round_to(kf_dtype dt, double v);
+/* Softmax of x[0..n) in place, computed in dtype p the way ONNX's
+ * reference computes it: max-shifted exponentials rounded to p, their sum
+ * rounded to p, quotients rounded to p. bf16_step_sum: in bfloat16 the sum
+ * rounds after every addition (numpy's sum of bfloat16 does, and the
+ * Attention op's test data follow it); otherwise it accumulates in double
+ * and rounds once, as ReduceSum does. masked_zero: a row of -inf gives
+ * zeros (the Attention op's rule) instead of NaN (Softmax's). */
+void kf_nn_softmax_row(kf_dtype p, double *x, int64_t n, bool masked_zero, bool bf16_step_sum);
 /* Smallest/largest value of an integer dtype as double. */
 void kf_nn_int_range(kf_dtype dt, double *lo, double *hi);
 

@@ -3,8 +3,11 @@
  * (rows coerced to 2-D before opset 13, one axis from 13 on) and of the two
  * losses built on them, NegativeLogLikelihoodLoss and SoftmaxCrossEntropyLoss.
  * Everything is computed in double (max-shifted exponentials) and rounded
- * once into the output dtype.
+ * once into the output dtype, except a float16/bfloat16 Softmax, which
+ * rounds each step of its function body to its type as the ONNX reference
+ * does.
  */
+#include "ops_nn_util.h"
 #include "ops_reduce.h"
 
 typedef enum smkind { SM_SOFT, SM_LOG, SM_HARD } smkind;
@@ -72,7 +75,24 @@ static kf_status softmax_eval(const kf_node *n, const kf_tensor *const *in, kf_t
     int64_t outer = 0, len = 0, inner = 0;
     KF_TRY(softmax_rows(n, x, &outer, &len, &inner));
     KF_TRY(red_prepare(n, &out[0], x->dtype, x->rank, x->dims));
-    if (x->numel) softmax_apply(x, &out[0], outer, len, inner, kind);
+    if (!x->numel) return KF_OK;
+    if (kind != SM_SOFT || (x->dtype != KF_DT_FLOAT16 && x->dtype != KF_DT_BFLOAT16)) {
+        softmax_apply(x, &out[0], outer, len, inner, kind);
+        return KF_OK;
+    }
+    /* a 16-bit Softmax is its function body (ReduceMax, Sub, Exp,
+     * ReduceSum, Div) evaluated op by op in that type, as the ONNX
+     * reference and its test data compute it */
+    double *row = kf_malloc((size_t)len * sizeof *row);
+    if (!row) return kf_fail(KF_ERR_NOMEM, "node '%s': out of memory", kf_node_label(n));
+    for (int64_t o = 0; o < outer; o++)
+        for (int64_t i = 0; i < inner; i++) {
+            int64_t base = o * len * inner + i;
+            for (int64_t k = 0; k < len; k++) row[k] = kf_get_f64(x, base + k * inner);
+            kf_nn_softmax_row(x->dtype, row, len, false, false);
+            for (int64_t k = 0; k < len; k++) kf_set_f64(&out[0], base + k * inner, row[k]);
+        }
+    kf_free(row);
     return KF_OK;
 }
 

@@ -531,6 +531,51 @@ Test(red_softmax, hardmax_picks_the_first_of_tied_maxima) {
     kf_tensor_release(&x);
 }
 
+/* One op of a composed Softmax, evaluated by the reference in x's type. */
+static kf_tensor eval1(const char *op, int nin, const kf_tensor *a, const kf_tensor *b, int64_t axis) {
+    kf_node *n = tu_node(op, nin, 1, 11);
+    if (!strncmp(op, "Reduce", 6)) {
+        tu_attr_ints(n, "axes", 1, &axis);
+        tu_attr_i(n, "keepdims", 1);
+    }
+    const kf_tensor *in[2] = {a, b};
+    kf_tensor out[1] = {0};
+    tu_eval(n, nin, in, out);
+    tu_node_free(n);
+    return out[0];
+}
+
+/* A 16-bit Softmax is its ONNX function body run in that type, as the
+ * ONNX reference and its test data compute it: it equals ReduceMax -> Sub
+ * -> Exp -> ReduceSum -> Div evaluated op by op, bit for bit. */
+Test(red_softmax, sixteen_bit_rounds_each_step_of_the_function_body) {
+    int64_t dims[2] = {5, 37};
+    const kf_dtype types[2] = {KF_DT_FLOAT16, KF_DT_BFLOAT16};
+    for (int t = 0; t < 2; t++)
+        for (int axis = 0; axis < 2; axis++) {
+            kf_tensor x = tu_rand(types[t], 2, dims, -8, 8);
+            kf_tensor mx = eval1("ReduceMax", 1, &x, NULL, axis);
+            kf_tensor d = eval1("Sub", 2, &x, &mx, 0);
+            kf_tensor e = eval1("Exp", 1, &d, NULL, 0);
+            kf_tensor sum = eval1("ReduceSum", 1, &e, NULL, axis);
+            kf_tensor want = eval1("Div", 2, &e, &sum, 0);
+            kf_node *n = tu_node("Softmax", 1, 1, 13);
+            tu_attr_i(n, "axis", axis);
+            const kf_tensor *in[1] = {&x};
+            kf_tensor out[1] = {0};
+            tu_eval(n, 1, in, out);
+            cr_assert_eq(out[0].dtype, types[t]);
+            for (int64_t i = 0; i < x.numel; i++)
+                cr_assert_eq(kf_get_f64(&out[0], i), kf_get_f64(&want, i),
+                             "%s axis %d element %lld: %.9g, composed %.9g", kf_dtype_name(types[t]), axis,
+                             (long long)i, kf_get_f64(&out[0], i), kf_get_f64(&want, i));
+            tu_node_free(n);
+            release(out, 1);
+            kf_tensor all[6] = {x, mx, d, e, sum, want};
+            release(all, 6);
+        }
+}
+
 Test(red_softmax, bad_axis_and_dtype_are_errors) {
     int64_t dims[2] = {2, 4};
     kf_tensor x = tu_rand(KF_DT_FLOAT, 2, dims, -1, 1);
