@@ -1571,6 +1571,182 @@ static bool emit_rotary(gen *G) {
     return true;
 }
 
+/* ---- newer ops: cumulative, BitCast, TensorScatter, causal conv, linear
+ * attention (opsets 24-27). Every path runs them on the host; what the
+ * paths can get wrong is the graph around them. ---------------------------- */
+
+static bool rank_is3(const gen *G, const val *x) { (void)G; return x->rank == 3; }
+
+static void attr_s(kf_node *n, const char *name, const char *v) {
+    kf_attr a = {.name = (char *)name, .type = KF_ATTR_STRING, .s = {(char *)v, strlen(v)}};
+    need(kf_node_add_attr(n, &a));
+}
+
+/* CumSum (11) or CumProd (26) along a random axis given as a constant
+ * input, exclusive and reverse by chance. A product of n elements of at
+ * most M is at most max(M, 1)^n: only drawn while that stays bounded. */
+static bool emit_cumulative(gen *G) {
+    val *x = pick(G, rank1_ok);
+    if (!x) return false;
+    val xx = *x;
+    int axis = irand(&G->r, xx.rank);
+    int64_t n = xx.dims[axis];
+    bool prod = G->opset >= 26 && chance(&G->r, 0.5);
+    double m = vmax(&xx), lo, hi;
+    if (prod) {
+        double b = pow(fmax(m, 1), (double)n);
+        lo = -b, hi = b;
+    } else {
+        lo = xx.lo < 0 ? xx.lo * (double)n : fmin(xx.lo, 0), hi = xx.hi > 0 ? xx.hi * (double)n : fmax(xx.hi, 0);
+    }
+    if (!bounded(G, lo, hi)) return false;
+    int64_t a = chance(&G->r, 0.3) ? axis - xx.rank : axis;
+    kf_id in[2] = {xx.id, iconst(G, 0, NULL, &a)}, out;
+    kf_node *nd = mk(G, prod ? "CumProd" : "CumSum", in, 2, &out);
+    if (chance(&G->r, 0.4)) attr_i(nd, "exclusive", 1);
+    if (chance(&G->r, 0.4)) attr_i(nd, "reverse", 1);
+    push(G, out, xx.rank, xx.dims, lo, hi, false);
+    return true;
+}
+
+/* x -> BitCast to a signed or unsigned integer of the same width -> BitCast
+ * back: the identity. The integer view of an exact x is sometimes an output
+ * too (compared bit for bit). */
+static bool emit_bitcast(gen *G) {
+    if (G->opset < 26) return false;
+    val *x = pick(G, rank1_ok);
+    if (!x) return false;
+    val xx = *x;
+    bool wide = G->ft == KF_DT_FLOAT;
+    kf_dtype it = chance(&G->r, 0.5) ? (wide ? KF_DT_INT32 : KF_DT_INT16) : (wide ? KF_DT_UINT32 : KF_DT_UINT16);
+    kf_id bits, back;
+    attr_i(mk(G, "BitCast", &xx.id, 1, &bits), "to", it);
+    attr_i(mk(G, "BitCast", &bits, 1, &back), "to", G->ft);
+    if (xx.exact && chance(&G->r, 0.3)) need(kf_graph_mark_output(G->g, bits));
+    push(G, back, xx.rank, xx.dims, xx.lo, xx.hi, xx.exact);
+    return true;
+}
+
+/* A cache of rank >= 2 updated by x along a non-batch axis (the default -2
+ * or another): write_indices per batch row, linear (in range) or circular
+ * (any index, wrapping), or absent (0). */
+static bool emit_tensor_scatter(gen *G) {
+    if (G->opset < 24) return false;
+    val *x = pick(G, rank1_ok);
+    if (!x || x->rank < 2) return false;
+    val u = *x;
+    int axis = u.rank >= 3 && chance(&G->r, 0.6) ? u.rank - 2 : 1 + irand(&G->r, u.rank - 1);
+    int64_t S = u.dims[axis], L = S + irand(&G->r, 4), B = u.dims[0], cd[MAX_R];
+    memcpy(cd, u.dims, sizeof(int64_t) * (size_t)u.rank);
+    cd[axis] = L;
+    if (numel(u.rank, cd) > MAX_NUMEL) return false;
+    val cache = attn_operand(G, u.rank, cd);
+    bool circular = chance(&G->r, 0.4);
+    kf_id in[3] = {cache.id, u.id, 0}, out;
+    int nin = 2;
+    if (chance(&G->r, 0.8)) {
+        int64_t w[MAX_NUMEL];
+        for (int64_t b = 0; b < B; b++)
+            w[b] = circular ? irand(&G->r, (int)(3 * L)) - L : irand(&G->r, (int)(L - S + 1));
+        in[2] = iconst(G, 1, &B, w);
+        nin = 3;
+    }
+    kf_node *nd = mk(G, "TensorScatter", in, nin, &out);
+    if (axis != u.rank - 2 || chance(&G->r, 0.3)) attr_i(nd, "axis", chance(&G->r, 0.5) ? axis : axis - u.rank);
+    if (circular) attr_s(nd, "mode", "circular");
+    push(G, out, u.rank, cd, fmin(u.lo, cache.lo), fmax(u.hi, cache.hi), u.exact && cache.exact);
+    return true;
+}
+
+/* CausalConvWithState over a [N, C, L] x: depthwise kernels of 1-4 taps, a
+ * bias and a past state by chance, silu now and then; the present state is
+ * an output sometimes. */
+static bool emit_causal_conv(gen *G) {
+    if (G->opset < 27) return false;
+    val *x = pick(G, rank_is3);
+    if (!x) return false;
+    val xx = *x;
+    int64_t N = xx.dims[0], C = xx.dims[1], k = 1 + irand(&G->r, 4), wd[3] = {C, 1, k}, sd[3] = {N, C, k - 1};
+    val w = *fconst(G, 3, wd, -0.5, 0.5, false);
+    kf_id in[4] = {xx.id, w.id, 0, 0};
+    int nin = 2;
+    double bmax = 0, pmax = 0;
+    if (chance(&G->r, 0.6)) {
+        val b = *fconst(G, 1, &C, -1, 1, false);
+        in[nin++] = b.id;
+        bmax = vmax(&b);
+    }
+    if (k > 1 && chance(&G->r, 0.6)) {
+        if (nin == 2) in[nin++] = 0; /* no bias: the optional input left empty */
+        val ps = attn_operand(G, 3, sd);
+        in[nin++] = ps.id;
+        pmax = vmax(&ps);
+    }
+    double m = fmax(vmax(&xx), pmax), y = 0.5 * (double)k * m + bmax;
+    if (!bounded(G, -y, y)) return false;
+    bool state = k > 1 && chance(&G->r, 0.4);
+    kf_id outs[2];
+    kf_node *nd = mk_multi(G, "CausalConvWithState", in, nin, outs, state ? 2 : 1);
+    bool silu = chance(&G->r, 0.4);
+    if (silu) attr_s(nd, "activation", chance(&G->r, 0.5) ? "silu" : "swish");
+    push(G, outs[0], 3, xx.dims, silu ? -0.28 : -y, y, false);
+    if (state) push(G, outs[1], 3, sd, -m, m, false);
+    return true;
+}
+
+/* LinearAttention over a [B, T, Hq * dk] query with small keys and values,
+ * every update rule (decays <= 0, so exp(decay) <= 1; beta in [0, 1]),
+ * grouped heads, a past state by chance and the present state as an output
+ * sometimes. With |k| <= 0.25 and dk <= 4, |k|^2 <= 1/4, so a delta step
+ * never grows the state: the bounds below hold for every rule. */
+static bool emit_linear_attention(gen *G) {
+    if (G->opset < 27) return false;
+    val *x = pick(G, rank_is3);
+    if (!x) return false;
+    val q = *x;
+    int64_t B = q.dims[0], T = q.dims[1], Hq = divisor(G, q.dims[2]), dk = q.dims[2] / Hq;
+    if (q.dims[2] % Hq || dk > 4) return false;
+    int64_t Hkv = divisor(G, Hq), dv = 1 + irand(&G->r, 3);
+    if (Hq % Hkv) return false;
+    int64_t kd[3] = {B, T, Hkv * dk}, vd[3] = {B, T, Hkv * dv}, yd[3] = {B, T, Hq * dv}, sd[4] = {B, Hkv, dk, dv};
+    if (numel(3, yd) > MAX_NUMEL || numel(4, sd) > MAX_NUMEL) return false;
+    static const char *rules[] = {"linear", "gated", "delta", "gated_delta"};
+    int rule = irand(&G->r, 4);
+    bool gated = rule & 1, delta = rule & 2;
+    val k = *fconst(G, 3, kd, -0.25, 0.25, false), v = *fconst(G, 3, vd, -0.5, 0.5, false);
+    kf_id in[6] = {q.id, k.id, v.id, 0, 0, 0};
+    int nin = 3;
+    double pmax = 0;
+    if (chance(&G->r, 0.4)) {
+        val ps = *fconst(G, 4, sd, -1, 1, false);
+        in[3] = ps.id;
+        pmax = vmax(&ps);
+    }
+    if (gated) {
+        int64_t dd[3] = {B, T, chance(&G->r, 0.5) ? Hkv : Hkv * dk};
+        in[4] = fconst(G, 3, dd, -1, 0, false)->id;
+    }
+    if (delta) {
+        int64_t bd[3] = {B, T, chance(&G->r, 0.5) ? Hkv : 1};
+        in[5] = fconst(G, 3, bd, 0, 1, false)->id;
+    }
+    nin = delta ? 6 : gated ? 5 : in[3] ? 4 : 3;
+    double scale = chance(&G->r, 0.4) ? unif(&G->r, 0.2, 1) : 1 / sqrt((double)dk);
+    double smax = sqrt((double)(dk * dv)) * pmax + (double)T * sqrt((double)dk) * 0.25 * sqrt((double)dv) * 0.5;
+    double y = scale * sqrt((double)dk) * vmax(&q) * smax;
+    if (!bounded(G, -y, y) || !bounded(G, -smax, smax)) return false;
+    bool state = chance(&G->r, 0.4);
+    kf_id outs[2];
+    kf_node *nd = mk_multi(G, "LinearAttention", in, nin, outs, state ? 2 : 1);
+    attr_i(nd, "q_num_heads", Hq);
+    attr_i(nd, "kv_num_heads", Hkv);
+    if (rule != 3 || chance(&G->r, 0.3)) attr_s(nd, "update_rule", rules[rule]);
+    if (scale != 1 / sqrt((double)dk)) attr_f(nd, "scale", (float)scale);
+    push(G, outs[0], 3, yd, -y, y, false);
+    if (state) push(G, outs[1], 4, sd, -smax, smax, false);
+    return true;
+}
+
 /* ---- motifs: decompositions as exporters write them ------------------------ */
 
 static kf_id bin(gen *G, const char *op, kf_id a, kf_id b, bool swap) {
@@ -2164,6 +2340,53 @@ static bool emit_loop(gen *G) {
     return true;
 }
 
+/* s, ys = Scan(a, xs) with s <- s*0.5 + x_t*c + a over the T rows of xs (a
+ * constant or an input), a read from the graph by name inside the body, so
+ * |s| stays below 2|a| + 1; forwards or backwards, ys stacked forwards or
+ * backwards. */
+static bool emit_scan(gen *G) {
+    val *a = pick(G, NULL);
+    if (!a || a->rank >= MAX_R) return false;
+    val aa = *a;
+    double m = 2 * vmax(&aa) + 1;
+    int64_t T = 1 + irand(&G->r, 4), xd[MAX_R + 1];
+    xd[0] = T;
+    memcpy(xd + 1, aa.dims, sizeof(int64_t) * (size_t)aa.rank);
+    if (!bounded(G, -m, m) || numel(aa.rank + 1, xd) > MAX_NUMEL) return false;
+    val xs = attn_operand(G, aa.rank + 1, xd);
+    double c = unif(&G->r, -0.25, 0.25);
+    kf_model *b = body_new(G);
+    kf_type ts;
+    kf_type_unknown(&ts);
+    ts.dtype = G->ft;
+    ts.rank = aa.rank;
+    memcpy(ts.dims, aa.dims, sizeof(int64_t) * (size_t)aa.rank);
+    char nm[2][32];
+    for (int i = 0; i < 2; i++) snprintf(nm[i], sizeof nm[i], "q%d", G->names++);
+    kf_id sv = body_value(b, nm[0], &ts), xv = body_value(b, nm[1], &ts);
+    kf_id hin[2] = {sv, body_scalar(G, b, 0.5)}, xin[2] = {xv, body_scalar(G, b, c)};
+    kf_id sum_in[2] = {body_node(G, b, "Mul", hin, 2), body_node(G, b, "Mul", xin, 2)};
+    kf_id ain[2] = {body_node(G, b, "Add", sum_in, 2), body_value(b, G->g->values[aa.id].name, NULL)};
+    kf_id s2 = body_node(G, b, "Add", ain, 2);
+    need(kf_graph_mark_output(b->graph, s2));
+    need(kf_graph_mark_output(b->graph, body_node(G, b, "Identity", &s2, 1)));
+    kf_id in[2] = {aa.id, xs.id}, outs[2] = {new_value(G, 'v'), new_value(G, 'v')}, nid;
+    char nname[32];
+    snprintf(nname, sizeof nname, "n%d", G->nodes);
+    need(kf_graph_add_node(G->g, "Scan", "", nname, in, 2, outs, 2, &nid));
+    kf_node *n = &G->g->nodes[nid];
+    n->op = kf_op_lookup("", "Scan");
+    n->opset = G->opset;
+    G->nodes++;
+    attr_i(n, "num_scan_inputs", 1);
+    if (chance(&G->r, 0.4)) attr_ints(&G->g->nodes[nid], "scan_input_directions", 1, (int64_t[]){1});
+    if (chance(&G->r, 0.4)) attr_ints(&G->g->nodes[nid], "scan_output_directions", 1, (int64_t[]){1});
+    attach_body(G, nid, "body", b);
+    push(G, outs[0], aa.rank, aa.dims, -m, m, false);
+    push(G, outs[1], aa.rank + 1, xd, -m, m, false);
+    return true;
+}
+
 /* ---- the generator --------------------------------------------------------- */
 
 typedef bool (*emit_fn)(gen *G);
@@ -2180,6 +2403,8 @@ static const emitter emitters[] = {
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
     {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
     {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2}, {motif_qdq, 2},
+    {emit_scan, 2},      {emit_cumulative, 2}, {emit_bitcast, 2}, {emit_tensor_scatter, 3},
+    {emit_causal_conv, 4}, {emit_linear_attention, 6},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17
@@ -2201,9 +2426,11 @@ kf_model *rg_generate(uint64_t seed) {
     m->ir_version = 8;
     /* 17 mostly (LayerNormalization); 18 moves every reduction's axes to an
      * input; 20 has Gelu; 23 Attention and RotaryEmbedding; 28 Swish and
-     * SwiGLU; 11-13 have Softmax over a 2-D coercion (before 13) and the
-     * older Split/Squeeze/ReduceSum attribute forms */
-    static const int64_t opsets[] = {17, 17, 17, 17, 17, 18, 18, 20, 23, 23, 28, 13, 12, 11};
+     * SwiGLU; 24 TensorScatter; 26 CumProd and BitCast; 27
+     * CausalConvWithState and LinearAttention; 11-13 have Softmax over a
+     * 2-D coercion (before 13) and the older Split/Squeeze/ReduceSum
+     * attribute forms */
+    static const int64_t opsets[] = {17, 17, 17, 17, 17, 18, 18, 20, 23, 23, 24, 27, 28, 28, 13, 12, 11};
     G->opset = opsets[irand(&G->r, (int)(sizeof opsets / sizeof *opsets))];
     m->opsets[0].version = G->opset;
     bool fp16 = chance(&G->r, 0.15);
