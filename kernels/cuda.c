@@ -27,6 +27,9 @@ typedef void *CUcontext, *CUmodule, *CUfunction, *CUstream, *CUgraph, *CUgraphEx
 #define CU_STREAM_NON_BLOCKING 1
 /* thread-local capture: other threads' legal calls do not break ours */
 #define CU_STREAM_CAPTURE_MODE_THREAD_LOCAL 1
+#define CU_STREAM_CAPTURE_STATUS_NONE 0
+/* the legacy and per-thread default streams' handles: never captured */
+#define CU_STREAM_PER_THREAD_HANDLE ((uintptr_t)0x2)
 
 /* Threads per block: a multiple of the 32-thread warp that lets an SM
  * hold 8 blocks; the grid-stride loop makes the choice a speed matter only. */
@@ -65,6 +68,7 @@ static struct {
     CUresult (*StreamSynchronize)(CUstream);
     CUresult (*StreamBeginCapture)(CUstream, int);
     CUresult (*StreamEndCapture)(CUstream, CUgraph *);
+    CUresult (*StreamIsCapturing)(CUstream, int *);
     CUresult (*GraphInstantiateWithFlags)(CUgraphExec *, CUgraph, unsigned long long);
     CUresult (*GraphLaunch)(CUgraphExec, CUstream);
     CUresult (*GraphExecDestroy)(CUgraphExec);
@@ -102,7 +106,8 @@ static void load_driver(void) {
         SYM(MemcpyDtoDAsync, "cuMemcpyDtoDAsync_v2"), SYM(StreamGetCtx, "cuStreamGetCtx"),
         SYM(StreamCreate, "cuStreamCreate"), SYM(StreamDestroy, "cuStreamDestroy_v2"),
         SYM(StreamSynchronize, "cuStreamSynchronize"), SYM(StreamBeginCapture, "cuStreamBeginCapture_v2"),
-        SYM(StreamEndCapture, "cuStreamEndCapture"), SYM(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
+        SYM(StreamEndCapture, "cuStreamEndCapture"), SYM(StreamIsCapturing, "cuStreamIsCapturing"),
+        SYM(GraphInstantiateWithFlags, "cuGraphInstantiateWithFlags"),
         SYM(GraphLaunch, "cuGraphLaunch"), SYM(GraphExecDestroy, "cuGraphExecDestroy"),
         SYM(GraphDestroy, "cuGraphDestroy"), SYM(GetErrorString, "cuGetErrorString"),
 #undef SYM
@@ -292,6 +297,15 @@ static kf_status dev_replay(kf_dev *d, void *s, void *graph) {
     return KF_OK;
 }
 
+/* A caller's stream: not a default stream (the legacy one cannot be
+ * captured), and not being captured by the caller already (then our
+ * launches join the caller's graph as they are). */
+static bool dev_can_capture(kf_dev *d, void *s) {
+    int status = -1;
+    if ((uintptr_t)s <= CU_STREAM_PER_THREAD_HANDLE || bind(d)) return false;
+    return cu.StreamIsCapturing(s, &status) == 0 && status == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+
 static void dev_graph_free(kf_dev *d, void *graph) {
     if (graph && !bind(d)) cu.GraphExecDestroy(graph);
 }
@@ -402,7 +416,7 @@ kf_status kf_cu_dev_open(const char *arch, bool compile_only, int device, kf_dev
     d->alloc = dev_alloc, d->free = dev_free, d->view = dev_view, d->view_free = dev_view_free;
     d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
     d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
-    d->replay = dev_replay, d->graph_free = dev_graph_free;
+    d->replay = dev_replay, d->graph_free = dev_graph_free, d->can_capture = dev_can_capture;
     d->context = dev_context, d->stream_check = dev_stream_check, d->buf_check = dev_buf_check, d->copy = dev_copy;
     d->close = dev_close;
     /* compile-only, or later no library: anchors stay generated kernels */

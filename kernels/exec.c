@@ -56,6 +56,8 @@ typedef struct slot {
     bool *own;      /* bufs[v] was allocated, not a view */
     void *graph;    /* a captured CUDA Graph of all launches, or NULL */
     bool graph_failed;
+    void **gptrs;   /* device-side runs: the caller's buffers (inputs, then outputs) of the
+                     * last run enqueued launch by launch, or the ones graph was captured with */
     void **errb;    /* per step: the kf_err ints of a kernel that checks indices (kf_cg_check), or NULL */
     void *bound;    /* device-side runs: the caller's stream this slot's launches go to (NULL:
                      * kf_exec_run's, with its own stream); kept bound until the plan is freed,
@@ -102,6 +104,7 @@ struct kf_exec {
     spec **specs;
     uint32_t nspecs;
     kf_exec_stats last;
+    uint64_t device_replays; /* device-side runs replayed from a captured graph (under mu) */
 };
 
 static const char *env_has(const char *var, const char *word) {
@@ -213,6 +216,7 @@ static void slot_free(kf_dev *d, const spec *s, slot *sl) {
     for (uint32_t v = 0; sl->bufs && v <= nv; v++)
         if (sl->bufs[v]) (sl->own[v] ? d->free : d->view_free)(d, sl->bufs[v]);
     if (sl->graph) d->graph_free(d, sl->graph);
+    kf_free(sl->gptrs);
     for (uint32_t i = 0; sl->errb && i < s->nsteps; i++)
         if (sl->errb[i]) d->free(d, sl->errb[i]);
     kf_free(sl->errb);
@@ -1029,6 +1033,7 @@ kf_exec_backend kf_exec_get_backend(const kf_exec *e) { return e->o.backend; }
 void kf_exec_get_stats(const kf_exec *e, kf_exec_stats *st) {
     pthread_mutex_lock((pthread_mutex_t *)&e->mu);
     *st = e->last;
+    st->device_replays = e->device_replays;
     pthread_mutex_unlock((pthread_mutex_t *)&e->mu);
 }
 
@@ -1550,6 +1555,75 @@ static kf_status bind_outputs(run *r, const bool *made, const kf_tensor *outputs
     return KF_OK;
 }
 
+/* Every launch of a device-side run, then the output copies, on r's stream. */
+static kf_status enqueue_all(run *r, void *const *out_bufs, void *const *copy_from) {
+    const spec *s = r->s;
+    const kf_graph *g = s->m->graph;
+    for (uint32_t i = 0; i < s->nsteps; i++)
+        if (s->steps[i].kern >= 0 || s->steps[i].kern == STEP_LIB) KF_TRY(launch(r, &s->steps[i]));
+    for (uint32_t o = 0; o < r->e->nout; o++)
+        if (copy_from[o])
+            KF_TRY(r->e->dev->copy(r->e->dev, r->stream, out_bufs[o], copy_from[o], (size_t)value_bytes(g, g->outputs[o])));
+    return KF_OK;
+}
+
+/* A device-side run's launches. Where the device captures graphs, a slot
+ * keeps one captured with the caller's buffers: a run with the same
+ * buffers as the run before it (serving runtimes bind theirs once) is
+ * captured, and later runs with those buffers replay it, one call in
+ * place of a launch per kernel. Other buffers are launched one by one
+ * (a graph holds its pointers), and so is everything on a stream that
+ * cannot be captured or that the caller is capturing itself (the
+ * launches then join the caller's graph). A capture the driver refuses
+ * falls back to launches for good on this slot; nothing captured ran. */
+static kf_status device_launches(run *r, void *const *in_bufs, void *const *out_bufs, void *const *copy_from) {
+    kf_exec *e = r->e;
+    kf_dev *d = e->dev;
+    slot *sl = r->sl;
+    uint32_t n = e->nin + e->nout;
+    if (!d->capture_begin || !d->can_capture || sl->graph_failed || !d->can_capture(d, r->stream))
+        return enqueue_all(r, out_bufs, copy_from);
+    bool same = sl->gptrs != NULL;
+    for (uint32_t i = 0; same && i < n; i++) same = sl->gptrs[i] == (i < e->nin ? in_bufs[i] : out_bufs[i - e->nin]);
+    if (same && sl->graph) {
+        KF_TRY(d->replay(d, r->stream, sl->graph));
+        pthread_mutex_lock(&e->mu);
+        e->device_replays++;
+        pthread_mutex_unlock(&e->mu);
+        return KF_OK;
+    }
+    if (!same) {
+        if (sl->graph) d->graph_free(d, sl->graph);
+        sl->graph = NULL;
+        if (!sl->gptrs && !(sl->gptrs = kf_calloc((size_t)n + 1, sizeof(void *))))
+            return kf_fail(KF_ERR_NOMEM, "out of memory");
+        for (uint32_t i = 0; i < n; i++) sl->gptrs[i] = i < e->nin ? in_bufs[i] : out_bufs[i - e->nin];
+        return enqueue_all(r, out_bufs, copy_from);
+    }
+    /* the same buffers twice in a row: every buffer and workspace the
+     * launches need was made by the run before, so nothing allocates
+     * during the capture */
+    void *graph = NULL;
+    kf_status st = d->capture_begin(d, r->stream);
+    if (!st) {
+        st = enqueue_all(r, out_bufs, copy_from);
+        kf_status st2 = d->capture_end(d, r->stream, &graph);
+        if (!st) st = st2;
+    }
+    if (st) {
+        if (graph) d->graph_free(d, graph);
+        kf_clear_error();
+        sl->graph_failed = true;
+        return enqueue_all(r, out_bufs, copy_from);
+    }
+    sl->graph = graph;
+    KF_TRY(d->replay(d, r->stream, graph));
+    pthread_mutex_lock(&e->mu);
+    e->device_replays++;
+    pthread_mutex_unlock(&e->mu);
+    return KF_OK;
+}
+
 kf_status kf_exec_run_device(kf_exec *e, void *stream, const kf_tensor *inputs, void *const *in_bufs,
                              uint32_t ninputs, const kf_tensor *outputs, void *const *out_bufs, uint32_t noutputs) {
     if (!e || (ninputs && (!inputs || !in_bufs)) || (noutputs && (!outputs || !out_bufs)))
@@ -1587,12 +1661,7 @@ kf_status kf_exec_run_device(kf_exec *e, void *stream, const kf_tensor *inputs, 
         if (s->in_ids[i]) r.ext[s->in_ids[i]] = in_bufs[i];
     if (!st) st = bind_outputs(&r, made, outputs, out_bufs, copy_from);
     if (!st) st = dev_slot_get(e, s, stream, &r.sl);
-    for (uint32_t i = 0; !st && i < s->nsteps; i++)
-        if (s->steps[i].kern >= 0 || s->steps[i].kern == STEP_LIB) st = launch(&r, &s->steps[i]);
-    for (uint32_t o = 0; !st && o < e->nout; o++) {
-        kf_id v = g->outputs[o];
-        if (copy_from[o]) st = d->copy(d, stream, out_bufs[o], copy_from[o], (size_t)value_bytes(g, v));
-    }
+    if (!st) st = device_launches(&r, in_bufs, out_bufs, copy_from);
     if (r.sl) {
         /* also after a failed enqueue: work already on the stream may use the arena */
         pthread_mutex_lock(&e->mu);

@@ -112,6 +112,8 @@ typedef struct kf_exec_stats {
     int64_t arena_bytes;      /* device arena of one run slot */
     int64_t live_lower_bound; /* largest bytes live at once (memplan), -1 unknown */
     bool cuda_graph;          /* runs replay a captured CUDA Graph */
+    uint64_t device_replays;  /* device-side runs so far replayed from a captured graph
+                               * (kf_exec_run_device with the buffers of the run before) */
 } kf_exec_stats;
 
 typedef struct kf_exec kf_exec;
@@ -240,6 +242,10 @@ typedef struct kf_dev {
     kf_status (*capture_end)(struct kf_dev *d, void *s, void **graph);
     kf_status (*replay)(struct kf_dev *d, void *s, void *graph);
     void (*graph_free)(struct kf_dev *d, void *graph);
+    /* optional, with capture: whether launches on s may be captured into
+     * a graph of ours now (false while the caller captures s into a graph
+     * of its own, or for a stream that cannot be captured) */
+    bool (*can_capture)(struct kf_dev *d, void *s);
     void (*close)(struct kf_dev *d);
     /* optional (cuda with cuBLASLt/cuDNN): one library anchor call
      * (kf_libanchor.h) on stream s, buffers in kf_la_anchor_values order

@@ -225,10 +225,35 @@ kf_status kf_cl_run_kernel(const kf_cg_kernel *k, const kf_tensor *const *in, kf
  * and enqueueing is one critical section per kernel (enqueue captures the
  * arguments; the kernel runs outside the lock). */
 
+/* Recorded graphs (KFUSE_OPENCL_GRAPHS=record): OpenCL 1.2 has no graph
+ * of its own, so between capture_begin and capture_end on a queue the
+ * launches and copies enqueued there are kept, not run, and replay
+ * enqueues them again in order. It gives a plan the same capture and
+ * replay calls a CUDA device has, so the graph paths of exec.c (host runs
+ * and device-side runs) are exercised where no CUDA device is. */
+typedef struct cl_op {
+    void *kern;                      /* NULL: a copy */
+    void *bufs[KF_CG_MAX_PARAMS];    /* copy: dst, src */
+    uint32_t nbufs, block;
+    int64_t numel;                   /* copy: bytes */
+} cl_op;
+
+typedef struct cl_graph {
+    void *queue; /* being recorded on this queue, NULL once ended */
+    cl_op *ops;
+    uint32_t n, cap;
+    bool failed; /* an op could not be kept (out of memory): end says so */
+} cl_graph;
+
+#define CL_MAX_CAPTURES 64 /* queues recording at once: more than threads enqueue */
+
 typedef struct cl_state {
     cl_platform_id pf;
     cl_device_id dev;
     cl_context ctx;
+    bool record;                          /* KFUSE_OPENCL_GRAPHS=record */
+    pthread_mutex_t gmu;                  /* guards open */
+    cl_graph *open[CL_MAX_CAPTURES];      /* graphs being recorded */
 } cl_state;
 
 typedef struct cl_kern {
@@ -353,10 +378,49 @@ static kf_status dev_download(kf_dev *d, void *s, void *buf, void *dst, size_t n
     return e == CL_SUCCESS ? KF_OK : cl_err("clEnqueueReadBuffer", e);
 }
 
+/* The graph being recorded on queue s, or NULL. */
+static cl_graph *recording(kf_dev *d, void *s) {
+    cl_state *c = cst(d);
+    if (!c->record) return NULL;
+    cl_graph *g = NULL;
+    pthread_mutex_lock(&c->gmu);
+    for (int i = 0; i < CL_MAX_CAPTURES && !g; i++)
+        if (c->open[i] && c->open[i]->queue == s) g = c->open[i];
+    pthread_mutex_unlock(&c->gmu);
+    return g;
+}
+
+/* Keeps op in graph g (in capture: only its thread adds to it). */
+static void record_op(cl_graph *g, const cl_op *op) {
+    if (g->n == g->cap) {
+        uint32_t cap = g->cap ? 2 * g->cap : 16;
+        cl_op *ops = kf_realloc(g->ops, (size_t)cap * sizeof *ops);
+        if (!ops) {
+            g->failed = true;
+            return;
+        }
+        g->ops = ops, g->cap = cap;
+    }
+    g->ops[g->n++] = *op;
+}
+
+static kf_status enqueue_launch(void *s, void *kern, void *const *bufs, uint32_t nbufs, int64_t numel, uint32_t block);
+
 static kf_status dev_launch(kf_dev *d, void *s, void *kern, void *const *bufs, uint32_t nbufs, int64_t numel,
                             uint32_t block) {
-    (void)d;
     if (numel <= 0) return KF_OK;
+    cl_graph *g = recording(d, s);
+    if (g) {
+        if (nbufs > KF_CG_MAX_PARAMS) return kf_fail(KF_ERR_INTERNAL, "kernel with %u buffers", nbufs);
+        cl_op op = {kern, {0}, nbufs, block, numel};
+        memcpy(op.bufs, bufs, nbufs * sizeof *bufs);
+        record_op(g, &op);
+        return KF_OK;
+    }
+    return enqueue_launch(s, kern, bufs, nbufs, numel, block);
+}
+
+static kf_status enqueue_launch(void *s, void *kern, void *const *bufs, uint32_t nbufs, int64_t numel, uint32_t block) {
     cl_kern *k = kern;
     cl_int e = CL_SUCCESS;
     const char *what = "clSetKernelArg";
@@ -413,14 +477,73 @@ static kf_status dev_buf_check(kf_dev *d, void *buf, size_t n) {
 }
 
 static kf_status dev_copy(kf_dev *d, void *s, void *dst, void *src, size_t n) {
-    (void)d;
     if (n == 0) return KF_OK;
+    cl_graph *g = recording(d, s);
+    if (g) {
+        cl_op op = {NULL, {dst, src}, 2, 0, (int64_t)n};
+        record_op(g, &op);
+        return KF_OK;
+    }
     cl_int e = clEnqueueCopyBuffer((cl_command_queue)s, (cl_mem)src, (cl_mem)dst, 0, 0, n, 0, NULL, NULL);
     return e == CL_SUCCESS ? KF_OK : cl_err("clEnqueueCopyBuffer", e);
 }
 
+static kf_status dev_capture_begin(kf_dev *d, void *s) {
+    cl_state *c = cst(d);
+    cl_graph *g = kf_calloc(1, sizeof *g);
+    if (!g) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    g->queue = s;
+    pthread_mutex_lock(&c->gmu);
+    int i = 0;
+    while (i < CL_MAX_CAPTURES && c->open[i]) i++;
+    if (i < CL_MAX_CAPTURES) c->open[i] = g;
+    pthread_mutex_unlock(&c->gmu);
+    if (i < CL_MAX_CAPTURES) return KF_OK;
+    kf_free(g);
+    return kf_fail(KF_ERR_UNSUPPORTED, "more than %d queues record graphs at once", CL_MAX_CAPTURES);
+}
+
+static void graph_free(kf_dev *d, void *graph) {
+    (void)d;
+    cl_graph *g = graph;
+    if (g) kf_free(g->ops);
+    kf_free(g);
+}
+
+static kf_status dev_capture_end(kf_dev *d, void *s, void **graph) {
+    cl_state *c = cst(d);
+    cl_graph *g = NULL;
+    pthread_mutex_lock(&c->gmu);
+    for (int i = 0; i < CL_MAX_CAPTURES && !g; i++)
+        if (c->open[i] && c->open[i]->queue == s) g = c->open[i], c->open[i] = NULL;
+    pthread_mutex_unlock(&c->gmu);
+    *graph = NULL;
+    if (!g) return kf_fail(KF_ERR_INTERNAL, "no graph is being recorded on this queue");
+    g->queue = NULL;
+    if (g->failed) {
+        graph_free(d, g);
+        return kf_fail(KF_ERR_NOMEM, "out of memory recording a graph");
+    }
+    *graph = g;
+    return KF_OK;
+}
+
+static kf_status dev_replay(kf_dev *d, void *s, void *graph) {
+    const cl_graph *g = graph;
+    for (uint32_t i = 0; i < g->n; i++) {
+        const cl_op *op = &g->ops[i];
+        if (op->kern) KF_TRY(dev_launch(d, s, op->kern, op->bufs, op->nbufs, op->numel, op->block));
+        else KF_TRY(dev_copy(d, s, op->bufs[0], op->bufs[1], (size_t)op->numel));
+    }
+    return KF_OK;
+}
+
+/* Any in-order queue of the plan's context; none is the caller's own capture. */
+static bool dev_can_capture(kf_dev *d, void *s) { return !recording(d, s); }
+
 static void dev_close(kf_dev *d) {
     if (!d) return;
+    if (d->state && cst(d)->record) pthread_mutex_destroy(&cst(d)->gmu);
     if (d->state && cst(d)->ctx) clReleaseContext(cst(d)->ctx);
     kf_free(d->state);
     kf_free(d);
@@ -473,6 +596,12 @@ kf_status kf_cl_dev_open(int device, kf_dev **out) {
     d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
     d->context = dev_context, d->stream_check = dev_stream_check, d->buf_check = dev_buf_check, d->copy = dev_copy;
     d->close = dev_close;
+    const char *rec = getenv("KFUSE_OPENCL_GRAPHS");
+    if (rec && !strcmp(rec, "record") && !pthread_mutex_init(&c->gmu, NULL)) {
+        c->record = true;
+        d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
+        d->replay = dev_replay, d->graph_free = graph_free, d->can_capture = dev_can_capture;
+    }
     *out = d;
     return KF_OK;
 }

@@ -5,7 +5,8 @@
  * copy or wait happens inside the call (KFUSE_TRACE=host); wrong
  * descriptions, queues and buffers are typed errors; a plan with a host
  * step is refused naming the node; a bad Gather index waits for kf_sync;
- * threads with a queue each agree with one thread.
+ * threads with a queue each agree with one thread; runs with the buffers of
+ * the run before replay a captured graph.
  */
 #include <criterion/criterion.h>
 #include <pthread.h>
@@ -289,6 +290,68 @@ Test(api_device, small_model_and_an_input_passed_through) {
     free_dbufs(&b, &k);
     clReleaseCommandQueue(q);
     free_case(&k);
+    kf_compiled_free(c);
+    kf_model_free(m);
+}
+
+static uint64_t device_replays(kf_compiled *c) {
+    kf_exec_stats s;
+    kf_exec_get_stats(kf_compiled_exec(c), &s);
+    return s.device_replays;
+}
+
+static void run_on(case_ *k, dbufs *b, cl_command_queue q, uint64_t replays_after, const char *what) {
+    cr_assert_eq(kf_run_device(k->c, q, b->din, k->nin, b->dout, k->nout), KF_OK, "%s: %s", what, kf_last_error());
+    cr_assert_eq(kf_sync(k->c, q), KF_OK, "%s: kf_sync: %s", what, kf_last_error());
+    cr_expect_eq(device_replays(k->c), replays_after, "%s: %llu runs replayed, want %llu", what,
+                 (unsigned long long)device_replays(k->c), (unsigned long long)replays_after);
+}
+
+/* With a device that captures graphs (OpenCL's recorded graphs stand in
+ * for CUDA's here): the second run with the same buffers is captured and
+ * replayed, and so are later ones, reading what the buffers hold now;
+ * other buffers run launch by launch (a graph holds its pointers) and
+ * become the buffers the next capture is for. The host path replays too. */
+Test(api_device, graphs_replay_with_the_buffers_of_the_run_before) {
+    need_cl();
+    setenv("KFUSE_OPENCL_GRAPHS", "record", 1);
+    kf_model *m = gt_parse(MODEL);
+    kf_compiled *c = compile_cl(m);
+    kf_exec_stats st;
+    kf_exec_get_stats(kf_compiled_exec(c), &st);
+    cr_expect(st.cuda_graph, "kf_run of an all-kernel plan replays a graph");
+    case_ ka, kb; /* two input draws; kf_run (replayed) gives each one's outputs */
+    make_case(&ka, m, c);
+    make_case(&kb, m, c);
+    cl_context ctx;
+    cl_command_queue q = queue_of(c, &ctx, 0);
+    dbufs a, b;
+    make_dbufs(&a, &ka, ctx);
+    make_dbufs(&b, &kb, ctx);
+    run_on(&ka, &a, q, 0, "first run on A");
+    expect_outputs(&ka, &a, q, "first run on A");
+    run_on(&ka, &a, q, 1, "A again: captured, replayed");
+    expect_outputs(&ka, &a, q, "A captured");
+    /* B's input written into A's buffer: the replay reads it */
+    cr_assert_eq(clEnqueueWriteBuffer(q, a.mem[0], CL_TRUE, 0, bytes_of(&kb.in[0]), kb.in[0].data, 0, NULL, NULL),
+                 CL_SUCCESS);
+    run_on(&ka, &a, q, 2, "A replayed with new contents");
+    expect_outputs(&kb, &a, q, "A replayed with B's input");
+    run_on(&kb, &b, q, 2, "B: other buffers, launch by launch");
+    expect_outputs(&kb, &b, q, "B");
+    run_on(&kb, &b, q, 3, "B again: captured for B");
+    expect_outputs(&kb, &b, q, "B captured");
+    cr_assert_eq(clEnqueueWriteBuffer(q, a.mem[0], CL_TRUE, 0, bytes_of(&ka.in[0]), ka.in[0].data, 0, NULL, NULL),
+                 CL_SUCCESS);
+    run_on(&ka, &a, q, 3, "A after B: launch by launch");
+    expect_outputs(&ka, &a, q, "A after B");
+    expect_outputs(&kb, &b, q, "B untouched by A's runs");
+    unsetenv("KFUSE_OPENCL_GRAPHS");
+    free_dbufs(&a, &ka);
+    free_dbufs(&b, &kb);
+    clReleaseCommandQueue(q);
+    free_case(&ka);
+    free_case(&kb);
     kf_compiled_free(c);
     kf_model_free(m);
 }

@@ -292,7 +292,12 @@ KF_API kf_status kf_run(kf_compiled *c, const kf_host_tensor *inputs, int ninput
  * writing outputs to the caller's device buffers. Nothing is copied
  * through the host and nothing waits: the call returns once every launch
  * is enqueued. Intermediates live in a device arena the plan keeps per
- * stream. Backends OPENCL and CUDA.
+ * stream. Backends OPENCL and CUDA. On CUDA, a run given the same buffers
+ * as the run before it on that stream is captured into a CUDA Graph, and
+ * later runs with those buffers replay it (one launch for the whole plan):
+ * bind buffers once and reuse them to get this. A stream the caller is
+ * capturing itself gets the plain launches, which join the caller's graph;
+ * the default streams are never captured.
  *
  *   void *ctx;  kf_compiled_device_context(c, &ctx);
  *   // OpenCL: queue = clCreateCommandQueue(ctx, <its device>, 0, ..),
