@@ -59,6 +59,18 @@ if [ "${1:-}" = "--pack" ]; then
   else
     echo "no unit-test binary at $tbin: the pack runs without unit tests"
   fi
+  # examples/embed_stream.c on CUDA (the caller's stream and buffers; CUDA Graph
+  # replay), linked to the build's libkfuse.a and the driver's stub library
+  lib=$(dirname "$(dirname "$bin")")/libkfuse.a
+  cuda=${CUDA_HOME:-/usr/local/cuda}
+  if [ -f "$lib" ] && [ -f "$cuda/include/cuda.h" ]; then
+    # shellcheck disable=SC2046
+    cc -O2 -std=c11 -DEMBED_CUDA -I"$root/include" -I"$cuda/include" "$root/examples/embed_stream.c" "$lib" \
+      $(pkg-config --libs libprotobuf-c) -lOpenCL -lm -ldl -lpthread -L"$cuda/lib64/stubs" -lcuda \
+      -Wl,-rpath,'$ORIGIN' -o "$dir/embed_stream_cuda" || exit 1
+  else
+    echo "no $lib or $cuda/include/cuda.h: the pack runs without embed_stream_cuda"
+  fi
   # the ONNX node tests (the GPU image's onnx package carries no test data)
   data=/usr/share/libonnx-testdata/data
   [ -d "$data/node" ] && tar cJf "$dir/node.tar.xz" -C "$data" node
@@ -326,6 +338,25 @@ EOF
 export -f attention
 want kernels "attention" && step "attention kernel vs torch sdpa" 60 attention
 grep -E "^attention:" "$log" | sed 's/^/      /' >>"$summary"
+
+# ---- device-side runs: the caller's stream and buffers, CUDA Graph replay ----------------
+# examples/embed_stream.c built for CUDA (--pack builds it): outputs equal kf_run's, no host
+# copy or wait inside kf_run_device, then microseconds per run on the same buffers with
+# graphs (the second run captured, the rest replayed) and with KFUSE_CUDA_GRAPHS=0
+embed_cuda() {
+  local ex=${KFUSE_PREBUILT:-$root/.gpucheck}/embed_stream_cuda m out rc=0
+  [ -x "$ex" ] || { echo "embed: no $ex (bench/gpu_check.sh --pack builds it)"; return 1; }
+  for m in bench/models/tiny_cnn.onnx bench/models/small/bert/model.onnx bench/models/small/resnet50/model.onnx; do
+    out=$(RUNS=200 "$ex" "$root/$m" 2>&1) || rc=1
+    echo "$out" | grep -E "^embed_stream: |DIFFERENT|host copies|us per run" | sed "s|^|embed: $m graphs: |"
+    out=$(KFUSE_CUDA_GRAPHS=0 RUNS=200 "$ex" "$root/$m" 2>&1) || rc=1
+    echo "$out" | grep -E "us per run" | sed "s|^|embed: $m launches: |"
+  done
+  return $rc
+}
+export -f embed_cuda
+want kernels "device-side runs" && step "embed_stream on CUDA (kf_run_device, graph replay)" 60 embed_cuda
+grep -E "^embed:" "$log" | sed 's/^/      /' >>"$summary"
 
 # ---- compile cold/warm and bench -----------------------------------------------------
 bert=$root/bench/models/small/bert/model.onnx

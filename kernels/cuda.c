@@ -415,8 +415,12 @@ kf_status kf_cu_dev_open(const char *arch, bool compile_only, int device, kf_dev
     d->stream_new = dev_stream_new, d->stream_free = dev_stream_free;
     d->alloc = dev_alloc, d->free = dev_free, d->view = dev_view, d->view_free = dev_view_free;
     d->upload = dev_upload, d->download = dev_download, d->launch = dev_launch, d->sync = dev_sync;
-    d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
-    d->replay = dev_replay, d->graph_free = dev_graph_free, d->can_capture = dev_can_capture;
+    /* KFUSE_CUDA_GRAPHS=0: launch by launch (profilers, and timing what graphs save) */
+    const char *graphs = getenv("KFUSE_CUDA_GRAPHS");
+    if (!graphs || strcmp(graphs, "0")) {
+        d->capture_begin = dev_capture_begin, d->capture_end = dev_capture_end;
+        d->replay = dev_replay, d->graph_free = dev_graph_free, d->can_capture = dev_can_capture;
+    }
     d->context = dev_context, d->stream_check = dev_stream_check, d->buf_check = dev_buf_check, d->copy = dev_copy;
     d->close = dev_close;
     /* compile-only, or later no library: anchors stay generated kernels */
