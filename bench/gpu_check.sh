@@ -71,6 +71,9 @@ if [ "${1:-}" = "--pack" ]; then
   else
     echo "no $lib or $cuda/include/cuda.h: the pack runs without embed_stream_cuda"
   fi
+  # libkfuse.so for the Python module (python/kfuse through KFUSE_LIBRARY)
+  cp -L "$(dirname "$(dirname "$bin")")/libkfuse.so" "$dir/" 2>/dev/null ||
+    echo "no libkfuse.so next to $bin: the pack runs without the Python check"
   # the ONNX node tests (the GPU image's onnx package carries no test data)
   data=/usr/share/libonnx-testdata/data
   [ -d "$data/node" ] && tar cJf "$dir/node.tar.xz" -C "$data" node
@@ -357,6 +360,17 @@ embed_cuda() {
 export -f embed_cuda
 want kernels "device-side runs" && step "embed_stream on CUDA (kf_run_device, graph replay)" 60 embed_cuda
 grep -E "^embed:" "$log" | sed 's/^/      /' >>"$summary"
+
+# ---- the Python module with torch CUDA tensors (DLPack, zero copies) ----------------------
+pycuda() {
+  local lib=${KFUSE_PREBUILT:-$root/.gpucheck}/libkfuse.so
+  [ -f "$lib" ] || { echo "python: no $lib (bench/gpu_check.sh --pack carries it)"; return 1; }
+  KFUSE_LIBRARY=$lib python3 "$root/bench/gpu_python.py" "$root/bench/models/tiny_cnn.onnx" \
+    "$root/bench/models/small/bert/model.onnx" "$root/bench/models/small/resnet50/model.onnx"
+}
+export -f pycuda
+want kernels "python module" && step "python module: torch CUDA tensors through DLPack" 90 pycuda
+grep -E "^python:" "$log" | sed 's/^/      /' >>"$summary"
 
 # ---- compile cold/warm and bench -----------------------------------------------------
 bert=$root/bench/models/small/bert/model.onnx

@@ -366,6 +366,11 @@ kf_status kf_run_device(kf_compiled *c, void *stream, const kf_device_tensor *in
         ob[o] = outputs[o].buffer;
         st = device_view("output", kf_compiled_output_name(c, o), &outputs[o], &out[o]);
     }
+    /* the caller's buffers as given: bindings check they pass memory without a copy */
+    const char *trace = getenv("KFUSE_TRACE");
+    for (int i = 0; !st && trace && strstr(trace, "api") && i < nin + nout; i++)
+        fprintf(stderr, "kfuse: api: kf_run_device %s '%s' buffer %p\n", i < nin ? "input" : "output",
+                i < nin ? kf_compiled_input_name(c, i) : kf_compiled_output_name(c, i - nin), i < nin ? ib[i] : ob[i - nin]);
     if (!st) st = kf_exec_run_device(c->x, stream, in, ib, (uint32_t)nin, out, ob, (uint32_t)nout);
     kf_free(in);
     kf_free(out);

@@ -7,19 +7,29 @@
 A thin layer over libkfuse.so (include/kfuse/kfuse.h) through ctypes:
 models are ONNX files (a path) or ONNX bytes; inputs are NumPy arrays or
 anything with ``__dlpack__`` in host memory, read in place; outputs come
-back as NumPy arrays. Every failure raises kfuse.Error with the library's
-status code and message.
+back as NumPy arrays. On CUDA and OpenCL a run may also take tensors that
+live on the device (a torch or CuPy CUDA tensor, a kfuse.DeviceArray):
+they are read in place, the outputs stay on the device and come back as
+the same kind of tensor, and nothing waits for the device:
+
+    m = kfuse.compile("model.onnx", backend="cuda")
+    (y,) = m.run([torch_cuda_tensor])   # a torch CUDA tensor, zero copies
+
+Every failure raises kfuse.Error with the library's status code and
+message.
 """
 
 import ctypes
 import os
+import sys
 
 import numpy as np
 
-from . import _dlpack
-from ._native import CompileOptions, Dim, HostTensor, Output, lib, libc
+from . import _device, _dlpack
+from ._device import DeviceArray
+from ._native import CompileOptions, DeviceTensor, Dim, HostTensor, Output, lib, libc
 
-__all__ = ["Error", "Compiled", "compile", "optimize", "fuse", "version", "BACKENDS", "PRECISIONS"]
+__all__ = ["Error", "Compiled", "DeviceArray", "compile", "optimize", "fuse", "version", "BACKENDS", "PRECISIONS"]
 
 # kf_status numbers (kfuse.h; they never shift)
 OK = 0
@@ -286,12 +296,18 @@ class Compiled:
             out.append((_np_dtype(dtype.value), shape))
         return out
 
-    def run(self, inputs):
-        """Runs the model: inputs a dict by name or a list in input order, each
-        a NumPy array or anything with __dlpack__ in host memory. Returns
-        the outputs as a list of NumPy arrays, in output order. NumPy arrays
-        are read where they are (a strided one is packed first); other
-        objects through DLPack, also in place."""
+    def run(self, inputs, outputs=None, stream=None):
+        """Runs the model: inputs a dict by name or a list in input order.
+        Host inputs (NumPy arrays, anything with __dlpack__ in host memory)
+        give a list of NumPy arrays, in output order; NumPy arrays are read
+        where they are (a strided one is packed first), other objects
+        through DLPack, also in place. Device inputs (DLPack tensors in the
+        plan's CUDA or OpenCL device memory) run on the device (kf_run_device):
+        see run_device."""
+        listed = list(inputs.values()) if isinstance(inputs, dict) else list(inputs)
+        on_device = [_dlpack.device_type(x) in _dlpack.DEVICE_TYPES for x in listed]
+        if any(on_device) or outputs is not None or stream is not None:
+            return self.run_device(inputs, outputs, stream)
         ins = _Inputs(self, inputs)
         n = len(self.output_names)
         outs = (Output * max(1, n))()
@@ -310,6 +326,130 @@ class Compiled:
 
     __call__ = run
 
+    # ---- device-side runs ----------------------------------------------------------
+
+    def _side(self):
+        """The device calls of this plan's backend (made at first use)."""
+        if getattr(self, "_dev", None) is None:
+            backend = self.backend
+            if backend not in ("cuda", "opencl"):
+                raise Error(ERR_UNSUPPORTED, "device tensors: backend %s runs on the host (compile for cuda or opencl)"
+                            % backend)
+            ctx = ctypes.c_void_p()
+            _check(lib.kf_compiled_device_context(self._handle(), ctypes.byref(ctx)))
+            try:
+                self._dev = _device.open_side(backend, ctx.value)
+            except (OSError, RuntimeError) as e:
+                raise Error(ERR_NO_DEVICE, "device tensors on %s: %s" % (backend, e)) from None
+        return self._dev
+
+    def _stream(self, stream):
+        side = self._side()
+        return side.default_stream if stream is None else int(stream)
+
+    def to_device(self, array, stream=None):
+        """A copy of array (NumPy, or anything np.asarray takes) in this
+        plan's device memory, as a kfuse.DeviceArray."""
+        a = np.ascontiguousarray(array)
+        onnx = next((k for k, t in _NP_OF.items() if np.dtype(t) == a.dtype and k != 16), None)
+        if onnx is None:
+            raise Error(ERR_INVALID_ARG, "to_device: NumPy dtype %s has no ONNX type kfuse runs" % a.dtype)
+        side, s = self._side(), self._stream(stream)
+        try:
+            d = DeviceArray(side, onnx, a.shape, s, owner=self)
+            side.upload(s, d.handle, a.ctypes.data if a.size else None, d.nbytes)
+        except RuntimeError as e:
+            raise Error(ERR_RUNTIME, "to_device: %s" % e) from None
+        return d
+
+    def run_device(self, inputs, outputs=None, stream=None):
+        """Runs the model on device tensors without copying them or waiting
+        for the device (kf_run_device). inputs as run() takes them, each a
+        DLPack tensor in this plan's device memory (a torch/CuPy CUDA
+        tensor, a kfuse.DeviceArray), read in place. outputs: DLPack device
+        tensors to write the outputs into (returned as given), else new
+        device arrays of the first input's kind (torch tensors for torch
+        inputs, through DLPack, no copy; kfuse.DeviceArray otherwise).
+        stream: a CUstream / cl_command_queue handle (an int) to enqueue on,
+        else one the plan keeps. Runs given the same buffers as the run
+        before replay a captured CUDA Graph: pass outputs to bind them.
+        Errors a kernel finds (a bad index) surface at sync(). On the plan's
+        own stream the run is ordered after the inputs' producers (DLPack's
+        stream handshake) and before whoever takes a returned array through
+        DLPack; bound outputs read on another stream, and inputs the caller
+        frees right after, need sync() first, or stream= the stream the
+        caller works on."""
+        names = self.input_names
+        if isinstance(inputs, dict):
+            missing = [n for n in names if n not in inputs]
+            if missing or len(inputs) != len(names):
+                raise Error(ERR_INVALID_ARG, "inputs: the model takes %s; missing %s, unknown %s"
+                            % (names, missing, [n for n in inputs if n not in names]))
+            inputs = [inputs[n] for n in names]
+        inputs = list(inputs)
+        if len(inputs) != len(names):
+            raise Error(ERR_INVALID_ARG, "the model has %d inputs, %d were given" % (len(names), len(inputs)))
+        side, s = self._side(), self._stream(stream)
+        keep = []
+
+        def views(objs, kind, names):
+            arr = (DeviceTensor * max(1, len(objs)))()
+            for i, x in enumerate(objs):
+                what = "%s '%s'" % (kind, names[i])
+                if _dlpack.device_type(x) not in _dlpack.DEVICE_TYPES:
+                    raise Error(ERR_INVALID_ARG, "%s: not a DLPack tensor in device memory (a run takes all its "
+                                "inputs on the host, or all on the device)" % what)
+                try:
+                    v = _dlpack.device_view(x, what, side.dlpack_stream(s))
+                except (ValueError, TypeError, BufferError) as e:
+                    raise Error(ERR_INVALID_ARG, str(e)) from None
+                if v.device != (side.kind, side.device_id):
+                    raise Error(ERR_INVALID_ARG, "%s: on DLPack device %s, the plan runs on %s"
+                                % (what, v.device, (side.kind, side.device_id)))
+                dims = (ctypes.c_int64 * max(1, len(v.shape)))(*v.shape)
+                n = _dlpack.onnx_size(v.dtype)
+                for d in v.shape:
+                    n *= d
+                keep.append((x, v, dims))
+                arr[i] = DeviceTensor(v.dtype, len(v.shape), ctypes.cast(dims, ctypes.POINTER(ctypes.c_int64)),
+                                      v.data, n)
+            return arr
+
+        ins = views(inputs, "input", names)
+        if outputs is None:
+            info = []
+            hin = (HostTensor * max(1, len(names)))()
+            for i in range(len(names)):
+                hin[i] = HostTensor(ins[i].dtype, ins[i].rank, ins[i].dims, None)
+            for o in range(len(self.output_names)):
+                dtype, rank, dims = ctypes.c_int(), ctypes.c_int(), (ctypes.c_int64 * 8)()
+                _check(lib.kf_compiled_output_info(self._handle(), hin, len(names), o, ctypes.byref(dtype),
+                                                   ctypes.byref(rank), dims))
+                if rank.value < 0 or any(d < 0 for d in dims[:rank.value]):
+                    raise Error(ERR_UNSUPPORTED, "output '%s': its size depends on values; pass outputs="
+                                % self.output_names[o])
+                info.append((dtype.value, tuple(dims[:rank.value])))
+            try:
+                made = [DeviceArray(side, dt, shp, s, owner=self) for dt, shp in info]
+            except RuntimeError as e:
+                raise Error(ERR_NOMEM, "device outputs: %s" % e) from None
+            outs = views(made, "output", self.output_names)
+        else:
+            made = None
+            outs = views(list(outputs), "output", self.output_names)
+            if len(outputs) != len(self.output_names):
+                raise Error(ERR_INVALID_ARG, "the model has %d outputs, %d were given"
+                            % (len(self.output_names), len(outputs)))
+        _check(lib.kf_run_device(self._handle(), ctypes.c_void_p(s), ins, len(names), outs, len(self.output_names)))
+        if made is None:
+            return list(outputs)
+        return [_as_kind(d, inputs[0]) for d in made]
+
+    def sync(self, stream=None):
+        """Waits for this plan's runs on stream (None: the plan's own) and
+        raises what a kernel found there (a bad index), as kf_sync."""
+        _check(lib.kf_sync(self._handle(), ctypes.c_void_p(self._stream(stream))))
+
     def close(self):
         """Frees the compiled model now (also done when it is collected)."""
         if getattr(self, "_h", None):
@@ -324,6 +464,17 @@ class Compiled:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _as_kind(d, like):
+    """Device array d as the kind of tensor `like` is (its framework's
+    from_dlpack: torch, CuPy...), without a copy; d itself for kfuse's own
+    arrays and frameworks without from_dlpack."""
+    if isinstance(like, DeviceArray):
+        return d
+    mod = sys.modules.get(type(like).__module__.split(".")[0])
+    f = getattr(mod, "from_dlpack", None)
+    return f(d) if f else d
 
 
 def compile(model, backend="best", precision="fp32", target=None, dims=None, device=0, cache_dir=None,

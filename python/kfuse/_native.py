@@ -35,6 +35,17 @@ class Output(ctypes.Structure):
     ]
 
 
+class DeviceTensor(ctypes.Structure):
+    """kf_device_tensor"""
+    _fields_ = [
+        ("dtype", ctypes.c_int),
+        ("rank", ctypes.c_int),
+        ("dims", c_int64_p),
+        ("buffer", ctypes.c_void_p),
+        ("nbytes", ctypes.c_size_t),
+    ]
+
+
 class Dim(ctypes.Structure):
     """kf_dim"""
     _fields_ = [("name", ctypes.c_char_p), ("value", ctypes.c_int64)]
@@ -100,6 +111,10 @@ def _load():
                                         ctypes.POINTER(ctypes.c_int), ctypes.POINTER(ctypes.c_int), c_int64_p]),
         "kf_run": (S, [P, ctypes.POINTER(HostTensor), ctypes.c_int, ctypes.POINTER(Output), ctypes.c_int]),
         "kf_output_release": (None, [ctypes.POINTER(Output)]),
+        "kf_compiled_device_context": (S, [P, ctypes.POINTER(P)]),
+        "kf_run_device": (S, [P, P, ctypes.POINTER(DeviceTensor), ctypes.c_int, ctypes.POINTER(DeviceTensor),
+                              ctypes.c_int]),
+        "kf_sync": (S, [P, P]),
         "kf_compiled_free": (None, [P]),
     }
     for name, (res, args) in sigs.items():

@@ -194,6 +194,66 @@ def test_inputs_are_read_in_place(capfd, monkeypatch, rng):
     assert "contiguous" in e.value.message
 
 
+def device_buffers(stderr):
+    return [int(m, 16) for m in re.findall(r"kfuse: api: kf_run_device \w+ '[^']*' buffer (0x[0-9a-f]+)", stderr)]
+
+
+def test_device_tensors_run_in_place(capfd, monkeypatch, rng):
+    """On OpenCL (CUDA alike, bench/gpu_check.sh runs it with torch): a
+    device array is read in place, the outputs stay on the device, nothing
+    is copied through the host or waited for inside the run."""
+    path = os.path.join(ROOT, "bench", "models", "tiny_cnn.onnx")
+    c = compile_or_skip(path, "opencl")
+    x = rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)
+    want = c.run([x])[0]
+    xd = c.to_device(x)
+    assert isinstance(xd, kfuse.DeviceArray) and xd.shape == x.shape
+    np.testing.assert_array_equal(xd.numpy(), x)
+    monkeypatch.setenv("KFUSE_TRACE", "api,host")
+    capfd.readouterr()
+    (yd,) = c.run([xd])
+    err = capfd.readouterr().err
+    assert isinstance(yd, kfuse.DeviceArray), "a run on kfuse device arrays gives kfuse device arrays"
+    assert device_buffers(err) == [xd.handle, yd.handle], err
+    assert "kfuse: host:" not in err, "the run copied or waited through the host:\n" + err
+    monkeypatch.delenv("KFUSE_TRACE")
+    np.testing.assert_array_equal(yd.numpy(), want)
+    # bound outputs: written in place and returned as given
+    out = c.to_device(np.zeros_like(want))
+    got = c.run([xd], outputs=[out])
+    assert got[0] is out
+    np.testing.assert_array_equal(out.numpy(), want)
+    # an output read back through DLPack by another run: here, as the input of a model that passes it on
+    assert yd.__dlpack_device__() == (4, 0)
+    # errors are exceptions naming what is wrong
+    with pytest.raises(kfuse.Error) as e:
+        c.run([c.to_device(x.astype(np.float64))])
+    assert e.value.status == kfuse.ERR_INVALID_ARG and "input" in e.value.message
+    with pytest.raises(kfuse.Error) as e:
+        c.run([xd], outputs=[x])
+    assert "not a DLPack tensor in device memory" in e.value.message
+    with pytest.raises(kfuse.Error) as e:
+        kfuse.compile(path, backend="ref").run([xd])
+    assert e.value.status == kfuse.ERR_UNSUPPORTED
+    c.sync()
+
+
+def test_device_arrays_are_freed_after_their_dlpack_consumers():
+    path = os.path.join(ROOT, "bench", "models", "tiny_cnn.onnx")
+    c = compile_or_skip(path, "opencl")
+    d = c.to_device(np.arange(6, dtype=np.float32))
+    import kfuse._dlpack as dl
+    before = len(dl._EXPORTS)
+    cap = d.__dlpack__()
+    assert len(dl._EXPORTS) == before + 1
+    del cap  # never consumed: the capsule's destructor lets go
+    assert len(dl._EXPORTS) == before
+    v = dl.device_view(d, "d", None)  # consumed the way a run reads it
+    assert v.data == d.handle and v.shape == (6,) and v.device == (4, 0)
+    del v
+    assert len(dl._EXPORTS) == before
+
+
 def test_optimize_and_fuse_run_in_onnxruntime(rng):
     path = model_path("bert*")
     sess = ort_session(path)
