@@ -10,6 +10,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "kf_onnx.h"
 #include "kf_opset_raise.h"
 #include "kf_opt.h"
 
@@ -61,6 +62,7 @@ static kf_status add_rule_passes(kf_ruleset *rs) {
 }
 
 static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res);
+static kf_status optimize_bodies(kf_model *m, const kf_opt_options *o, kf_opt_result *res);
 
 /* KFUSE_TRACE=time: the milliseconds since the previous mark, per stage. */
 typedef struct stage_clock {
@@ -91,6 +93,7 @@ kf_status kf_optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *res) 
         if (!g->values[v].is_output) KF_TRY(kf_graph_mark_output(g, v));
     }
     kf_status st = optimize(m, o, res);
+    if (!st) st = optimize_bodies(m, o, res);
     for (uint32_t i = nout; i < g->noutputs; i++) {
         kf_id v = g->outputs[i];
         bool listed = false;
@@ -223,4 +226,104 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     kf_free(off.rules);
     res->nodes_after = kf_graph_live_nodes(m->graph);
     return st;
+}
+
+/* ---- control-flow bodies ---------------------------------------------------
+ * Each If branch, Loop and Scan body is decoded into a model of its own
+ * (its formal inputs and the names it reads from around it are graph
+ * inputs, typed from the values the node captures; its outputs are graph
+ * outputs), optimized with the caller's options (its own bodies too, by
+ * recursion), and packed back into the node when something changed. The
+ * opset is never raised (the model's one import covers every scope). New
+ * names avoid the enclosing graphs' (kf_graph.outer). A body the loader
+ * carries unchecked (KF_ERR_UNSUPPORTED when decoded) stays as it is.
+ * Rewrites count in the caller's statistics. */
+
+static void add_stats(kf_ruleset *to, const kf_ruleset *from) {
+    for (uint32_t i = 0; i < from->n; i++) {
+        const kf_rule *r = from->rules[i];
+        if (!r->hits && !r->attempts) continue;
+        for (uint32_t k = 0; k < to->n; k++)
+            if (!strcmp(to->rules[k]->name, r->name)) {
+                to->rules[k]->hits += r->hits;
+                to->rules[k]->attempts += r->attempts;
+                break;
+            }
+    }
+}
+
+static kf_status optimize_body(kf_model *m, kf_id nid, const char *attr, const kf_opt_options *o, kf_opt_result *res) {
+    kf_graph *g = m->graph;
+    kf_body b;
+    kf_status dst = kf_onnx_node_body(&g->nodes[nid], attr, m->opsets, m->nopsets, m->dir, &b);
+    if (dst == KF_ERR_UNSUPPORTED) { /* what the loader carries without checking, the optimizer leaves alone */
+        kf_clear_error();
+        return KF_OK;
+    }
+    KF_TRY(dst);
+    kf_model *bm = kf_calloc(1, sizeof *bm);
+    kf_status st = bm ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!st && !(bm->opsets = kf_calloc((size_t)m->nopsets + 1, sizeof(kf_opset)))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int i = 0; !st && i < m->nopsets; i++) {
+        bm->opsets[bm->nopsets].version = m->opsets[i].version;
+        if (!(bm->opsets[bm->nopsets++].domain = kf_strdup(m->opsets[i].domain ? m->opsets[i].domain : "")))
+            st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    if (st) {
+        kf_body_release(&b);
+        kf_model_free(bm);
+        return st;
+    }
+    bm->graph = b.g;
+    bm->ir_version = m->ir_version;
+    b.g->outer = g;
+    /* what the node captures gives the outer names their types */
+    const kf_node *n = &g->nodes[nid];
+    for (int k = 0; k < n->ncap; k++) {
+        kf_id bv = kf_graph_find(b.g, n->capname[k]), ov = n->in[n->nin - n->ncap + k];
+        if (bv && ov && (!b.g->values[bv].has_type || b.g->values[bv].type.rank < 0) && g->values[ov].type.dtype &&
+            g->values[ov].type.rank >= 0) {
+            b.g->values[bv].type = g->values[ov].type;
+            for (int d = 0; d < b.g->values[bv].type.rank; d++) b.g->values[bv].type.syms[d] = 0; /* symbols are per graph */
+            b.g->values[bv].has_type = true;
+        }
+    }
+    kf_opt_options bo = *o;
+    bo.no_raise = true;
+    bo.opset = 0;
+    bo.keep = NULL;
+    bo.nkeep = 0;
+    bo.trace_time = false;
+    kf_opt_result br;
+    st = kf_optimize(bm, &bo, &br);
+    if (!st && br.rewrites) {
+        uint8_t *packed = NULL;
+        size_t len = 0;
+        b.g->outer = NULL;
+        if (!(st = kf_onnx_body_pack(bm, b.nin, attr, &packed, &len))) {
+            kf_attr *a = NULL;
+            kf_node *nn = &g->nodes[nid];
+            for (int i = 0; i < nn->nattrs && !a; i++)
+                if (!strcmp(nn->attrs[i].name, attr)) a = &nn->attrs[i];
+            kf_free(a->packed);
+            a->packed = packed;
+            a->packed_len = len;
+            res->rewrites += br.rewrites;
+            add_stats(&res->rules, &br.rules);
+        }
+    }
+    if (st) kf_fail_context(st, "node '%s' (%s) attribute '%s'", kf_node_label(&g->nodes[nid]), g->nodes[nid].op_type, attr);
+    kf_rules_free(&br.rules);
+    kf_model_free(bm);
+    return st;
+}
+
+static kf_status optimize_bodies(kf_model *m, const kf_opt_options *o, kf_opt_result *res) {
+    kf_graph *g = m->graph;
+    for (kf_id nid = 1; nid < g->nnodes; nid++) {
+        if (g->nodes[nid].dead) continue;
+        for (const char *const *attr = kf_control_bodies(&g->nodes[nid]); *attr; attr++)
+            KF_TRY(optimize_body(m, nid, *attr, o, res));
+    }
+    return KF_OK;
 }

@@ -133,13 +133,19 @@ void kf_graph_remove_node(kf_graph *g, kf_id node) {
     n->dead = true;
 }
 
+static bool name_taken(const kf_graph *g, const char *name) {
+    for (; g; g = g->outer)
+        if (kf_graph_find(g, name)) return true;
+    return false;
+}
+
 kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id) {
     char name[512];
-    if (!kf_graph_find(g, base)) return kf_graph_add_value(g, base, id);
+    if (!name_taken(g, base)) return kf_graph_add_value(g, base, id);
     for (uint32_t k = 1;; k++) {
         int w = snprintf(name, sizeof name, "%.480s__%u", base, k);
         if (w < 0) return kf_fail(KF_ERR_INTERNAL, "name formatting failed");
-        if (!kf_graph_find(g, name)) return kf_graph_add_value(g, name, id);
+        if (!name_taken(g, name)) return kf_graph_add_value(g, name, id);
     }
 }
 

@@ -134,6 +134,10 @@ typedef struct kf_graph {
     /* name -> value id hash (open addressing), rebuilt as values grow */
     kf_id *hash;
     uint32_t hashcap;
+    /* a control-flow body being rewritten: the graph around it, whose names
+     * fresh names must avoid too (ONNX names are unique across scopes);
+     * not owned, NULL otherwise */
+    const struct kf_graph *outer;
 } kf_graph;
 
 typedef struct kf_extfile kf_extfile; /* graph/kf_extdata.h */
@@ -246,7 +250,8 @@ kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i);
 void kf_graph_remove_node(kf_graph *g, kf_id node);
 /* Sets input slot i of node id to value v, keeping use lists right. */
 kf_status kf_graph_set_input(kf_graph *g, kf_id node, int i, kf_id v);
-/* Adds a value with a fresh name derived from base ("base__1", ...). */
+/* Adds a value with a fresh name derived from base ("base__1", ...), taken
+ * neither in g nor in the graphs around it (g->outer). */
 kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id);
 /* Adds an initializer value holding t (ownership of t moves to the graph). */
 kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_id *id);

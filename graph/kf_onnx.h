@@ -36,6 +36,12 @@ typedef struct kf_body {
 kf_status kf_onnx_node_body(const kf_node *n, const char *attr, const kf_opset *opsets, int nopsets, const char *dir,
                             kf_body *b);
 void kf_body_release(kf_body *b);
+/* The graph of bm (a body decoded by kf_onnx_node_body, nin formal
+ * inputs, rewritten since) packed as graph attribute `attr`, the way the IR
+ * keeps it: the inputs past the formal ones, names read from the graphs
+ * around the body, are not inputs of the packed graph. *packed is the
+ * caller's (kf_free). */
+kf_status kf_onnx_body_pack(const kf_model *bm, int nin, const char *attr, uint8_t **packed, size_t *len);
 
 /* Reads a serialized TensorProto file (.pb of the ONNX test data) into t. */
 kf_status kf_onnx_read_tensor_file(const char *path, kf_tensor *t, char **name);

@@ -901,6 +901,38 @@ kf_status kf_onnx_node_body(const kf_node *n, const char *attr, const kf_opset *
     return st;
 }
 
+kf_status kf_onnx_body_pack(const kf_model *bm, int nin, const char *attr, uint8_t **packed, size_t *len) {
+    *packed = NULL;
+    *len = 0;
+    void *buf = NULL;
+    size_t n = 0;
+    KF_TRY(kf_model_save_memory(bm, &buf, &n));
+    pb_nomem = false;
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(&pb_allocator, n, buf);
+    kf_free(buf);
+    if (!mp || !mp->graph) {
+        if (mp) onnx__model_proto__free_unpacked(mp, &pb_allocator);
+        return pb_nomem || mp ? kf_fail(KF_ERR_NOMEM, "out of memory") : kf_fail(KF_ERR_INTERNAL, "a body did not re-read");
+    }
+    Onnx__GraphProto *gp = mp->graph;
+    /* the inputs past the formal ones are the names read from around the body */
+    size_t all = gp->n_input;
+    if (gp->n_input > (size_t)nin) gp->n_input = (size_t)nin;
+    Onnx__AttributeProto ap;
+    onnx__attribute_proto__init(&ap);
+    ap.name = (char *)attr;
+    ap.has_type = 1;
+    ap.type = ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH;
+    ap.g = gp;
+    *len = onnx__attribute_proto__get_packed_size(&ap);
+    kf_status st = KF_OK;
+    if (!(*packed = kf_malloc(*len + 1))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    else onnx__attribute_proto__pack(&ap, *packed);
+    gp->n_input = all; /* every input is freed */
+    onnx__model_proto__free_unpacked(mp, &pb_allocator);
+    return st;
+}
+
 void kf_body_release(kf_body *b) {
     kf_graph_free(b->g);
     memset(b, 0, sizeof *b);

@@ -2,7 +2,9 @@
 """ONNX Runtime runs what `kfuse opt` and `kfuse fuse` write for models whose
 If branches, Loop and Scan bodies read values of the enclosing graph (an
 initializer and node outputs used nowhere else, one through a nested If, a
-duplicate that CSE merges, an Identity that no-op removal drops), and the
+duplicate that CSE merges, an Identity that no-op removal drops; the Loop
+and Scan bodies hold a multiply by one and an add of zero, which the
+optimizer removes inside them), and the
 outputs equal the original model's on random inputs (DESIGN.md, fp32:
 atol 1e-5, rtol 1e-4). kfuse's reference evaluator (`kfuse run`, and
 `--backend opencl` where OpenCL is available) runs the original models too
@@ -64,9 +66,11 @@ def loop_model(rng):
     body = helper.make_graph(
         [helper.make_node("Identity", ["cin"], ["cout"]),
          helper.make_node("Add", ["v", "t"], ["u"]),
-         helper.make_node("Mul", ["u", "k"], ["v2"])], "body",
+         helper.make_node("Mul", ["u", "one"], ["u1"]),
+         helper.make_node("Mul", ["u1", "k"], ["v2"])], "body",
         [vi("i", TensorProto.INT64, []), vi("cin", TensorProto.BOOL, []), vi("v", F, [2, 3])],
-        [vi("cout", TensorProto.BOOL, []), vi("v2", F, [2, 3])])
+        [vi("cout", TensorProto.BOOL, []), vi("v2", F, [2, 3])],
+        [numpy_helper.from_array(np.array(1, np.float32), "one")])
     nodes = [
         helper.make_node("Mul", ["x", "w"], ["t"]),
         helper.make_node("Loop", ["trip", "c", "x"], ["v"], body=body),
@@ -83,9 +87,11 @@ def loop_model(rng):
 def scan_model(rng):
     body = helper.make_graph(
         [helper.make_node("Mul", ["row", "t"], ["p"]),
-         helper.make_node("Add", ["s", "p"], ["s2"]),
+         helper.make_node("Add", ["p", "nought"], ["pz"]),
+         helper.make_node("Add", ["s", "pz"], ["s2"]),
          helper.make_node("Identity", ["s2"], ["y"])], "body",
-        [vi("s", F, [3]), vi("row", F, [3])], [vi("s2", F, [3]), vi("y", F, [3])])
+        [vi("s", F, [3]), vi("row", F, [3])], [vi("s2", F, [3]), vi("y", F, [3])],
+        [numpy_helper.from_array(np.zeros(3, np.float32), "nought")])
     nodes = [
         helper.make_node("Mul", ["s0", "w"], ["t"]),
         helper.make_node("Relu", ["t"], ["tr"]),

@@ -2276,8 +2276,12 @@ static bool emit_if(gen *G) {
     if (!bounded(G, lo, hi)) return false;
     const char *an = G->g->values[aa.id].name;
     kf_model *tb = body_new(G), *eb = body_new(G);
-    kf_id ta = body_value(tb, an, NULL);
-    need(kf_graph_mark_output(tb->graph, body_node(G, tb, fs[f], &ta, 1)));
+    kf_id ta = body_value(tb, an, NULL), ty = body_node(G, tb, fs[f], &ta, 1);
+    if (chance(&G->r, 0.5)) { /* times 1: a rewrite for the body's own optimizer */
+        kf_id one[2] = {ty, body_scalar(G, tb, 1.0)};
+        ty = body_node(G, tb, "Mul", one, 2);
+    }
+    need(kf_graph_mark_output(tb->graph, ty));
     kf_id ein[2] = {body_value(eb, an, NULL), body_scalar(G, eb, k)};
     need(kf_graph_mark_output(eb->graph, body_node(G, eb, "Mul", ein, 2)));
     kf_id out;

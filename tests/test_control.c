@@ -564,6 +564,108 @@ Test(control, opt_keeps_the_outputs) {
     onnx__model_proto__free_unpacked(mp, NULL);
 }
 
+/* Op types of body `attr` of the first node of type op in m. */
+static int body_count(const kf_model *m, const char *op, const char *attr, const char *of) {
+    const kf_graph *g = m->graph;
+    for (kf_id i = 1; i < g->nnodes; i++) {
+        if (g->nodes[i].dead || strcmp(g->nodes[i].op_type, op)) continue;
+        kf_body b;
+        cr_assert_eq(kf_onnx_node_body(&g->nodes[i], attr, m->opsets, m->nopsets, NULL, &b), KF_OK, "%s",
+                     kf_last_error());
+        int n = 0;
+        for (kf_id k = 1; k < b.g->nnodes; k++) n += !b.g->nodes[k].dead && !strcmp(b.g->nodes[k].op_type, of);
+        kf_body_release(&b);
+        return n;
+    }
+    cr_assert_fail("no %s node", op);
+    return -1;
+}
+
+/* The optimizer rewrites inside bodies as in the graph: a Softmax spelled
+ * out in an If branch (reading the outer x) becomes one Softmax, a multiply
+ * by one in a Loop body goes, and an addition of zero in a nested If under
+ * it too; the results do not change, the captures still resolve, and a new
+ * name inside a body never repeats one of the graph around it. */
+Test(control, bodies_are_optimized_like_the_graph) {
+    Onnx__ModelProto *mp = bu_proto("opset 13\n"
+                                    "input x float[2, 5]\n"
+                                    "input a0 float[2, 5]\n"
+                                    "const trip int64[] = 3\n"
+                                    "s = ReduceSum(x) {keepdims=0}\n"
+                                    "const zero float[] = 0\n"
+                                    "c = Greater(s, zero)\n"
+                                    "y = If(c)\n"
+                                    "acc = Loop(trip, , a0)\n"
+                                    "output y, acc\n");
+    static const char *const ox[] = {"x"};
+    Onnx__NodeProto *n = bu_node(mp->graph, "If");
+    bu_attach(n, "then_branch",
+              bu_body("input x float[2, 5]\n"
+                      "m = ReduceMax(x) {axes=[-1], keepdims=1}\nd = Sub(x, m)\ne = Exp(d)\n"
+                      "const ax int64[1] = -1\nt = ReduceSum(e, ax) {keepdims=1}\nsm = Div(e, t)\noutput sm\n",
+                      ox, 1));
+    bu_attach(n, "else_branch", bu_body("input x float[2, 5]\nz = Neg(x)\noutput z\n", ox, 1));
+    static const char *const oacc[] = {"acc"};
+    Onnx__GraphProto *inner = bu_body("input acc float[2, 5]\n"
+                                      "const nought float[] = 0\nq = Add(acc, nought)\nr = Relu(q)\noutput r\n", oacc, 1);
+    Onnx__GraphProto *body = bu_body("input i int64[]\ninput cin bool[]\ninput acc float[2, 5]\ninput x float[2, 5]\n"
+                                     "const one float[] = 1\nconst two int64[] = 2\nconst izero int64[] = 0\n"
+                                     "p = Mul(x, one)\nr = Mod(i, two)\nev = Equal(r, izero)\nw = If(ev)\n"
+                                     "acc2 = Add(w, p)\ncout = Identity(cin)\noutput cout, acc2\n",
+                                     ox, 1);
+    bu_attach(bu_node(body, "If"), "then_branch", inner);
+    bu_attach(bu_node(body, "If"), "else_branch",
+              bu_body("input acc float[2, 5]\nh = Abs(acc)\noutput h\n", oacc, 1));
+    bu_attach(bu_node(mp->graph, "Loop"), "body", body);
+    kf_model *m = bu_load(mp);
+    cr_assert_eq(body_count(m, "If", "then_branch", "Softmax"), 0);
+    kf_model *o = optimized(m);
+    cr_expect_eq(body_count(o, "If", "then_branch", "Softmax"), 1, "the branch's Softmax was not recognized");
+    cr_expect_eq(body_count(o, "If", "then_branch", "Exp"), 0);
+    cr_expect_eq(body_count(o, "Loop", "body", "Mul"), 0, "x * 1 is still in the Loop body");
+    gt_expect_same_outputs(m, o, ATOL, RTOL);
+    /* the nested If inside the Loop body lost its Add of zero */
+    const kf_graph *g = o->graph;
+    for (kf_id i = 1; i < g->nnodes; i++) {
+        if (g->nodes[i].dead || strcmp(g->nodes[i].op_type, "Loop")) continue;
+        kf_body b;
+        cr_assert_eq(kf_onnx_node_body(&g->nodes[i], "body", o->opsets, o->nopsets, NULL, &b), KF_OK, "%s",
+                     kf_last_error());
+        kf_model bm = {.graph = b.g, .opsets = o->opsets, .nopsets = o->nopsets};
+        cr_expect_eq(body_count(&bm, "If", "then_branch", "Add"), 0, "0 + acc is still in the nested branch");
+        kf_body_release(&b);
+    }
+    /* written and read back, it still runs the same */
+    void *buf;
+    size_t len;
+    cr_assert_eq(kf_model_save_memory(o, &buf, &len), KF_OK, "%s", kf_last_error());
+    kf_model *back = NULL;
+    cr_assert_eq(kf_model_load_memory(buf, len, NULL, &back), KF_OK, "%s", kf_last_error());
+    kf_free(buf);
+    gt_expect_same_outputs(m, back, ATOL, RTOL);
+    kf_model_free(back);
+    kf_model_free(o);
+    kf_model_free(m);
+    onnx__model_proto__free_unpacked(mp, NULL);
+}
+
+Test(control, fresh_names_in_a_body_avoid_the_graph_around_it) {
+    kf_graph *outer = kf_graph_new(), *inner = kf_graph_new();
+    kf_id v;
+    cr_assert_eq(kf_graph_add_value(outer, "t", &v), KF_OK);
+    cr_assert_eq(kf_graph_add_value(inner, "u", &v), KF_OK);
+    inner->outer = outer;
+    cr_assert_eq(kf_graph_fresh_value(inner, "t", &v), KF_OK);
+    cr_expect_str_eq(inner->values[v].name, "t__1");
+    cr_assert_eq(kf_graph_fresh_value(inner, "u", &v), KF_OK);
+    cr_expect_str_eq(inner->values[v].name, "u__1");
+    inner->outer = NULL;
+    cr_assert_eq(kf_graph_fresh_value(inner, "t", &v), KF_OK);
+    cr_expect_str_eq(inner->values[v].name, "t", "without an outer graph the name is free");
+    kf_graph_free(inner);
+    kf_graph_free(outer);
+}
+
 Test(control, a_constant_if_folds_away) {
     /* the condition is a constant, so constant folding runs the If once */
     Onnx__ModelProto *mp = bu_proto("opset 13\ninput a float[3]\nconst c bool[] = 1\nconst k float[3] = random\n"
