@@ -476,13 +476,14 @@ static bool tiles_end(gen *st, kf_cg_str *s, kf_cg_str *body, int64_t ntiles, bo
  * zero point is not 0. Tile edges read 0 and add to none of the sums. With
  * K <= INT_SUM_MAX_K every partial result fits an int (|a|, |b| <= 128). */
 
-/* The 64 x 64 tiles of GEMM gm (output type ot) into *tm, *tn and *ntiles,
- * and the kernel named name launched as one work-group of GEMM_WG per tile;
+/* The tile x tile tiles of GEMM gm (output type ot) into *tm, *tn and
+ * *ntiles, and the kernel named name launched as one work-group of GEMM_WG
+ * per tile;
  * false (failed) past an int's count of work-items. */
-static bool gemm_tiles(gen *st, const kf_node *n, const gemm *gm, const kf_type *ot, const char *name, int64_t *tm,
-                       int64_t *tn, int64_t *ntiles) {
+static bool gemm_tiles(gen *st, const kf_node *n, const gemm *gm, const kf_type *ot, const char *name, int tile,
+                       int64_t *tm, int64_t *tn, int64_t *ntiles) {
     int64_t nbatch = 1;
-    *tm = (gm->M + GEMM_TM - 1) / GEMM_TM, *tn = (gm->N + GEMM_TN - 1) / GEMM_TN;
+    *tm = (gm->M + tile - 1) / tile, *tn = (gm->N + tile - 1) / tile;
     for (int d = 0; d < gm->nb; d++) nbatch *= ot->dims[d];
     *ntiles = nbatch * *tm * *tn;
     if (*ntiles > INT32_MAX / GEMM_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)*ntiles);
@@ -520,34 +521,38 @@ static bool izero(gen *st, kf_id op, kf_id zp, const char *at, char *z, size_t l
 }
 
 /* The work-item's word of operand A (is_a: row KF_LOCAL_ID / 4, word
- * KF_LOCAL_ID % 4) or B (word KF_LOCAL_ID / 64, column KF_LOCAL_ID % 64) for
- * one k step: four values at k0 + 4 word + j, as int8, 0 past the edges,
- * packed into the shared tile; with sum, their sum added to that register. */
-static bool load_words(gen *st, const gemm *gm, bool is_a, const char *sum) {
+ * KF_LOCAL_ID % 4) or B (word KF_LOCAL_ID / tile, column KF_LOCAL_ID %
+ * tile) for one k step: four values at k0 + 4 word + j, as int8, 0 past
+ * the edges, packed into the shared tile; with sum, their sum added to that
+ * register. A tile of 64 has a word for each of the 256 work-items; a tile
+ * of 32 for the first 128, the others wait at the barrier. */
+static bool load_words(gen *st, const gemm *gm, bool is_a, const char *sum, int tile) {
     const char *I = st->ity;
     kf_cg_str *b = st->s;
     kf_id v = is_a ? gm->a : gm->b;
     const kf_type *t = &st->g->values[v].type;
     int shift = t->dtype == KF_DT_UINT8 ? 128 : 0;
-    kf_cg_puts(b, "            {\n");
-    if (is_a) kf_cg_printf(b, "                const %s gm = tm * %d + KF_LOCAL_ID / 4;\n", I, GEMM_TM);
-    else kf_cg_printf(b, "                const %s gn = tn * %d + KF_LOCAL_ID %% %d;\n", I, GEMM_TN, GEMM_TN);
+    if (4 * tile < GEMM_WG) kf_cg_printf(b, "            if (KF_LOCAL_ID < %d) {\n", 4 * tile);
+    else kf_cg_puts(b, "            {\n");
+    char word[32];
+    snprintf(word, sizeof word, is_a ? "KF_LOCAL_ID %% 4" : "KF_LOCAL_ID / %d", tile);
+    if (is_a) kf_cg_printf(b, "                const %s gm = tm * %d + KF_LOCAL_ID / 4;\n", I, tile);
+    else kf_cg_printf(b, "                const %s gn = tn * %d + KF_LOCAL_ID %% %d;\n", I, tile, tile);
     st->ind = "                ";
     bool ok = true;
     for (int j = 0; ok && j < 4; j++) {
         char gk[8], reg[8], cond[128]; /* two compares of a name with a number */
         snprintf(gk, sizeof gk, "gk%d", j);
         snprintf(reg, sizeof reg, "x%d", j);
-        kf_cg_printf(b, "                const %s %s = k0 + %s * 4 + %d;\n", I, gk, is_a ? "KF_LOCAL_ID % 4" : "KF_LOCAL_ID / 64",
-                     j);
+        kf_cg_printf(b, "                const %s %s = k0 + %s * 4 + %d;\n", I, gk, word, j);
         if (is_a) snprintf(cond, sizeof cond, "gm < %lld && %s < %lld", (long long)gm->M, gk, (long long)gm->K);
         else snprintf(cond, sizeof cond, "%s < %lld && gn < %lld", gk, (long long)gm->K, (long long)gm->N);
         ix at;
         operand_ix(gm, t, is_a, is_a ? "gm" : gk, is_a ? gk : "gn", &at);
         ok = load_guarded(st, reg, cond, v, &at, 0, NULL, shift);
     }
-    kf_cg_printf(b, "                %s = KF_PACK4(x0, x1, x2, x3);\n",
-                 is_a ? "kf_as[KF_LOCAL_ID % 4][KF_LOCAL_ID / 4]" : "kf_bs[KF_LOCAL_ID / 64][KF_LOCAL_ID % 64]");
+    if (is_a) kf_cg_puts(b, "                kf_as[KF_LOCAL_ID % 4][KF_LOCAL_ID / 4] = KF_PACK4(x0, x1, x2, x3);\n");
+    else kf_cg_printf(b, "                kf_bs[KF_LOCAL_ID / %d][KF_LOCAL_ID %% %d] = KF_PACK4(x0, x1, x2, x3);\n", tile, tile);
     if (sum) kf_cg_printf(b, "                %s += x0 + x1 + x2 + x3;\n", sum);
     kf_cg_puts(b, "            }\n");
     return ok;
@@ -557,8 +562,13 @@ static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) 
     const gemm gm = *gmp;
     const kf_type *ot = &st->g->values[n->out[0]].type;
     const char *I = st->ity;
+    int64_t nb = 1;
+    for (int d = 0; d < gm.nb; d++) nb *= ot->dims[d];
+    /* 64 x 64 tiles (a 4 x 4 register tile per work-item), or 32 x 32
+     * (2 x 2) when the bigger ones would leave the machine idle */
+    const int tile = kf_igemm_tile(gm.M, gm.N, nb), r = tile / 16;
     int64_t tm, tn, ntiles;
-    if (!gemm_tiles(st, n, &gm, ot, "kf_igemm", &tm, &tn, &ntiles)) return false;
+    if (!gemm_tiles(st, n, &gm, ot, "kf_igemm", tile, &tm, &tn, &ntiles)) return false;
     /* row sums of A matter when B's zero point (as int8) is not 0, column sums of B when A's is not */
     bool rows = gm.zb || st->g->values[gm.b].type.dtype == KF_DT_UINT8;
     bool cols = gm.za || st->g->values[gm.a].type.dtype == KF_DT_UINT8;
@@ -567,34 +577,37 @@ static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) 
     st->s = &body;
     st->ind = "        ";
     tile_coords(st, &gm, ot, tm, tn);
-    kf_cg_puts(&body, "        int acc[4][4];\n"
-                      "        for (int p = 0; p < 4; p++)\n"
-                      "            for (int q = 0; q < 4; q++) acc[p][q] = 0;\n");
+    kf_cg_printf(&body, "        int acc[%d][%d];\n"
+                        "        for (int p = 0; p < %d; p++)\n"
+                        "            for (int q = 0; q < %d; q++) acc[p][q] = 0;\n", r, r, r, r);
     if (rows) kf_cg_puts(&body, "        int ra = 0;\n");
     if (cols) kf_cg_puts(&body, "        int cb = 0;\n");
     kf_cg_printf(&body, "        for (%s k0 = 0; k0 < %lld; k0 += %d) {\n", I, (long long)gm.K, GEMM_TK);
-    bool ok = load_words(st, &gm, true, rows ? "ra" : NULL) && load_words(st, &gm, false, cols ? "cb" : NULL);
-    kf_cg_puts(&body, "            KF_BARRIER;\n"
-                      "            for (int kk = 0; kk < 4; kk++) {\n"
-                      "                int fa[4], fb[4];\n"
-                      "                for (int q = 0; q < 4; q++) {\n"
-                      "                    fa[q] = kf_as[kk][ty + 16 * q];\n"
-                      "                    fb[q] = kf_bs[kk][tx + 16 * q];\n"
-                      "                }\n"
-                      "                for (int p = 0; p < 4; p++)\n"
-                      "                    for (int q = 0; q < 4; q++) acc[p][q] = KF_DOT4(fa[p], fb[q], acc[p][q]);\n"
-                      "            }\n"
-                      "            KF_BARRIER;\n"
-                      "        }\n");
-    if (rows) kf_cg_puts(&body, "        kf_ra[KF_LOCAL_ID / 4][KF_LOCAL_ID % 4] = ra;\n");
-    if (cols) kf_cg_puts(&body, "        kf_cb[KF_LOCAL_ID / 64][KF_LOCAL_ID % 64] = cb;\n");
-    if (rows || cols) kf_cg_puts(&body, "        KF_BARRIER;\n");
-    kf_cg_puts(&body, "        for (int p = 0; p < 4; p++) {\n");
-    kf_cg_printf(&body, "            const %s gm = tm * %d + ty + 16 * p;\n", I, GEMM_TM);
+    bool ok = load_words(st, &gm, true, rows ? "ra" : NULL, tile) && load_words(st, &gm, false, cols ? "cb" : NULL, tile);
+    kf_cg_printf(&body, "            KF_BARRIER;\n"
+                        "            for (int kk = 0; kk < 4; kk++) {\n"
+                        "                int fa[%d], fb[%d];\n"
+                        "                for (int q = 0; q < %d; q++) {\n"
+                        "                    fa[q] = kf_as[kk][ty + 16 * q];\n"
+                        "                    fb[q] = kf_bs[kk][tx + 16 * q];\n"
+                        "                }\n"
+                        "                for (int p = 0; p < %d; p++)\n"
+                        "                    for (int q = 0; q < %d; q++) acc[p][q] = KF_DOT4(fa[p], fb[q], acc[p][q]);\n"
+                        "            }\n"
+                        "            KF_BARRIER;\n"
+                        "        }\n", r, r, r, r, r);
+    if (rows || cols) {
+        kf_cg_printf(&body, "        if (KF_LOCAL_ID < %d) {\n", 4 * tile);
+        if (rows) kf_cg_puts(&body, "            kf_ra[KF_LOCAL_ID / 4][KF_LOCAL_ID % 4] = ra;\n");
+        if (cols) kf_cg_printf(&body, "            kf_cb[KF_LOCAL_ID / %d][KF_LOCAL_ID %% %d] = cb;\n", tile, tile);
+        kf_cg_puts(&body, "        }\n        KF_BARRIER;\n");
+    }
+    kf_cg_printf(&body, "        for (int p = 0; p < %d; p++) {\n", r);
+    kf_cg_printf(&body, "            const %s gm = tm * %d + ty + 16 * p;\n", I, tile);
     if (rows) kf_cg_puts(&body, "            const int sa = kf_ra[ty + 16 * p][0] + kf_ra[ty + 16 * p][1] + "
                                 "kf_ra[ty + 16 * p][2] + kf_ra[ty + 16 * p][3];\n");
-    kf_cg_puts(&body, "            for (int q = 0; q < 4; q++) {\n");
-    kf_cg_printf(&body, "                const %s gn = tn * %d + tx + 16 * q;\n", I, GEMM_TN);
+    kf_cg_printf(&body, "            for (int q = 0; q < %d; q++) {\n", r);
+    kf_cg_printf(&body, "                const %s gn = tn * %d + tx + 16 * q;\n", I, tile);
     if (cols) kf_cg_puts(&body, "                const int sb = kf_cb[0][tx + 16 * q] + kf_cb[1][tx + 16 * q] + "
                                 "kf_cb[2][tx + 16 * q] + kf_cb[3][tx + 16 * q];\n");
     kf_cg_printf(&body, "                if (gm < %lld && gn < %lld) {\n", (long long)gm.M, (long long)gm.N);
@@ -616,10 +629,11 @@ static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) 
     kf_cg_str_release(&rhs);
     kf_cg_puts(&body, "                }\n            }\n        }\n");
     if (ok) {
-        header(st, s, "tiled integer GEMM, four 8-bit lanes a word");
-        kf_cg_puts(s, "    KF_SHARED int kf_as[4][65];\n    KF_SHARED int kf_bs[4][64];\n");
-        if (rows) kf_cg_puts(s, "    KF_SHARED int kf_ra[64][4];\n");
-        if (cols) kf_cg_puts(s, "    KF_SHARED int kf_cb[4][64];\n");
+        header(st, s, tile == 64 ? "tiled integer GEMM, four 8-bit lanes a word"
+                                 : "tiled integer GEMM, four 8-bit lanes a word, 32 x 32 tiles");
+        kf_cg_printf(s, "    KF_SHARED int kf_as[4][%d];\n    KF_SHARED int kf_bs[4][%d];\n", tile + 1, tile);
+        if (rows) kf_cg_printf(s, "    KF_SHARED int kf_ra[%d][4];\n", tile);
+        if (cols) kf_cg_printf(s, "    KF_SHARED int kf_cb[4][%d];\n", tile);
         kf_cg_puts(s, "    const int tx = KF_LOCAL_ID % 16, ty = KF_LOCAL_ID / 16;\n");
     }
     return tiles_end(st, s, &body, ntiles, ok);
@@ -632,7 +646,7 @@ static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     const kf_type *ot = &st->g->values[n->out[0]].type;
     const char *I = st->ity;
     int64_t tm, tn, ntiles;
-    if (!gemm_tiles(st, n, &gm, ot, "kf_gemm", &tm, &tn, &ntiles)) return false;
+    if (!gemm_tiles(st, n, &gm, ot, "kf_gemm", GEMM_TM, &tm, &tn, &ntiles)) return false;
 
     kf_cg_str body = {0};
     st->s = &body;

@@ -181,6 +181,10 @@ kf_row_form kf_row_form_of(int64_t rows, int64_t K, int64_t W, bool narrow, bool
     return f;
 }
 
+int kf_igemm_tile(int64_t m, int64_t n, int64_t batch) {
+    return ceil_div(m, 64) * ceil_div(n, 64) * (batch > 0 ? batch : 1) >= KF_GEMM_FILL_TILES ? 64 : 32;
+}
+
 /* A reduction kernel over `rows` rows laid out as f: `passes` passes over
  * each row (one read from memory when the row is cached in registers; the
  * block reduces of every pass remain). */
@@ -561,6 +565,18 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             c->form = cg->anchor2 ? "gemm_b2b" : "gemm_rows";
             generated(t, cg->flops, blocks, gemm_rate(t, (double)rm / 4), KF_COST_ROW_BYTES + 8704, bytes,
                       (double)blocks * (wbytes + w2), c);
+            return;
+        }
+        if (a->op == KF_OP_MATMUL_INTEGER) {
+            /* four 8-bit products per instruction (dp4a) and a quarter of the
+             * shared-memory reads of a float tile: igemm_dp4a_gain times the
+             * float tile's rate per work-item output */
+            int64_t tile = kf_igemm_tile(d.m, d.n, d.batch), r = tile / 16;
+            int64_t tm = ceil_div(d.m, tile), tn = ceil_div(d.n, tile);
+            c->form = "igemm";
+            generated(t, cg->flops, tm * tn * d.batch, gemm_rate(t, (double)(r * r)) * t->igemm_dp4a_gain,
+                      (int64_t)(4 * (2 * tile + 1)) * 4, bytes,
+                      (double)d.batch * ((double)tm * wbytes + (double)tn * xbytes), c);
             return;
         }
         int64_t tm = ceil_div(d.m, 64), tn = ceil_div(d.n, 64);

@@ -67,6 +67,8 @@ typedef struct kf_target {
     double lib_conv_fixed_us; /* a library convolution's */
     double attn_tc_frac;      /* streaming attention, 16-bit: fraction of an SM's tensor-core peak */
     double attn_fma_frac;     /* streaming attention, float32: fraction of an SM's FMA peak */
+    double igemm_dp4a_gain;   /* generated integer GEMM (dp4a): its per-block rate over the float
+                               * tile's of the same outputs per work-item */
 } kf_target;
 
 /* Math the libraries may use for float32 data (the precision option):
@@ -156,5 +158,13 @@ typedef struct kf_row_form {
  * is W long; narrow: 16-bit data; trailing: the reduced axes are the
  * innermost ones, the last among them. */
 kf_row_form kf_row_form_of(int64_t rows, int64_t K, int64_t W, bool narrow, bool trailing);
+
+/* The integer GEMM kernel's tiles (codegen/cg_anchor.c, gen_igemm): 64 x 64
+ * (a 4 x 4 register tile per work-item of 256) while an M x N output of
+ * `batch` matrices gives at least KF_GEMM_FILL_TILES of them, else 32 x 32
+ * (2 x 2 per work-item): four times the work-groups, so BERT-base's
+ * 128 x 768 projections keep 96 SMs busy instead of 24. */
+#define KF_GEMM_FILL_TILES 132
+int kf_igemm_tile(int64_t m, int64_t n, int64_t batch);
 
 #endif

@@ -65,6 +65,7 @@ static const field fields[] = {
     FD(lib_conv_fixed_us, 0, 1e4),
     FD(attn_tc_frac, 1e-3, 1),
     FD(attn_fma_frac, 1e-3, 1),
+    FD(igemm_dp4a_gain, 1e-3, 16),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 

@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cg_util.h"
+#include "kf_cost.h"
 
 /* Quantise, dequantise, requantise per channel: uint8 and int8, with and
  * without a zero point, saturating (|x| / 0.005 reaches 400), a NaN-free
@@ -106,6 +107,17 @@
     "m3 = MatMulInteger(as, cs)\n"                                                                     \
     "output m1\noutput m2\noutput m3\n"
 
+/* Enough output tiles for the 64 x 64 integer GEMM (5 x 27 = 135 of
+ * them, KF_GEMM_FILL_TILES), the other tests' shapes taking 32 x 32. */
+#define MATMUL_INTEGER_BIG                                                                             \
+    "opset 13\ninput a float[260, 20]\n"                                                              \
+    "const b float[20, 1700] = random\n"                                                              \
+    "const s float[] = 0.01\nconst za uint8[] = 131\nconst zb int8[] = 3\n"                           \
+    "aq = QuantizeLinear(a, s, za)\n"                                                                  \
+    "bq = QuantizeLinear(b, s, zb)\n"                                                                  \
+    "m = MatMulInteger(aq, bq, za, zb)\n"                                                              \
+    "output m\n"
+
 /* Every group of the chosen kinds generates and equals the reference
  * within atol (0: bit for bit); returns how many ran. */
 static uint32_t run_kinds(const char *text, unsigned kinds, double atol) {
@@ -143,6 +155,17 @@ Test(cg_quant, matmul_integer_with_requantize_bit_for_bit_on_opencl) {
 Test(cg_quant, packed_integer_gemm_every_zero_point_form_bit_for_bit_on_opencl) {
     cgu_need_opencl();
     cr_assert_eq(run_kinds(MATMUL_INTEGER_TILES, ANCHOR, 0), 3);
+}
+
+/* Both tile sizes of the integer GEMM: the kernel text says which it took. */
+Test(cg_quant, integer_gemm_takes_64_tiles_only_when_there_are_enough) {
+    cr_expect_eq(kf_igemm_tile(128, 768, 1), 32, "BERT-base's 128 x 768: 24 tiles of 64");
+    cr_expect_eq(kf_igemm_tile(128, 3072, 1), 32, "96 tiles of 64");
+    cr_expect_eq(kf_igemm_tile(512, 3072, 1), 64);
+    cr_expect_eq(kf_igemm_tile(128, 768, 8), 64, "a batch of 8: 192 tiles");
+    cr_expect_eq(kf_igemm_tile(260, 1700, 1), 64);
+    cgu_need_opencl();
+    cr_assert_eq(run_kinds(MATMUL_INTEGER_BIG, ANCHOR, 0), 1);
 }
 
 Test(cg_quant, integer_anchor_groups_hold_the_requantize_and_nothing_runs_on_the_host) {
@@ -187,4 +210,5 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
+    cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_BIG, ANCHOR), 1);
 }

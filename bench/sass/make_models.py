@@ -45,7 +45,8 @@ def main(out):
     for dt, tag in ((T.FLOAT16, "f16"), (T.BFLOAT16, "bf16")):
         for seq in (128, 512):
             attention(out, f"attn_{tag}_s{seq}", dt, 12, seq, 64)
-    igemm(out, "igemm_u8s8", 128, 768, 768)
+    igemm(out, "igemm_u8s8", 128, 768, 768)        # 24 tiles of 64: the 32 x 32 form
+    igemm(out, "igemm_u8s8_big", 512, 768, 3072)   # 384 tiles of 64: the 64 x 64 form
 
 
 def igemm(out, name, m, k, n):
