@@ -1225,6 +1225,96 @@ static bool emit_gathernd(gen *st, const kf_node *n, const ix *at, char *name) {
     return emit(st, n->in[0], &a, name);
 }
 
+/* RotaryEmbedding (opset 23): element d of a head is x[d] past the rotary
+ * dim, else c x[d] - s x[d + half] in the first half of the pairs and
+ * s x[d - half] + c x[d] in the second (pairs (2k, 2k + 1) when
+ * interleaved), c and s the caches at the position and pair k. A position
+ * id read from data is checked (0 <= p < the caches' positions; the first
+ * bad one reported through kf_err, as the reference reports it) and
+ * clamped, so loads stay in bounds; constant ones out of range decline. */
+static bool emit_rotary(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
+    const kf_type *xt = &st->g->values[n->in[0]].type, *ct = &st->g->values[n->in[1]].type;
+    int r = xt->rank;
+    kf_id pos = n->nin > 3 ? n->in[3] : 0;
+    int64_t H = r == 4 ? xt->dims[1] : kf_attr_i(n, "num_heads", 0);
+    int64_t D = r == 4 ? xt->dims[3] : H > 0 ? xt->dims[r - 1] / H : 0;
+    int64_t dim = kf_attr_i(n, "rotary_embedding_dim", 0);
+    if (!dim) dim = D;
+    if ((r != 3 && r != 4) || H <= 0 || D <= 0 || (r == 3 && xt->dims[2] != H * D) || dim < 2 || dim % 2 || dim > D ||
+        ct->rank != (pos ? 2 : 3))
+        return fail(st, "node '%s': RotaryEmbedding shapes are not generated", kf_node_label(n));
+    int64_t half = dim / 2;
+    bool il = kf_attr_i(n, "interleaved", 0) != 0;
+    const char *b = at->c[0], *s = at->c[r == 4 ? 2 : 1];
+    char d[NAMELEN], base[NAMELEN] = "0", e[256], k[NAMELEN], p[NAMELEN], first[NAMELEN];
+    if (r == 4) snprintf(d, sizeof d, "%s", at->c[3]);
+    else {
+        snprintf(e, sizeof e, "%s %% %lld", at->c[2], (long long)D);
+        bind(st, d, e);
+        snprintf(e, sizeof e, "%s - %s", at->c[2], d);
+        bind(st, base, e);
+    }
+    /* pair k, the partner's coordinate and the half, all valid past the rotary dim too */
+    if (il) snprintf(e, sizeof e, "(%s < %lld ? %s / 2 : 0)", d, (long long)dim, d);
+    else snprintf(e, sizeof e, "(%s < %lld ? %s : (%s < %lld ? %s - %lld : 0))", d, (long long)half, d, d, (long long)dim,
+                  d, (long long)half);
+    bind(st, k, e);
+    if (il) snprintf(e, sizeof e, "(%s < %lld ? (%s %% 2 == 0 ? %s + 1 : %s - 1) : %s)", d, (long long)dim, d, d, d, d);
+    else snprintf(e, sizeof e, "(%s < %lld ? %s + %lld : (%s < %lld ? %s - %lld : %s))", d, (long long)half, d,
+                  (long long)half, d, (long long)dim, d, (long long)half, d);
+    bind(st, p, e);
+    if (il) snprintf(first, sizeof first, "(%s %% 2 == 0)", d);
+    else snprintf(first, sizeof first, "(%s < %lld)", d, (long long)half);
+    ix pa = *at;
+    if (r == 4) snprintf(pa.c[3], NAMELEN, "%s", p);
+    else {
+        snprintf(e, sizeof e, "%s + %s", base, p);
+        bind(st, pa.c[2], e);
+    }
+    pa.lin[0] = 0;
+    /* the caches' row: position_ids[b, s] (dims of 1 broadcast), or (b, s) */
+    ix ca = {.rank = ct->rank};
+    if (pos) {
+        const kf_type *pt = &st->g->values[pos].type;
+        int64_t npos = ct->dims[0];
+        if (pt->dtype != KF_DT_INT64 || pt->rank != 2)
+            return fail(st, "node '%s': RotaryEmbedding position_ids are not generated", kf_node_label(n));
+        const kf_tensor *pc = st->g->values[pos].init;
+        for (int64_t i = 0; pc && i < pc->numel; i++)
+            if (kf_get_i64(pc, i) < 0 || kf_get_i64(pc, i) >= npos)
+                return fail(st, "node '%s': position id %lld is outside the caches' %lld positions", kf_node_label(n),
+                            (long long)kf_get_i64(pc, i), (long long)npos);
+        ix ia = {.rank = 2};
+        snprintf(ia.c[0], NAMELEN, "%s", pt->dims[0] == 1 ? "0" : b);
+        snprintf(ia.c[1], NAMELEN, "%s", pt->dims[1] == 1 ? "0" : s);
+        char id[NAMELEN], t[NAMELEN];
+        if (!emit(st, pos, &ia, id)) return false;
+        snprintf(e, sizeof e, "(%s)%s", st->ity, id);
+        bind(st, t, e);
+        if (!pc && npos > 1) {
+            int code = check_code(st, n, npos);
+            if (code < 0) return fail_oom(st);
+            kf_cg_printf(st->s, "%sif (%s < 0 || %s >= %lld) kf_index_fail(kf_err, %d, (kf_i64)%s);\n", st->ind, t, t,
+                         (long long)npos, code, id);
+        }
+        if (npos == 1) snprintf(ca.c[0], NAMELEN, "0");
+        else clamp_bind(st, ca.c[0], t, npos);
+        snprintf(ca.c[1], NAMELEN, "%s", k);
+    } else {
+        snprintf(ca.c[0], NAMELEN, "%s", ct->dims[0] == 1 ? "0" : b);
+        snprintf(ca.c[1], NAMELEN, "%s", ct->dims[1] == 1 ? "0" : s);
+        snprintf(ca.c[2], NAMELEN, "%s", k);
+    }
+    char xv[NAMELEN], xp[NAMELEN], cv[NAMELEN], sv[NAMELEN];
+    if (!emit(st, n->in[0], at, xv) || !emit(st, n->in[0], &pa, xp) || !emit(st, n->in[1], &ca, cv) ||
+        !emit(st, n->in[2], &ca, sv))
+        return false;
+    char rhs[512]; /* names and two numbers */
+    snprintf(rhs, sizeof rhs, "(%s < %lld ? (%s ? %s * %s - %s * %s : %s * %s + %s * %s) : %s)", d, (long long)dim, first,
+             cv, xv, sv, xp, sv, xp, cv, xv, xv);
+    return define(st, v, name, rhs);
+}
+
 /* Pad, constant mode: the value where the index falls outside the input,
  * else the input read at the (clamped, so always valid) shifted index. */
 static bool emit_pad(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
@@ -1378,6 +1468,7 @@ static bool emit_node(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     case KF_OP_CONCAT: return emit_concat(st, n, v, at, name);
     case KF_OP_GATHER: return emit_gather(st, n, at, name);
     case KF_OP_GATHER_ND: return emit_gathernd(st, n, at, name);
+    case KF_OP_ROTARY_EMBEDDING: return emit_rotary(st, n, v, at, name);
     case KF_OP_PAD: return emit_pad(st, n, v, at, name);
     default: return emit_expr(st, n, v, at, name);
     }

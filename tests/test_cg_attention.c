@@ -6,7 +6,10 @@
  * reference evaluator over the unfused graph: causal, additive-mask and
  * unmasked cases, heads 1-16, head dims 32/64/128, sequences 1-2048,
  * float32/float16/bfloat16. The CUDA text (mma.sync for 16-bit tiles)
- * goes through NVRTC for sm_80 and sm_90 with 0 spills.
+ * goes through NVRTC for sm_80 and sm_90 with 0 spills. RotaryEmbedding,
+ * the other opset-23 op of attention layers, as a generated elementwise
+ * kernel: every cache form, interleaved pairs, a partial rotary dim, 16-bit
+ * data, position ids read at run time and a bad one reported.
  */
 #include <criterion/criterion.h>
 #include <criterion/logging.h>
@@ -16,6 +19,7 @@
 
 #include "cg_util.h"
 #include "graph_text.h"
+#include "kf_exec.h"
 #include "kf_kernels.h"
 #include "test_util.h"
 
@@ -236,5 +240,79 @@ Test(cg_attention, attention_op_with_a_cache_is_declined) {
     cr_assert_not_null(kf_cg_unsupported(m, p, g, why, sizeof why));
     cr_assert(strstr(why, "past key/value cache") || strstr(why, "present"), "%s", why);
     kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* ---- RotaryEmbedding ----------------------------------------------------------- */
+
+#define EW_KIND (1u << KF_GROUP_ELEMWISE)
+
+/* 4-D X with constant position ids (half rotation, then a Mul the same
+ * kernel takes), 3-D X with caches per (batch, position), interleaved
+ * pairs and a partial rotary dim, and float16. */
+Test(cg_attention, rotary_embedding_generated_every_form) {
+    cgu_need_opencl();
+    static const char *const texts[] = {
+        "opset 23\ninput x float[2, 3, 5, 8]\nconst c float[7, 4] = random\nconst s float[7, 4] = random\n"
+        "const p int64[2, 5] = 0 6 2 3 1 5 4 4 0 2\nconst two float[] = 2\n"
+        "r = RotaryEmbedding(x, c, s, p)\ny = Mul(r, two)\noutput y\n",
+        "opset 23\ninput x float[2, 5, 24]\nconst c float[2, 5, 2] = random\nconst s float[2, 5, 2] = random\n"
+        "y = RotaryEmbedding(x, c, s) {num_heads=3, interleaved=1, rotary_embedding_dim=4}\noutput y\n",
+        "opset 23\ninput x float16[1, 2, 6, 16]\nconst c float16[1, 6, 8] = random\nconst s float16[1, 6, 8] = random\n"
+        "y = RotaryEmbedding(x, c, s)\noutput y\n",
+        "opset 23\ninput x float[1, 2, 4, 12]\nconst c float[4, 3] = random\nconst s float[4, 3] = random\n"
+        "const p int64[1, 4] = 3 2 1 0\ny = RotaryEmbedding(x, c, s, p) {rotary_embedding_dim=6, interleaved=1}\noutput y\n",
+    };
+    for (size_t i = 0; i < sizeof texts / sizeof *texts; i++) {
+        cgu_run_opts o = {EW_KIND, NULL, 1e-5, 1e-5, 4e-3, 4e-3, NULL, NULL};
+        cr_expect_geq(cgu_run_groups(texts[i], &o), 1, "case %zu", i);
+    }
+}
+
+Test(cg_attention, rotary_embedding_cuda_text_compiles_with_nvrtc) {
+    const char *why = kf_nvrtc_unavailable();
+    if (why) {
+        cr_skip_test("NVRTC: %s", why);
+        return;
+    }
+    cr_assert_eq(cgu_nvrtc_check_text("opset 23\ninput x float16[1, 12, 128, 64]\ninput p int64[1, 128]\n"
+                                      "const c float16[256, 32] = random\nconst s float16[256, 32] = random\n"
+                                      "y = RotaryEmbedding(x, c, s, p)\noutput y\n",
+                                      EW_KIND),
+                 1);
+}
+
+/* Position ids as a graph input: read and checked in the kernel; a bad one
+ * fails the run naming the node, as the reference does. */
+Test(cg_attention, rotary_embedding_position_ids_at_run_time) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse("opset 23\ninput x float[2, 2, 4, 8]\ninput p int64[2, 4]\n"
+                           "const c float[9, 4] = random\nconst s float[9, 4] = random\n"
+                           "y = RotaryEmbedding(x, c, s, p)\noutput y\n");
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    int64_t xd[4] = {2, 2, 4, 8}, pd[2] = {2, 4};
+    kf_tensor in[2] = {tu_rand(KF_DT_FLOAT, 4, xd, -2, 2), tu_rand(KF_DT_INT64, 2, pd, 0, 8.99)};
+    kf_tensor got[1] = {{0}}, want[1] = {{0}};
+    cr_assert_eq(kf_exec_run(x, in, 2, got), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_eval_model(m, in, 2, want, NULL), KF_OK, "%s", kf_last_error());
+    char why[512];
+    cr_expect(tu_close(&got[0], &want[0], 1e-5, 1e-5, why, sizeof why), "%s", why);
+    kf_exec_stats st;
+    kf_exec_get_stats(x, &st);
+    cr_expect_eq(st.groups_ref, 0, "RotaryEmbedding ran on the host");
+    ((int64_t *)in[1].data)[5] = 9; /* past the caches' 9 positions */
+    kf_tensor_release(&got[0]);
+    cr_expect_eq(kf_exec_run(x, in, 2, got), KF_ERR_RUNTIME);
+    cr_expect(strstr(kf_last_error(), "RotaryEmbedding") && strstr(kf_last_error(), "out of range"), "%s",
+              kf_last_error());
+    kf_tensor_release(&got[0]);
+    kf_tensor_release(&want[0]);
+    kf_tensor_release(&in[0]);
+    kf_tensor_release(&in[1]);
+    kf_exec_free(x);
     kf_model_free(m);
 }

@@ -181,7 +181,9 @@ Test(random_graphs, covers_the_listed_ops) {
                                 "MatMul", "Gemm", "Conv", "BatchNormalization", "Transpose", "Reshape", "Squeeze",
                                 "Unsqueeze", "Concat", "Slice", "Expand", "Gather", "MaxPool", "AveragePool", "LpPool",
                                 "GlobalAveragePool", "GlobalMaxPool", "Split", "HardSigmoid", "Attention",
-                                "RotaryEmbedding", "If", "Loop", "Swish", "SwiGLU", "RMSNormalization", "GatherND"};
+                                "RotaryEmbedding", "If", "Loop", "Swish", "SwiGLU", "RMSNormalization", "GatherND",
+                                "Scan", "CumSum", "CumProd", "BitCast", "TensorScatter", "CausalConvWithState",
+                                "LinearAttention"};
     enum { NOPS = sizeof ops / sizeof *ops };
     int seen[NOPS] = {0}, fp16 = 0, sym = 0;
     uint64_t base = tu_seed();
