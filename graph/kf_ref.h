@@ -119,6 +119,19 @@ struct kf_body;
  * the node: a condition that is not one bool, bodies whose outputs do not
  * fit, scanned inputs of different lengths, a Loop past its iteration cap. */
 kf_status kf_control_run(const kf_model *m, const kf_node *n, const kf_tensor *const *in, kf_tensor *out, int depth);
+/* Where the bodies of the If, Loop and Scan nodes a thread runs are run:
+ * the evaluator (kf_eval_graph) unless a backend sets a runner for the
+ * thread around such a node (kernels/exec.c runs each body as a compiled
+ * plan of its own). fn gets the node, the body attribute, the decoded body
+ * (struct kf_body: formal inputs, then the names read from around it),
+ * its inputs bound as kf_eval_graph takes them, room for its outputs, and
+ * the nesting depth; it runs the body once. Only the bodies of a node run
+ * at depth 0 go through it (nested ones run wherever their body runs).
+ * kf_set_body_runner returns the runner it replaces through prev/prev_ctx,
+ * to be put back. */
+typedef kf_status (*kf_body_run_fn)(void *ctx, const kf_node *n, const char *attr, const struct kf_body *b,
+                                    const kf_tensor *const *bound, kf_tensor *outputs, int depth);
+void kf_set_body_runner(kf_body_run_fn fn, void *ctx, kf_body_run_fn *prev, void **prev_ctx);
 /* Names of the graph attributes node n runs (NULL-terminated; empty for
  * other ops). */
 const char *const *kf_control_bodies(const kf_node *n);

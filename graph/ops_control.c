@@ -573,10 +573,22 @@ static kf_status runner_init(runner *r, const kf_model *m, const kf_node *n, con
     return KF_OK;
 }
 
+static _Thread_local kf_body_run_fn body_fn; /* kf_set_body_runner */
+static _Thread_local void *body_ctx;
+
+void kf_set_body_runner(kf_body_run_fn fn, void *ctx, kf_body_run_fn *prev, void **prev_ctx) {
+    if (prev) *prev = body_fn;
+    if (prev_ctx) *prev_ctx = body_ctx;
+    body_fn = fn;
+    body_ctx = ctx;
+}
+
 /* Runs the body on r->bound; results in r->res (released first). */
 static kf_status runner_go(runner *r) {
     for (uint32_t o = 0; o < r->b.g->noutputs; o++) kf_tensor_release(&r->res[o]);
-    kf_status st = kf_eval_graph(r->m, r->b.g, r->bound, r->res, r->depth + 1);
+    kf_status st = body_fn && r->depth == 0
+                       ? body_fn(body_ctx, r->n, r->attr, &r->b, r->bound, r->res, r->depth + 1)
+                       : kf_eval_graph(r->m, r->b.g, r->bound, r->res, r->depth + 1);
     if (st) kf_fail_context(st, "node '%s' (%s) body '%s'", kf_node_label(r->n), r->n->op_type, r->attr);
     return st;
 }

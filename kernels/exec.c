@@ -19,6 +19,7 @@
 #include "kf_exec.h"
 #include "kf_libanchor.h"
 #include "kf_memplan.h"
+#include "kf_onnx.h"
 #include "kf_opt.h"
 #include "kf_precision.h"
 
@@ -83,8 +84,20 @@ typedef struct spec {
     bool has_ref;      /* some step runs on the reference evaluator */
     slot *free_slots;
     slot *dev_slots;   /* bound to callers' streams (kf_exec_run_device), never reused by kf_exec_run */
+    struct body_plan *bodies; /* compiled If/Loop/Scan bodies of its ref steps (run_body), under e->mu */
+    uint32_t nbodies;
     kf_exec_stats stats;
 } spec;
+
+/* An If branch or Loop/Scan body of node `node` compiled into a plan of
+ * its own for the same backend (NULL x: it would not compile; the
+ * evaluator runs it). */
+typedef struct body_plan {
+    kf_id node;
+    const char *attr; /* one of kf_control_bodies' static names */
+    kf_exec *x;
+    bool evaluator;   /* a run of x was refused (inputs its plan does not take): the evaluator runs it */
+} body_plan;
 
 struct kf_exec {
     kf_exec_options o;
@@ -105,6 +118,7 @@ struct kf_exec {
     uint32_t nspecs;
     kf_exec_stats last;
     uint64_t device_replays; /* device-side runs replayed from a captured graph (under mu) */
+    uint64_t body_runs;      /* control-flow bodies run as compiled plans (under mu) */
 };
 
 static const char *env_has(const char *var, const char *word) {
@@ -186,8 +200,108 @@ static const kf_tensor *host_of(const spec *s, const kf_tensor *vals, kf_id v) {
     return s->m->graph->values[v].init;
 }
 
-/* Runs group gr node by node on the reference evaluator; outputs go to vals. */
-static kf_status run_ref_group(const spec *s, const kf_group *gr, kf_tensor *vals) {
+/* ---- control-flow bodies as compiled plans --------------------------------
+ * A ref step holding an If, Loop or Scan node runs the node's control flow
+ * on the host (ops_control.c: conditions, iterations, scanned slices,
+ * stacked outputs) but each body as a plan of its own on this backend:
+ * compiled at its first run (the plan specialises per input shape set as
+ * any does) and kept in the spec. Bodies compute in float32, as the
+ * precision pass leaves them; a body that does not compile runs on the
+ * evaluator, as before. */
+typedef struct body_ctx {
+    kf_exec *e;
+    spec *s;
+} body_ctx;
+
+static kf_status run_body(void *vctx, const kf_node *n, const char *attr, const kf_body *b, const kf_tensor *const *bound,
+                          kf_tensor *outputs, int depth) {
+    body_ctx *c = vctx;
+    kf_exec *e = c->e;
+    spec *s = c->s;
+    kf_id nid = (kf_id)(n - s->m->graph->nodes);
+    kf_exec *x = NULL;
+    bool known = false;
+    pthread_mutex_lock(&e->mu);
+    for (uint32_t i = 0; i < s->nbodies && !known; i++)
+        if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr))
+            known = true, x = s->bodies[i].evaluator ? NULL : s->bodies[i].x;
+    pthread_mutex_unlock(&e->mu);
+    if (!known) {
+        /* inputs the body leaves untyped (the names it reads from around
+         * it) take the dtype and rank of what they are bound to now; their
+         * sizes stay open, so the plan takes every size */
+        for (uint32_t k = 0; k < b->g->ninputs; k++) {
+            kf_value *v = &b->g->values[b->g->inputs[k]];
+            if ((v->type.dtype && v->type.rank >= 0) || !bound[k]) continue;
+            kf_type_unknown(&v->type);
+            v->type.dtype = bound[k]->dtype;
+            v->type.rank = bound[k]->rank;
+            for (int d = 0; d < bound[k]->rank; d++) v->type.dims[d] = -1;
+            v->has_type = true;
+        }
+        kf_model bm = {.graph = b->g, .opsets = s->m->opsets, .nopsets = s->m->nopsets, .ir_version = s->m->ir_version};
+        kf_exec_options o = e->o;
+        o.precision = KF_PRECISION_FP32;
+        o.dims = NULL;
+        o.ndims = 0;
+        if (kf_exec_create(&bm, &o, &x)) {
+            kf_clear_error();
+            x = NULL;
+        }
+        /* kept for later runs, unless another thread kept one meanwhile */
+        pthread_mutex_lock(&e->mu);
+        kf_exec *kept = NULL;
+        bool raced = false;
+        for (uint32_t i = 0; i < s->nbodies && !raced; i++)
+            if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr)) raced = true, kept = s->bodies[i].x;
+        body_plan *nb = raced ? NULL : kf_realloc(s->bodies, (s->nbodies + 1) * sizeof *nb);
+        if (nb) {
+            s->bodies = nb;
+            s->bodies[s->nbodies++] = (body_plan){nid, attr, x, false};
+        }
+        pthread_mutex_unlock(&e->mu);
+        if (raced || !nb) {
+            kf_exec_free(x);
+            if (!raced) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            x = kept;
+        }
+    }
+    if (!x) return kf_eval_graph(s->m, b->g, bound, outputs, depth);
+    uint32_t nin = kf_exec_num_inputs(x);
+    kf_tensor *ins = kf_calloc((size_t)nin + 1, sizeof(kf_tensor));
+    if (!ins) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = KF_OK;
+    for (uint32_t i = 0; i < nin && !st; i++) {
+        const char *name = kf_exec_input_name(x, i);
+        uint32_t k = 0;
+        while (k < b->g->ninputs && strcmp(b->g->values[b->g->inputs[k]].name, name)) k++;
+        if (k == b->g->ninputs || !bound[k])
+            st = kf_fail(KF_ERR_INTERNAL, "body '%s' of node '%s': no value for its input '%s'", attr, kf_node_label(n), name);
+        else ins[i] = *bound[k]; /* read in place: a shallow copy, never released */
+    }
+    if (!st) st = kf_exec_run(x, ins, nin, outputs);
+    kf_free(ins);
+    if (st == KF_ERR_INVALID_ARG || st == KF_ERR_SHAPE || st == KF_ERR_UNSUPPORTED || st == KF_ERR_COMPILE) {
+        /* inputs the plan does not take (a shape its declared types rule
+         * out, a dtype it was not compiled for): the evaluator, from now on */
+        kf_clear_error();
+        pthread_mutex_lock(&e->mu);
+        for (uint32_t i = 0; i < s->nbodies; i++)
+            if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr)) s->bodies[i].evaluator = true;
+        pthread_mutex_unlock(&e->mu);
+        return kf_eval_graph(s->m, b->g, bound, outputs, depth);
+    }
+    if (!st) {
+        pthread_mutex_lock(&e->mu);
+        e->body_runs++;
+        pthread_mutex_unlock(&e->mu);
+    }
+    return st;
+}
+
+/* Runs group gr node by node on the reference evaluator, control-flow
+ * bodies as compiled plans when e is given; outputs go to vals. */
+static kf_status run_ref_group(kf_exec *e, spec *s, const kf_group *gr, kf_tensor *vals) {
     const kf_graph *g = s->m->graph;
     kf_status st = KF_OK;
     for (uint32_t k = 0; k < gr->nnodes && !st; k++) {
@@ -200,7 +314,16 @@ static kf_status run_ref_group(const spec *s, const kf_group *gr, kf_tensor *val
         if (!in || !out) st = kf_fail(KF_ERR_NOMEM, "out of memory");
         for (int i = 0; !st && i < n->nin; i++)
             if (n->in[i] && !(in[i] = host_of(s, vals, n->in[i]))) st = missing(g, n->in[i], kf_node_label(n));
-        if (!st) st = kf_eval_node(n, n->nin, in, out);
+        if (!st && e && *kf_control_bodies(n)) {
+            body_ctx bc = {e, s};
+            kf_body_run_fn pf;
+            void *pc;
+            kf_set_body_runner(run_body, &bc, &pf, &pc);
+            st = kf_eval_node(n, n->nin, in, out);
+            kf_set_body_runner(pf, pc, NULL, NULL);
+        } else if (!st) {
+            st = kf_eval_node(n, n->nin, in, out);
+        }
         for (int j = 0; out && j < n->nout; j++) {
             if (!st && n->out[j]) kf_tensor_move(&vals[n->out[j]], &out[j]);
             kf_tensor_release(&out[j]);
@@ -230,6 +353,8 @@ static void slot_free(kf_dev *d, const spec *s, slot *sl) {
 static void spec_free(kf_exec *e, spec *s) {
     if (!s) return;
     kf_dev *d = e->dev;
+    for (uint32_t i = 0; i < s->nbodies; i++) kf_exec_free(s->bodies[i].x);
+    kf_free(s->bodies);
     uint32_t nv = s->m ? s->m->graph->nvalues : 0;
     for (slot **list = &s->free_slots; list; list = list == &s->free_slots ? &s->dev_slots : NULL)
         while (*list) {
@@ -628,7 +753,7 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             if (gr->kind == KF_GROUP_CONST) {
                 /* known before anything runs: computed once here; a group
                  * that turns out to need run-time data stays a ref step */
-                if (run_ref_group(s, gr, s->cvals) == KF_OK) {
+                if (run_ref_group(NULL, s, gr, s->cvals) == KF_OK) {
                     st->kern = STEP_CONST;
                     continue;
                 }
@@ -1034,6 +1159,7 @@ void kf_exec_get_stats(const kf_exec *e, kf_exec_stats *st) {
     pthread_mutex_lock((pthread_mutex_t *)&e->mu);
     *st = e->last;
     st->device_replays = e->device_replays;
+    st->body_runs = e->body_runs;
     pthread_mutex_unlock((pthread_mutex_t *)&e->mu);
 }
 
@@ -1259,7 +1385,7 @@ static kf_status run_steps(run *r) {
             for (int j = 0; j < n->nin; j++)
                 if (n->in[j]) KF_TRY(to_host(r, n->in[j]));
         }
-        KF_TRY(run_ref_group(r->s, gr, r->vals));
+        KF_TRY(run_ref_group(r->e, r->s, gr, r->vals));
         for (uint32_t k = 0; k < gr->nnodes; k++) {
             const kf_node *n = &g->nodes[gr->nodes[k]];
             for (int j = 0; j < n->nout; j++)

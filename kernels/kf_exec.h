@@ -114,6 +114,7 @@ typedef struct kf_exec_stats {
     bool cuda_graph;          /* runs replay a captured CUDA Graph */
     uint64_t device_replays;  /* device-side runs so far replayed from a captured graph
                                * (kf_exec_run_device with the buffers of the run before) */
+    uint64_t body_runs;       /* If/Loop/Scan bodies run so far as compiled plans of their own */
 } kf_exec_stats;
 
 typedef struct kf_exec kf_exec;

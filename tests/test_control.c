@@ -5,7 +5,8 @@
  * written as a plain C loop here, on random inputs. Also: shapes inferred
  * through bodies, nested control flow, typed errors naming the node, load
  * errors for bodies that do not fit their node, `kfuse opt` keeping the
- * outputs, and the OpenCL backend running these nodes on the host.
+ * outputs (and optimizing the bodies), and the OpenCL backend running the
+ * control flow on the host with each body as a compiled plan.
  */
 #include <criterion/criterion.h>
 #include <math.h>
@@ -684,28 +685,46 @@ Test(control, a_constant_if_folds_away) {
     onnx__model_proto__free_unpacked(mp, NULL);
 }
 
-Test(control, opencl_runs_control_flow_on_the_host) {
+/* On OpenCL the control flow runs on the host (conditions, iterations,
+ * slices, stacking) and every body as a compiled plan of its own, nested
+ * bodies too; the outputs are the reference's, run after run. */
+Test(control, opencl_runs_bodies_as_compiled_plans) {
     const char *why = kf_cl_unavailable();
     if (why) cr_skip_test("OpenCL: %s", why);
-    Onnx__ModelProto *(*models[])(void) = {if_model, nested_model, scan_model};
+    Onnx__ModelProto *(*models[])(void) = {if_model, nested_model, scan_model, while_model};
     for (size_t k = 0; k < sizeof models / sizeof *models; k++) {
         Onnx__ModelProto *mp = models[k]();
         kf_model *m = bu_load(mp);
-        kf_tensor *ins;
-        uint32_t nins;
-        gt_random_inputs(m, &ins, &nins);
+        kf_exec_options o;
+        kf_exec_options_default(&o);
+        o.backend = KF_EXEC_OPENCL;
+        kf_exec *x = NULL;
+        cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "model %zu: %s", k, kf_last_error());
         uint32_t nout = m->graph->noutputs;
-        kf_tensor want[2] = {{0}}, got[2] = {{0}};
         cr_assert_leq(nout, 2);
-        cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
-        kf_run_summary s;
-        cr_assert_eq(kf_run_opencl(m, ins, (int)nins, got, NULL, &s), KF_OK, "model %zu: %s", k, kf_last_error());
-        cr_assert_geq(s.groups_ref, 1, "the control-flow node should run on the host");
-        for (uint32_t o = 0; o < nout; o++) expect_close(&got[o], &want[o], "opencl against ref");
-        release(want, 2);
-        release(got, 2);
-        release(ins, (int)nins);
-        free(ins);
+        for (int run = 0; run < 2; run++) {
+            kf_tensor *ins;
+            uint32_t nins;
+            gt_random_inputs(m, &ins, &nins);
+            if (k == 3) { /* the while loop: a start below the limit, and a bool condition */
+                kf_set_i64(&ins[0], 0, 1);
+                kf_set_f64(&ins[1], 0, 0.75);
+                kf_set_f64(&ins[2], 0, 40);
+            }
+            kf_tensor want[2] = {{0}}, got[2] = {{0}};
+            cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
+            cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "model %zu: %s", k, kf_last_error());
+            for (uint32_t q = 0; q < nout; q++) expect_close(&got[q], &want[q], "opencl against ref");
+            release(want, 2);
+            release(got, 2);
+            release(ins, (int)nins);
+            free(ins);
+        }
+        kf_exec_stats st;
+        kf_exec_get_stats(x, &st);
+        cr_expect_geq(st.groups_ref, 1, "model %zu: the control-flow node runs on the host", k);
+        cr_expect_gt(st.body_runs, 0, "model %zu: no body ran as a compiled plan", k);
+        kf_exec_free(x);
         kf_model_free(m);
         onnx__model_proto__free_unpacked(mp, NULL);
     }
