@@ -782,24 +782,21 @@ static bool row_pass(gen *st, const kf_node *r, const gemm *gmp, const kf_type *
     if (lit.oom || !lit.p) ok = fail_oom(st); /* a literal cut short must not become a default */
     snprintf(nf, sizeof nf, "%s", lit.p && !lit.oom ? lit.p : "1.0f");
     kf_cg_str_release(&lit);
+    char eps[48]; /* a float literal */
     if (st->rk == RK_LAYERNORM) {
-        if (!put_float(&lit, kf_attr_f(r, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(r));
-        else if (lit.oom || !lit.p) ok = fail_oom(st);
+        if (!epsilon_literal(st, r, eps, sizeof eps)) ok = false;
         kf_cg_printf(b, "                float rsum = 0.0f;\n                %s rsum += %s[rr][j];\n", lp, buf);
         kf_cg_printf(b, "                const float rmean = kf_block_sum(rsum, kf_red, KF_LOCAL_SIZE) / %s;\n", nf);
         kf_cg_printf(b, "                float rvar = 0.0f;\n                %s rvar += (%s[rr][j] - rmean) * (%s[rr][j] - rmean);\n", lp, buf, buf);
         kf_cg_printf(b, "                const float rstd = 1.0f / KF_SQRT(kf_block_sum(rvar, kf_red, KF_LOCAL_SIZE) / %s + %s);\n",
-                     nf, lit.p ? lit.p : "0.0f");
-        kf_cg_str_release(&lit);
+                     nf, eps);
         snprintf(st->stat[0], NAMELEN, "rmean");
         snprintf(st->stat[1], NAMELEN, "rstd");
     } else if (st->rk == RK_RMSNORM) {
-        if (!put_float(&lit, kf_attr_f(r, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(r));
-        else if (lit.oom || !lit.p) ok = fail_oom(st);
+        if (!epsilon_literal(st, r, eps, sizeof eps)) ok = false;
         kf_cg_printf(b, "                float rsq = 0.0f;\n                %s rsq += %s[rr][j] * %s[rr][j];\n", lp, buf, buf);
         kf_cg_printf(b, "                const float rstd = 1.0f / KF_SQRT(kf_block_sum(rsq, kf_red, KF_LOCAL_SIZE) / %s + %s);\n",
-                     nf, lit.p ? lit.p : "0.0f");
-        kf_cg_str_release(&lit);
+                     nf, eps);
         snprintf(st->stat[1], NAMELEN, "rstd");
     } else {
         kf_cg_printf(b, "                float rmax = -KF_INF;\n                %s rmax = KF_FMAX(rmax, %s[rr][j]);\n", lp, buf);

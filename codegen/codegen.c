@@ -624,6 +624,18 @@ static bool put_float(kf_cg_str *s, double f) {
     return true;
 }
 
+/* Node n's epsilon attribute (default 1e-5) as a float literal into eps;
+ * false (failed, eps "0.0f") when it is not finite or memory ran out. */
+static bool epsilon_literal(gen *st, const kf_node *n, char *eps, size_t len) {
+    kf_cg_str lit = {0};
+    bool ok = put_float(&lit, kf_attr_f(n, "epsilon", 1e-5f));
+    if (!ok) fail(st, "node '%s': epsilon is not finite", kf_node_label(n));
+    else if (lit.oom || !lit.p) ok = fail_oom(st);
+    snprintf(eps, len, "%s", ok ? lit.p : "0.0f");
+    kf_cg_str_release(&lit);
+    return ok;
+}
+
 /* Expands template e for node n with operand texts ops[0..nops). */
 static bool expand(gen *st, kf_cg_str *s, const kf_node *n, const char *e, char ops[][NAMELEN], int nops) {
     for (const char *c = e; *c;) {
@@ -2277,11 +2289,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         snprintf(sum, NAMELEN, "rsum");
         break;
     case RK_LAYERNORM: {
-        lit = (kf_cg_str){0};
-        if (!put_float(&lit, kf_attr_f(n, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(n));
-        else if (lit.oom || !lit.p) ok = fail_oom(st);
-        snprintf(eps, sizeof eps, "%s", lit.p && !lit.oom ? lit.p : "0.0f");
-        kf_cg_str_release(&lit);
+        if (!epsilon_literal(st, n, eps, sizeof eps)) ok = false;
         ok = ok && red_pass(st, n, xt, &rowix, "rsum", "0.0f", "%1$s + %2$s", "%1$s", NULL, bsum, block, K, tail);
         if (ok) kf_cg_printf(&body, "        const float rmean = rsum / %s;\n", kf);
         ok = ok && red_pass(st, n, xt, &rowix, "rvar", "0.0f", "%1$s + %2$s", "(%1$s - %2$s) * (%1$s - %2$s)", "rmean", bsum, block, K, tail);
@@ -2291,11 +2299,7 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         break;
     }
     case RK_RMSNORM: {
-        lit = (kf_cg_str){0};
-        if (!put_float(&lit, kf_attr_f(n, "epsilon", 1e-5f))) ok = fail(st, "node '%s': epsilon is not finite", kf_node_label(n));
-        else if (lit.oom || !lit.p) ok = fail_oom(st);
-        snprintf(eps, sizeof eps, "%s", lit.p && !lit.oom ? lit.p : "0.0f");
-        kf_cg_str_release(&lit);
+        if (!epsilon_literal(st, n, eps, sizeof eps)) ok = false;
         ok = ok && red_pass(st, n, xt, &rowix, "rsq", "0.0f", "%1$s + %2$s", "%1$s * %1$s", NULL, bsum, block, K, tail);
         if (ok) kf_cg_printf(&body, "        const float rstd = 1.0f / KF_SQRT(rsq / %s + %s);\n", kf, eps);
         snprintf(sum, NAMELEN, "rstd");
