@@ -213,6 +213,13 @@ typedef struct body_ctx {
     spec *s;
 } body_ctx;
 
+/* The kept plan of body attr of node nid in s, or NULL (under e->mu). */
+static body_plan *body_of(spec *s, kf_id nid, const char *attr) {
+    for (uint32_t i = 0; i < s->nbodies; i++)
+        if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr)) return &s->bodies[i];
+    return NULL;
+}
+
 static kf_status run_body(void *vctx, const kf_node *n, const char *attr, const kf_body *b, const kf_tensor *const *bound,
                           kf_tensor *outputs, int depth) {
     body_ctx *c = vctx;
@@ -220,11 +227,10 @@ static kf_status run_body(void *vctx, const kf_node *n, const char *attr, const 
     spec *s = c->s;
     kf_id nid = (kf_id)(n - s->m->graph->nodes);
     kf_exec *x = NULL;
-    bool known = false;
     pthread_mutex_lock(&e->mu);
-    for (uint32_t i = 0; i < s->nbodies && !known; i++)
-        if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr))
-            known = true, x = s->bodies[i].evaluator ? NULL : s->bodies[i].x;
+    const body_plan *bp = body_of(s, nid, attr);
+    bool known = bp != NULL;
+    if (bp && !bp->evaluator) x = bp->x;
     pthread_mutex_unlock(&e->mu);
     if (!known) {
         /* inputs the body leaves untyped (the names it reads from around
@@ -250,10 +256,9 @@ static kf_status run_body(void *vctx, const kf_node *n, const char *attr, const 
         }
         /* kept for later runs, unless another thread kept one meanwhile */
         pthread_mutex_lock(&e->mu);
-        kf_exec *kept = NULL;
-        bool raced = false;
-        for (uint32_t i = 0; i < s->nbodies && !raced; i++)
-            if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr)) raced = true, kept = s->bodies[i].x;
+        const body_plan *other = body_of(s, nid, attr);
+        bool raced = other != NULL;
+        kf_exec *kept = other ? other->x : NULL;
         body_plan *nb = raced ? NULL : kf_realloc(s->bodies, (s->nbodies + 1) * sizeof *nb);
         if (nb) {
             s->bodies = nb;
@@ -286,8 +291,8 @@ static kf_status run_body(void *vctx, const kf_node *n, const char *attr, const 
          * out, a dtype it was not compiled for): the evaluator, from now on */
         kf_clear_error();
         pthread_mutex_lock(&e->mu);
-        for (uint32_t i = 0; i < s->nbodies; i++)
-            if (s->bodies[i].node == nid && !strcmp(s->bodies[i].attr, attr)) s->bodies[i].evaluator = true;
+        body_plan *mine = body_of(s, nid, attr);
+        if (mine) mine->evaluator = true;
         pthread_mutex_unlock(&e->mu);
         return kf_eval_graph(s->m, b->g, bound, outputs, depth);
     }
