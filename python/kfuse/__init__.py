@@ -185,23 +185,28 @@ def fuse(model, target=None, dims=None, precision="fp32", patterns=(), fusion=No
         libc.free(rep)
 
 
+def _in_order(names, inputs):
+    """inputs (a dict by name, or a sequence) as a list in the order of names."""
+    if isinstance(inputs, dict):
+        missing = [n for n in names if n not in inputs]
+        extra = [n for n in inputs if n not in names]
+        if missing or extra:
+            raise Error(ERR_INVALID_ARG, "inputs: the model takes %s; missing %s, unknown %s" % (names, missing, extra))
+        inputs = [inputs[n] for n in names]
+    else:
+        inputs = list(inputs)
+    if len(inputs) != len(names):
+        raise Error(ERR_INVALID_ARG, "the model has %d inputs, %d were given" % (len(names), len(inputs)))
+    return inputs
+
+
 class _Inputs:
     """kf_host_tensor views over the caller's inputs (in input order), and
     whatever keeps their memory alive while the library reads it."""
 
     def __init__(self, compiled, inputs, shapes_only=False):
         names = compiled.input_names
-        if isinstance(inputs, dict):
-            missing = [n for n in names if n not in inputs]
-            extra = [n for n in inputs if n not in names]
-            if missing or extra:
-                raise Error(ERR_INVALID_ARG, "inputs: the model takes %s; missing %s, unknown %s"
-                            % (names, missing, extra))
-            inputs = [inputs[n] for n in names]
-        else:
-            inputs = list(inputs)
-        if len(inputs) != len(names):
-            raise Error(ERR_INVALID_ARG, "the model has %d inputs, %d were given" % (len(names), len(inputs)))
+        inputs = _in_order(names, inputs)
         self.keep = []
         self.addresses = []
         self.arr = (HostTensor * max(1, len(inputs)))()
@@ -380,15 +385,7 @@ class Compiled:
         frees right after, need sync() first, or stream= the stream the
         caller works on."""
         names = self.input_names
-        if isinstance(inputs, dict):
-            missing = [n for n in names if n not in inputs]
-            if missing or len(inputs) != len(names):
-                raise Error(ERR_INVALID_ARG, "inputs: the model takes %s; missing %s, unknown %s"
-                            % (names, missing, [n for n in inputs if n not in names]))
-            inputs = [inputs[n] for n in names]
-        inputs = list(inputs)
-        if len(inputs) != len(names):
-            raise Error(ERR_INVALID_ARG, "the model has %d inputs, %d were given" % (len(names), len(inputs)))
+        inputs = _in_order(names, inputs)
         side, s = self._side(), self._stream(stream)
         keep = []
 
