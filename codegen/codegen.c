@@ -653,6 +653,11 @@ static bool expand(gen *st, kf_cg_str *s, const kf_node *n, const char *e, char 
                 kf_cg_puts(s, ops[k]);
                 continue;
             }
+            /* the casts of the integer templates (emit_expr) */
+            if (*c == ')' && ((len == 3 && !memcmp(b, "int", 3)) || (len == 8 && !memcmp(b, "unsigned", 8)))) {
+                kf_cg_printf(s, "%.*s", (int)len, b);
+                continue;
+            }
             int mi = math_index(b, len);
             if (mi < 0 || *c != '(') {
                 snprintf(st->why, st->whylen, "node '%s': cg_expr of %s names '%.*s', not in the math table",
@@ -871,6 +876,16 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
      * with the zero point): exact, no NaN to order */
     if (ints && (n->op == KF_OP_MAX || n->op == KF_OP_MIN)) {
         e = n->op == KF_OP_MAX ? "(x1 > x0 ? x1 : x0)" : "(x1 < x0 ? x1 : x0)";
+        ints = false;
+    }
+    /* int32 sums, differences and products (an int8 product's zero-point
+     * columns): wrapping like the reference, in unsigned arithmetic */
+    if (ints && (n->op == KF_OP_ADD || n->op == KF_OP_SUB || n->op == KF_OP_MUL) && n->nin == 2 &&
+        ot->dtype == KF_DT_INT32 && st->g->values[n->in[0]].type.dtype == KF_DT_INT32 &&
+        st->g->values[n->in[1]].type.dtype == KF_DT_INT32) {
+        e = n->op == KF_OP_ADD ? "((int)((unsigned)x0 + (unsigned)x1))"
+            : n->op == KF_OP_SUB ? "((int)((unsigned)x0 - (unsigned)x1))"
+                                 : "((int)((unsigned)x0 * (unsigned)x1))";
         ints = false;
     }
     if (ints && n->op != KF_OP_WHERE && n->op != KF_OP_EQUAL && n->op != KF_OP_LESS && n->op != KF_OP_GREATER &&

@@ -36,6 +36,7 @@ kf_status kf_fuse_precision(kf_model *m, kf_dtype low, kf_precision_stats *st);
 /* What kf_fuse_int8 did. */
 typedef struct kf_int8_stats {
     uint32_t anchors; /* Conv/MatMul/Gemm nodes now integer anchors */
+    uint32_t activations_signed; /* uint8 QuantizeLinear outputs moved to int8 */
 } kf_int8_stats;
 
 /* Rewrites m for precision INT8 (pass_qint.c): every Conv, MatMul and Gemm
@@ -45,7 +46,12 @@ typedef struct kf_int8_stats {
  * MatMulInteger on the 8-bit values, a Cast to float32, a Mul by the
  * constant sx * sw per channel and the bias Add. The result is standard
  * ONNX and differs from m by float rounding (a quantised output may move
- * by one step). Unused DequantizeLinear nodes are removed. *st may be
+ * by one step). Exact rewrites before and within: uint8 activations
+ * whose readers are all DequantizeLinears become int8 (values and zero
+ * point shifted by 128), and a product with weights of zero point 0 takes
+ * the activation's zero point as an int32 Add per column, so the integer
+ * product has no zero points (the form cuBLASLt's int8 GEMM runs).
+ * Unused DequantizeLinear nodes are removed. *st may be
  * NULL. KF_ERR_NOMEM; KF_ERR_INTERNAL when the rewritten graph does not
  * infer (a bug of this pass). */
 kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st);

@@ -15,6 +15,16 @@
  * differ by float rounding, about a unit of the output's last place: a
  * value on a rounding boundary of the next QuantizeLinear may move by one
  * step (DESIGN.md, Numerics). Only precision INT8 runs this pass.
+ *
+ * Two exact rewrites give the products the form tensor-core integer GEMMs
+ * take (signed 8-bit operands, no zero points; kernels/libanchor.c):
+ *   - uint8 activations move to int8. A QuantizeLinear to uint8 whose every
+ *     reader is a DequantizeLinear of the same zero point z writes int8 with
+ *     zero point z - 128 instead, and its readers read that: every value
+ *     drops by 128 together with its zero point, so x - z is unchanged.
+ *   - an activation zero point leaves the product. With weights W of zero
+ *     point 0, sum_k (x - zx) W[k,n] = sum_k x W[k,n] - zx colsum(W)[n]: a
+ *     MatMulInteger without zero points plus an int32 constant per column.
  */
 #include <stdio.h>
 #include <string.h>
@@ -191,6 +201,73 @@ static kf_status channel_scales(kf_graph *g, const anchor *a, int orank, kf_id *
     return kf_graph_add_constant(g, "int8_scale", t, id);
 }
 
+/* The zero point of a QuantizeLinear or DequantizeLinear n when it is a
+ * one-element uint8 constant; 0 otherwise (absent, int8, per axis). */
+static kf_id u8_scalar_zero(const kf_model *m, const kf_node *n) {
+    if (kf_node_onnx_nin(n) < 3 || !n->in[2] || !kf_value_is_constant(m, n->in[2])) return 0;
+    const kf_tensor *z = m->graph->values[n->in[2]].init;
+    return z->dtype == KF_DT_UINT8 && z->numel == 1 ? n->in[2] : 0;
+}
+
+/* QuantizeLinear node q writes int8 instead of uint8 when its readers are
+ * all DequantizeLinears of the same zero point (see the head of the file).
+ * *moved: whether it did. */
+static kf_status signed_activation(kf_model *m, kf_id q, bool *moved) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[q];
+    *moved = false;
+    if (n->dead || n->op != KF_OP_QUANTIZE_LINEAR || n->nout < 1 || !n->out[0] || kf_attr_i(n, "block_size", 0) ||
+        kf_attr_i(n, "output_dtype", 0) > 0)
+        return KF_OK;
+    kf_id y = n->out[0], zq = u8_scalar_zero(m, n);
+    const kf_value *yv = &g->values[y];
+    if (!zq || yv->is_output || !yv->nusers) return KF_OK;
+    uint8_t z = ((const uint8_t *)g->values[zq].init->data)[0];
+    for (uint32_t u = 0; u < yv->nusers; u++) {
+        const kf_node *d = &g->nodes[yv->users[u]];
+        kf_id zd = d->op == KF_OP_DEQUANTIZE_LINEAR && d->in[0] == y && d->in[1] != y ? u8_scalar_zero(m, d) : 0;
+        if (!zd || ((const uint8_t *)g->values[zd].init->data)[0] != z) return KF_OK;
+    }
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, KF_DT_INT8, 0, NULL);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    ((int8_t *)t->data)[0] = (int8_t)((int)z - 128);
+    kf_id z8;
+    KF_TRY(kf_graph_add_constant(g, "int8_zero_point", t, &z8));
+    KF_TRY(kf_graph_set_input(g, q, 2, z8));
+    g->values[y].type.dtype = KF_DT_INT8; /* what the file declared changes with it */
+    /* moving a reader's zero point leaves y's own use list as it is */
+    for (uint32_t u = 0; u < g->values[y].nusers; u++) KF_TRY(kf_graph_set_input(g, g->values[y].users[u], 2, z8));
+    *moved = true;
+    return KF_OK;
+}
+
+/* Column sums of the constant int8/uint8 weights w [K, N] times -zx, as an
+ * int32 constant [N]: what the activation zero point zx (a one-element
+ * constant) takes from each column of the product. */
+static kf_status zero_point_columns(kf_graph *g, kf_id w, kf_id zx, kf_id *id) {
+    const kf_tensor *wt = g->values[w].init;
+    int64_t K = wt->dims[0], N = wt->dims[1];
+    int64_t z = kf_get_i64(g->values[zx].init, 0);
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, KF_DT_INT32, 1, &N);
+    for (int64_t n = 0; !st && n < N; n++) {
+        int64_t sum = 0; /* |z| <= 255, |w| <= 255, K < 2^31: fits */
+        for (int64_t k = 0; k < K; k++) sum += kf_get_i64(wt, k * N + n);
+        ((int32_t *)t->data)[n] = (int32_t)(-z * sum);
+    }
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    return kf_graph_add_constant(g, "int8_zero_columns", t, id);
+}
+
 /* Node a.n becomes the integer anchor, a Cast, the scaling Mul and the
  * bias Add; its output value (name, users) is the last one's. */
 static kf_status rewrite(kf_model *m, const anchor *a) {
@@ -231,6 +308,15 @@ static kf_status rewrite(kf_model *m, const anchor *a) {
     }
     KF_TRY(channel_scales(g, a, orank, &scale));
     KF_TRY(kf_graph_fresh_value(g, "int8_acc", &acc));
+    /* the activation's zero point as a constant per column, when the
+     * weights have none (see the head of the file) */
+    kf_id zcols = 0, raw = acc;
+    if (!a->conv && in[2] && !in[3] && kf_value_is_constant(m, in[1]) && g->values[in[1]].init->rank == 2 &&
+        kf_value_is_constant(m, in[2]) && g->values[in[2]].init->numel == 1) {
+        KF_TRY(zero_point_columns(g, in[1], in[2], &zcols));
+        KF_TRY(kf_graph_fresh_value(g, "int8_raw", &raw));
+        in[2] = 0;
+    }
     KF_TRY(kf_graph_fresh_value(g, "int8_float", &f));
     scaled = y;
     if (a->bias) KF_TRY(kf_graph_fresh_value(g, "int8_scaled", &scaled));
@@ -254,9 +340,14 @@ static kf_status rewrite(kf_model *m, const anchor *a) {
     int nattrs = g->nodes[a->n].nattrs;
     snprintf(name, sizeof name, "%s_int8", label);
     KF_TRY(add_node(m, a->conv ? "ConvInteger" : "MatMulInteger", a->conv ? KF_OP_CONV_INTEGER : KF_OP_MATMUL_INTEGER,
-                    name, in, in[3] ? 4 : in[2] ? 3 : 2, acc, &id));
+                    name, in, in[3] ? 4 : in[2] ? 3 : 2, raw, &id));
     for (int i = 0; a->conv && i < nattrs; i++) KF_TRY(kf_node_add_attr(&g->nodes[id], &g->nodes[a->n].attrs[i]));
     kf_graph_remove_node(g, a->n);
+    if (zcols) {
+        snprintf(name, sizeof name, "%s_int8_zero_point", label);
+        kf_id zin[2] = {raw, zcols};
+        KF_TRY(add_node(m, "Add", KF_OP_ADD, name, zin, 2, acc, &id));
+    }
     snprintf(name, sizeof name, "%s_int8_cast", label);
     KF_TRY(add_node(m, "Cast", KF_OP_CAST, name, &acc, 1, f, &id));
     kf_attr to = {.name = "to", .type = KF_ATTR_INT, .i = KF_DT_FLOAT};
@@ -276,6 +367,13 @@ kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st) {
     if (st) memset(st, 0, sizeof *st);
     KF_TRY(kf_infer_shapes(m));
     kf_graph *g = m->graph;
+    uint32_t moved = 0;
+    for (kf_id id = 1; id < g->nnodes; id++) {
+        bool mv;
+        KF_TRY(signed_activation(m, id, &mv));
+        moved += mv;
+    }
+    if (moved) KF_TRY(kf_infer_shapes(m));
     uint32_t nn = g->nnodes, done = 0;
     for (kf_id id = 1; id < nn; id++) {
         anchor a;
@@ -283,6 +381,7 @@ kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st) {
         KF_TRY(rewrite(m, &a));
         done++;
     }
+    if (st) st->activations_signed = moved;
     KF_TRY(kf_graph_dce(g, NULL));
     if (st) st->anchors = done;
     kf_status s = kf_infer_shapes(m);

@@ -180,6 +180,72 @@ Test(pass_qint, an_int32_bias_plan_on_opencl_equals_the_integer_reference) {
     int8_plan_matches_ref(QDQ_CONV_INT32_BIAS);
 }
 
+/* A dense layer with power-of-two scales, so the QDQ graph, the integer
+ * graph and every exact rewrite of it give the same floats bit for bit;
+ * inputs in [-2, 2] saturate the activation at both ends of its range. */
+#define QDQ_DENSE(extra_output)                                                                        \
+    "opset 13\ninput x float[4, 8]\nconst sx float[] = 0.0078125\nconst zx uint8[] = 131\n"            \
+    "const w int8[8, 6] = 3 -7 1 0 5 -2 9 -4 2\nconst sw float[6] = 1\nconst zw int8[6] = 0\n"         \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                              \
+    "wd = DequantizeLinear(w, sw, zw) {axis=1}\ny = MatMul(xd, wd)\noutput y\n" extra_output
+
+/* The two exact rewrites that leave the integer product with signed
+ * operands and no zero points (what cuBLASLt's int8 GEMM takes): a uint8
+ * activation read only by DequantizeLinears becomes int8 with its zero
+ * point shifted by 128, and the activation's zero point leaves the product
+ * as an int32 Add per column. One read elsewhere (a graph output) keeps
+ * the activation uint8; its zero point still leaves the product. */
+Test(pass_qint, activations_become_int8_and_zero_points_leave_the_product) {
+    const struct {
+        const char *text;
+        uint32_t signed_;
+    } cases[] = {{QDQ_DENSE(""), 1}, {QDQ_DENSE("output xq\n"), 0}};
+    for (int c = 0; c < 2; c++) {
+        kf_int8_stats st;
+        kf_model *a = gt_parse(cases[c].text), *b = int8_of(a, &st);
+        cr_assert_eq(st.anchors, 1, "case %d", c);
+        cr_assert_eq(st.activations_signed, cases[c].signed_, "case %d", c);
+        const kf_graph *g = b->graph;
+        uint32_t products = 0, int_adds = 0;
+        for (kf_id id = 1; id < g->nnodes; id++) {
+            const kf_node *n = &g->nodes[id];
+            if (n->dead) continue;
+            if (n->op == KF_OP_MATMUL_INTEGER) {
+                products++;
+                cr_assert_eq(n->nin, 2, "case %d: the product keeps a zero point", c);
+                cr_assert_eq(g->values[n->in[0]].type.dtype, cases[c].signed_ ? KF_DT_INT8 : KF_DT_UINT8, "case %d", c);
+            }
+            int_adds += n->op == KF_OP_ADD && g->values[n->out[0]].type.dtype == KF_DT_INT32;
+        }
+        cr_assert_eq(products, 1, "case %d", c);
+        cr_assert_eq(int_adds, 1, "case %d: the zero point's columns", c);
+        kf_tensor *ins;
+        uint32_t nins;
+        gt_random_inputs(a, &ins, &nins);
+        kf_tensor wa[2] = {0}, wb[2] = {0};
+        cr_assert_eq(kf_eval_model(a, ins, nins, wa, NULL), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_eval_model(b, ins, nins, wb, NULL), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(wb[0].numel, wa[0].numel);
+        int64_t nonzero = 0;
+        for (int64_t i = 0; i < wa[0].numel; i++) {
+            float fa = ((const float *)wa[0].data)[i], fb = ((const float *)wb[0].data)[i];
+            cr_assert_eq(fa, fb, "case %d element %lld: %g, want %g", c, (long long)i, fb, fa);
+            nonzero += fa != 0;
+        }
+        cr_assert_gt(nonzero, wa[0].numel / 2, "case %d: mostly zeros", c);
+        if (c == 1) { /* the quantized activation itself, as a graph output, is unchanged */
+            cr_assert_eq(wb[1].dtype, KF_DT_UINT8);
+            cr_assert_eq(memcmp(wa[1].data, wb[1].data, (size_t)wa[1].numel), 0);
+        }
+        for (int o = 0; o < 2; o++) kf_tensor_release(&wa[o]), kf_tensor_release(&wb[o]);
+        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+        free(ins);
+        kf_model_free(a);
+        kf_model_free(b);
+        int8_plan_matches_ref(cases[c].text);
+    }
+}
+
 /* What the integer anchor does not take stays float: a dequantised
  * operand with a per-tensor scale that is not a constant, a transposed or
  * scaled Gemm, a float weight. */
