@@ -17,6 +17,7 @@
  *   conv       one work-item per output pixel and 4 channels
  *   conv_b2b   P pixels per block, P = min(64, 24 KiB / (4 C1))
  *   lib_gemm   cuBLASLt: 128- or 64-wide tiles, split-K to fill the SMs
+ *   lib_igemm  the same at the int8 tensor-core rate (IMMA), int32 out
  *   lib_conv   cuDNN: implicit GEMM tiles, split-K likewise
  *
  * A generated block's rate is calibrated per form as a fraction of one
@@ -397,6 +398,7 @@ static int64_t row_tile(int64_t row) {
  * (measured: cuDNN's implicit_convolve_sgemm for ResNet's 3-channel stem
  * while the other convolutions ran TF32). */
 static double lib_peak(const kf_target *t, kf_cost_math math, kf_dtype dt, bool tc_ok) {
+    if (dt == KF_DT_INT8) return t->tc_tops_int8 > 0 ? t->tc_tops_int8 : t->fma_tflops_fp32 * 4; /* else dp4a */
     if (dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16)
         return tc_ok && t->tc_tflops_fp16 > 0 ? t->tc_tflops_fp16 : t->fma_tflops_fp16;
     if (math == KF_MATH_TF32 && tc_ok && t->tc_tflops_tf32 > 0) return t->tc_tflops_tf32;
@@ -472,6 +474,16 @@ bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group 
         cg->epilogue_declined)
         return false;
     const kf_node *a = &g->nodes[cg->anchor];
+    if (a->op == KF_OP_MATMUL_INTEGER) {
+        /* cuBLASLt's int8 GEMM, as kernels/libanchor.c maps it: int8 x int8
+         * without zero points, constant weights read by this product alone
+         * (stored transposed), K and N multiples of 4 */
+        if (kf_node_onnx_nin(a) != 2 || !a->in[0] || !a->in[1]) return false;
+        const kf_type *xt = &g->values[a->in[0]].type, *wt = &g->values[a->in[1]].type;
+        const kf_value *wv = &g->values[a->in[1]];
+        return xt->dtype == KF_DT_INT8 && wt->dtype == KF_DT_INT8 && xt->rank >= 2 && wt->rank == 2 && wv->init &&
+               wv->nusers == 1 && wt->dims[0] % 4 == 0 && wt->dims[1] % 4 == 0;
+    }
     if (a->op != KF_OP_MATMUL && a->op != KF_OP_GEMM && a->op != KF_OP_CONV) return false;
     if (a->nin < 2 || !a->in[0] || !a->in[1]) return false;
     kf_dtype dt = g->values[a->in[0]].type.dtype;
@@ -522,7 +534,7 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             tiles = lib_tiles(t, d.m, d.n, d.batch, d.k);
         }
         c->known = true;
-        c->form = conv ? "lib_conv" : "lib_gemm";
+        c->form = conv ? "lib_conv" : a->op == KF_OP_MATMUL_INTEGER ? "lib_igemm" : "lib_gemm";
         /* the call reads its operands and writes its output; the rest is
          * the epilogue kernel's */
         double call_bytes = (double)(cg->operand_bytes > 0 ? cg->operand_bytes : 0) + (double)value_bytes(g, a->out[0]);
@@ -640,6 +652,7 @@ void kf_cost_estimate(const kf_target *t, kf_cost_math math, const kf_graph *g, 
  * A ReLU, a tanh GELU (cuBLASLt), or the Add of a constant bias vector
  * along the output row; anything else needs the generated epilogue kernel. */
 static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n) {
+    if (a->op == KF_OP_MATMUL_INTEGER) return false; /* the int8 GEMM takes no epilogue */
     if (n->op == KF_OP_RELU) return true;
     if (n->op == KF_OP_GELU && a->op != KF_OP_CONV) return !strcmp(kf_attr_s(n, "approximate", "none"), "tanh");
     if (n->op != KF_OP_ADD || n->nin != 2) return false;

@@ -133,7 +133,8 @@ void kf_cost_of_group(const kf_model *m, const kf_plan *p, uint32_t k, kf_cost_g
 
 /* Does an anchor group of this shape run as a library call on t? Always
  * false for back-to-back anchors and operand prologues (a generated kernel),
- * true for one MatMul/Gemm/Conv otherwise when t has vendor libraries. */
+ * true for one MatMul/Gemm/Conv otherwise when t has vendor libraries, and
+ * for a MatMulInteger of the form cuBLASLt's int8 GEMM takes. */
 bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg);
 
 /* How a row reduction is laid out on the device: one rule that the

@@ -9,9 +9,11 @@
  * checked on the CPU by tests/test_libanchor.c through kf_la_gemm_host.
  *
  * The call sequence (per call; descriptors are cheap host objects):
- *   cublasLtMatmulDescCreate(&op, compute, CUDA_R_32F), compute from
+ *   cublasLtMatmulDescCreate(&op, compute, scale), compute from
  *     kf_la_math_for: COMPUTE_32F (strict fp32, and 16-bit operands),
- *     COMPUTE_32F_FAST_TF32 only when the plan's precision is tf32
+ *     COMPUTE_32F_FAST_TF32 only when the plan's precision is tf32, scale
+ *     CUDA_R_32F; int8 GEMMs COMPUTE_32I with scale CUDA_R_32I (int32
+ *     alpha and beta), A/B CUDA_R_8I in the "TN" form, C/D CUDA_R_32I
  *   cublasLtMatmulDescSetAttribute: TRANSA, TRANSB, EPILOGUE
  *     (DEFAULT/RELU/GELU, |BIAS with BIAS_POINTER, BIAS_BATCH_STRIDE 0)
  *   cublasLtMatrixLayoutCreate for A (k x m when transposed), B, C, D;
@@ -45,7 +47,6 @@ typedef struct {
 } cublasLtMatmulHeuristicResult_t;
 
 enum {
-    LT_CUDA_R_32F = KF_CUDA_R_32F,                 /* cudaDataType (scale type) */
     LT_OP_N = 0, LT_OP_T = 1,                      /* cublasOperation_t */
     LT_DESC_TRANSA = 3, LT_DESC_TRANSB = 4, LT_DESC_EPILOGUE = 7, LT_DESC_BIAS_POINTER = 8,
     LT_DESC_BIAS_BATCH_STRIDE = 10,
@@ -215,12 +216,13 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
     if (why) return kf_fail(KF_ERR_NO_DEVICE, "%s", why);
     if (g->batch > INT32_MAX) return kf_fail(KF_ERR_UNSUPPORTED, "cuBLASLt: batch count %lld", (long long)g->batch);
     kf_la_math mt = kf_la_math_for(g->precision, g->dtype);
-    int type = mt.cuda_data;
+    int type = mt.cuda_data, dtype = mt.cuda_data_d;
+    bool ints = mt.cublas_scale == KF_CUDA_R_32I; /* alpha and beta are int32 then */
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
     cublasLtMatmulPreference_t pref = NULL;
     const char *what = "cublasLtMatmulDescCreate";
-    cublasStatus_t r = lt.DescCreate(&op, mt.cublas_compute, LT_CUDA_R_32F);
+    cublasStatus_t r = lt.DescCreate(&op, mt.cublas_compute, mt.cublas_scale);
     int32_t ta = g->trans_a ? LT_OP_T : LT_OP_N, tb = g->trans_b ? LT_OP_T : LT_OP_N;
     uint32_t epi = g->act == KF_LA_ACT_RELU ? LT_EPI_RELU : g->act == KF_LA_ACT_GELU_TANH ? LT_EPI_GELU : 0;
     if (g->bias) epi |= LT_EPI_BIAS;
@@ -236,8 +238,8 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
         what = "cublasLtMatrixLayoutCreate";
         r = layout(&la, type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, g->batch, g->stride_a);
         if (!r) r = layout(&lb, type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, g->batch, g->stride_b);
-        if (!r) r = layout(&ld, type, g->m, g->n, g->ldd, g->batch, g->stride_d);
-        if (!r) r = g->c ? layout(&lc, type, g->m, g->n, g->ldc, g->batch, g->stride_c) : 0;
+        if (!r) r = layout(&ld, dtype, g->m, g->n, g->ldd, g->batch, g->stride_d);
+        if (!r) r = g->c ? layout(&lc, dtype, g->m, g->n, g->ldc, g->batch, g->stride_c) : 0;
     }
     size_t wsb = 0;
     unsigned long long ws = r ? 0 : workspace(stream, 0, &wsb);
@@ -255,7 +257,9 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
                      (long long)g->n, (long long)g->k, (long long)g->batch);
     else {
         float alpha = g->alpha, beta = g->c ? g->beta : 0.0f;
-        r = lt.Matmul(lt.handle, op, &alpha, a, la, b, lb, &beta, g->c ? c : d, lc ? lc : ld, d, ld, &res.algo,
+        int32_t ialpha = (int32_t)g->alpha, ibeta = g->c ? (int32_t)g->beta : 0;
+        r = lt.Matmul(lt.handle, op, ints ? (const void *)&ialpha : &alpha, a, la, b, lb,
+                      ints ? (const void *)&ibeta : &beta, g->c ? c : d, lc ? lc : ld, d, ld, &res.algo,
                       (void *)(uintptr_t)ws, wsb, stream);
         if (r) st = lt_err("cublasLtMatmul", r);
     }

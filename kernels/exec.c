@@ -75,7 +75,8 @@ typedef struct spec {
     uint32_t nsteps;
     ukern *kerns;
     uint32_t nkerns;
-    kf_tensor *cvals;  /* per value: plan-time constants computed at build */
+    kf_tensor *cvals;  /* per value: plan-time constants computed at build, and constants a
+                        * library call reads in another layout (kf_la_const_layout) */
     void **wbufs;      /* per value: device copy of a weight/constant kernels read */
     bool *dev_read;    /* per value: some kernel reads it */
     void *zeros;       /* KF_CG_ERR_INTS zero words on the device, when a kernel checks indices:
@@ -670,6 +671,15 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
         return KF_OK;
     }
     la.gemm.precision = la.conv.precision = e->o.precision;
+    if (!la.is_conv && la.gemm.a_const_t) {
+        /* the weights' device copy in the layout the call reads; the
+         * mapping made sure this call is their only reader */
+        kf_status cs = kf_la_const_layout(&la.gemm, s->m->graph->values[la.gemm.a].init, &s->cvals[la.gemm.a]);
+        if (cs) {
+            kf_la_anchor_release(&la);
+            return cs;
+        }
+    }
     if (!(st->lib = kf_malloc(sizeof *st->lib))) {
         kf_la_anchor_release(&la);
         return kf_fail(KF_ERR_NOMEM, "out of memory");

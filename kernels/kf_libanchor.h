@@ -41,7 +41,14 @@ typedef enum kf_la_act {
  * every batch). Strides are in elements; a stride 0 reads the same matrix
  * for every batch (a broadcast batch dim). The model's row-major
  * Y[M,N] = X[M,K] W[K,N] is the column-major Y^T = W^T X^T, so A is the
- * model's right operand and B its left one (m = N, n = M). */
+ * model's right operand and B its left one (m = N, n = M).
+ *
+ * dtype int8 is the integer GEMM (an int8 plan's MatMulInteger without
+ * zero points, pass_qint.c): A and B int8, D int32, computed exactly in
+ * int32 on tensor cores (IMMA), alpha 1, no C, bias or activation.
+ * cuBLASLt takes int8 only as "TN" (trans_a set, trans_b not, leading
+ * dims multiples of 4), so the constant weights the model holds as [K, N]
+ * are stored transposed on the device: a_const_t (kf_la_const_layout). */
 typedef struct kf_la_gemm {
     int64_t m, n, k;
     bool trans_a, trans_b;
@@ -49,7 +56,10 @@ typedef struct kf_la_gemm {
     int64_t batch;
     int64_t stride_a, stride_b, stride_c, stride_d;
     float alpha, beta;      /* beta != 0 only with c */
-    kf_dtype dtype;         /* A, B, C, D and bias: float32, float16 or bfloat16; compute float32 */
+    kf_dtype dtype;         /* A, B, C, D and bias: float32, float16 or bfloat16; compute float32.
+                             * int8: A and B int8, D int32, compute int32 (above) */
+    bool a_const_t;         /* A is a constant value whose device copy is the model's
+                             * tensor transposed (kf_la_const_layout) */
     kf_precision precision; /* FP32 (0): strict; TF32 lets the library use tensor cores */
     kf_la_act act;
     kf_id a, b;             /* value ids of the buffers passed as A and B */
@@ -104,14 +114,20 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
                            size_t whylen);
 void kf_la_anchor_release(kf_la_anchor *a);
 
+/* The device copy of constant A of g from the model's tensor w: w itself
+ * (*out a copy), or with g->a_const_t its [K, N] matrix transposed to
+ * [N, K]. KF_ERR_INVALID_ARG when w is not a matrix of g's shape. */
+kf_status kf_la_const_layout(const kf_la_gemm *g, const kf_tensor *w, kf_tensor *out);
+
 /* What cuBLASLt computes for g, on the host in float (16-bit storage
  * read and rounded like the library's fp32-compute mode): reads a, b, c
  * (NULL when g->c is 0), bias (NULL when g->bias is 0) as raw element
  * arrays of g->dtype and writes every element of D into d, which must
  * hold at least (batch-1)*stride_d + (n-1)*ldd + m elements of g->dtype.
  * The test of the mapping: this plus the epilogue kernel must equal the
- * reference evaluator's group. KF_ERR_INVALID_ARG when a tensor is too
- * small for the strides or of another dtype. */
+ * reference evaluator's group. int8: exact int32 sums, into an int32 d;
+ * a is the device copy (kf_la_const_layout). KF_ERR_INVALID_ARG when a
+ * tensor is too small for the strides or of another dtype. */
 kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tensor *b, const kf_tensor *c,
                           const kf_tensor *bias, kf_tensor *d);
 
@@ -140,7 +156,9 @@ enum {
     KF_CUDNN_FMA_MATH = 3,                                             /* cudnnMathType_t */
     KF_CUDNN_DATA_FLOAT = 0, KF_CUDNN_DATA_HALF = 2, KF_CUDNN_DATA_BFLOAT16 = 9, /* cudnnDataType_t */
     KF_CUBLAS_COMPUTE_32F = 68, KF_CUBLAS_COMPUTE_32F_FAST_TF32 = 77,  /* cublasComputeType_t */
-    KF_CUDA_R_32F = 0, KF_CUDA_R_16F = 2, KF_CUDA_R_16BF = 14          /* cudaDataType */
+    KF_CUBLAS_COMPUTE_32I = 72,
+    KF_CUDA_R_32F = 0, KF_CUDA_R_16F = 2, KF_CUDA_R_16BF = 14,         /* cudaDataType */
+    KF_CUDA_R_8I = 3, KF_CUDA_R_32I = 10
 };
 
 /* How a library call computes, from the plan's precision and the call's
@@ -150,8 +168,10 @@ typedef struct kf_la_math {
     unsigned cudnn_algo_math;/* bit (1 << m) set: an algorithm of the heuristic's list whose
                               * perf.mathType is m may be chosen */
     int cudnn_data;          /* tensor/filter descriptors' cudnnDataType_t (compute is FLOAT) */
-    int cublas_compute;      /* cublasLtMatmulDescCreate's compute type (scale type R_32F) */
-    int cuda_data;           /* cuBLASLt matrix layouts' cudaDataType */
+    int cublas_compute;      /* cublasLtMatmulDescCreate's compute type */
+    int cublas_scale;        /* and its scale type (alpha, beta): R_32F, R_32I for int8 */
+    int cuda_data;           /* cuBLASLt matrix layouts' cudaDataType: A and B */
+    int cuda_data_d;         /* C and D (int8: R_32I) */
 } kf_la_math;
 
 /* The math of a call on dt (float32, float16 or bfloat16) at precision p.
@@ -162,6 +182,7 @@ typedef struct kf_la_math {
  *   16-bit dt (FP16/BF16 plans, or a float16 model at any precision):
  *         tensor-op math, COMPUTE_32F, i.e. 16-bit operands with float32
  *         accumulation (their products are exact in float32).
+ *   int8 dt: COMPUTE_32I with scale R_32I, A/B R_8I, C/D R_32I (exact).
  * Never ALLOW_CONVERSION: it would round float32 operands to float16. */
 kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt);
 

@@ -202,6 +202,44 @@ static kf_status map_gemm(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
     return KF_OK;
 }
 
+/* Fills the GEMM part for MatMulInteger node an: the int8 GEMM of
+ * kf_la_gemm (int8 operands, no zero points, int32 out) with the constant
+ * weights stored transposed for cuBLASLt's "TN" form. */
+static kf_status map_igemm(const kf_model *m, const kf_plan *p, uint32_t gi, const kf_node *an, kf_la_gemm *G,
+                           char *why, size_t whylen) {
+    const kf_graph *g = m->graph;
+    const char *lab = kf_node_label(an);
+    if (kf_node_onnx_nin(an) != 2)
+        return decline(why, whylen,
+                       "node '%s': zero points in the integer product (an int8 plan moves them out when the "
+                       "weights' is 0)", lab);
+    kf_id x = an->in[0], w = an->in[1];
+    if (in_group(p, gi, g, x) || in_group(p, gi, g, w))
+        return decline(why, whylen, "node '%s': an operand is computed in the group (a prologue)", lab);
+    const kf_type *xt = &g->values[x].type, *wt = &g->values[w].type;
+    if (xt->dtype != KF_DT_INT8 || wt->dtype != KF_DT_INT8)
+        return decline(why, whylen, "node '%s': %s x %s operands: cuBLASLt's integer GEMM takes int8 x int8", lab,
+                       kf_dtype_name(xt->dtype), kf_dtype_name(wt->dtype));
+    if (wt->rank != 2 || xt->rank < 2 || !kf_value_is_constant(m, w) || g->values[w].nusers != 1)
+        return decline(why, whylen,
+                       "node '%s': the weights '%s' are not a constant matrix read by this product alone (the "
+                       "library reads them transposed)", lab, g->values[w].name);
+    int64_t K = wt->dims[0], N = wt->dims[1], rows = 1;
+    for (int d = 0; d < xt->rank - 1; d++) rows *= xt->dims[d];
+    if (K % 4 || N % 4)
+        return decline(why, whylen, "node '%s': K %lld and N %lld must be multiples of 4 (cuBLASLt's int8 layout)",
+                       lab, (long long)K, (long long)N);
+    memset(G, 0, sizeof *G);
+    G->dtype = KF_DT_INT8;
+    G->alpha = 1.0f;
+    G->m = N, G->n = rows, G->k = K;
+    G->a = w, G->b = x, G->d = an->out[0];
+    G->trans_a = true, G->a_const_t = true;
+    G->lda = K, G->ldb = K, G->ldd = N;
+    G->batch = 1;
+    return KF_OK;
+}
+
 /* A per-channel bias of a conv output of rank r with k channels: [k, 1, ..]
  * (rank r-1) or [1, k, 1, ..] (rank r). */
 static bool channel_bias_shape(const kf_type *t, int r, int64_t k) {
@@ -400,8 +438,9 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
     if (gr->kind != KF_GROUP_ANCHOR || !gr->anchor) return decline(why, whylen, "not an anchor group");
     const kf_node *an = &g->nodes[gr->anchor];
     const char *lab = kf_node_label(an);
-    if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM && an->op != KF_OP_CONV)
-        return decline(why, whylen, "node '%s': %s has no library mapping (cuBLASLt takes MatMul/Gemm, cuDNN Conv)",
+    if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM && an->op != KF_OP_CONV && an->op != KF_OP_MATMUL_INTEGER)
+        return decline(why, whylen,
+                       "node '%s': %s has no library mapping (cuBLASLt takes MatMul/Gemm/MatMulInteger, cuDNN Conv)",
                        lab, an->op_type);
     if (gr->anchor2)
         return decline(why, whylen, "node '%s': back-to-back anchors stay one generated kernel (on-chip rows)", lab);
@@ -416,7 +455,7 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
         if (an->in[i] && !kf_type_is_static(&g->values[an->in[i]].type))
             return decline(why, whylen, "value '%s' has a symbolic or unknown shape", g->values[an->in[i]].name);
     kf_id absorbed[2] = {0, 0}, taken[LA_MAX_TAKEN] = {0};
-    libout L;
+    libout L = {0};
     kf_id *lib_d;
     if (an->op == KF_OP_CONV) {
         kf_la_conv *C = &out->conv;
@@ -424,13 +463,18 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
         KF_TRY(map_conv(g, p, gi, an, C, why, whylen));
         L = (libout){true, C->k, 2 + C->nspatial, C->dtype, false, &C->d, &C->bias, &C->act};
         lib_d = &C->d;
+    } else if (an->op == KF_OP_MATMUL_INTEGER) {
+        KF_TRY(map_igemm(m, p, gi, an, &out->gemm, why, whylen));
+        lib_d = &out->gemm.d;
     } else {
         kf_la_gemm *G = &out->gemm;
         KF_TRY(map_gemm(g, p, gi, an, G, absorbed, why, whylen));
         L = (libout){false, G->m, 0, G->dtype, G->c != 0, &G->d, &G->bias, &G->act};
         lib_d = &G->d;
     }
-    int nt = take_epilogue(g, p, gi, gr, &L, taken);
+    /* the integer GEMM takes nothing after it: the int32 sums go to the
+     * epilogue kernel (zero-point columns, scales, requantization) */
+    int nt = an->op == KF_OP_MATMUL_INTEGER ? 0 : take_epilogue(g, p, gi, gr, &L, taken);
     /* the rest: every group node but the anchor, absorbed transposes and
      * the taken bias/activation. Each must read (transitively) the
      * library's output; a node that does not is an operand prologue the
@@ -479,10 +523,17 @@ kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt) {
     if (fast) r.cudnn_algo_math |= 1u << KF_CUDNN_DEFAULT_MATH | 1u << KF_CUDNN_TENSOR_OP_MATH;
     /* FAST_TF32 only on float32 data: a 16-bit GEMM computes in 32F */
     r.cublas_compute = p == KF_PRECISION_TF32 && dt == KF_DT_FLOAT ? KF_CUBLAS_COMPUTE_32F_FAST_TF32 : KF_CUBLAS_COMPUTE_32F;
+    r.cublas_scale = KF_CUDA_R_32F;
     r.cudnn_data = dt == KF_DT_FLOAT16    ? KF_CUDNN_DATA_HALF
                    : dt == KF_DT_BFLOAT16 ? KF_CUDNN_DATA_BFLOAT16
                                           : KF_CUDNN_DATA_FLOAT;
     r.cuda_data = dt == KF_DT_FLOAT16 ? KF_CUDA_R_16F : dt == KF_DT_BFLOAT16 ? KF_CUDA_R_16BF : KF_CUDA_R_32F;
+    r.cuda_data_d = r.cuda_data;
+    if (dt == KF_DT_INT8) { /* exact at every precision */
+        r.cublas_compute = KF_CUBLAS_COMPUTE_32I;
+        r.cublas_scale = r.cuda_data_d = KF_CUDA_R_32I;
+        r.cuda_data = KF_CUDA_R_8I;
+    }
     return r;
 }
 
@@ -505,6 +556,42 @@ static bool fits(const kf_tensor *t, kf_dtype dt, int64_t last) {
     return t && t->dtype == dt && t->numel > last;
 }
 
+/* The dtype of D (and C) of g. */
+static kf_dtype d_dtype(const kf_la_gemm *g) { return g->dtype == KF_DT_INT8 ? KF_DT_INT32 : g->dtype; }
+
+kf_status kf_la_const_layout(const kf_la_gemm *g, const kf_tensor *w, kf_tensor *out) {
+    if (!g->a_const_t) return kf_tensor_copy(out, w);
+    if (w->rank != 2 || w->dims[0] != g->k || w->dims[1] != g->m || w->dtype != g->dtype)
+        return kf_fail(KF_ERR_INVALID_ARG, "library GEMM: constant A is not a %lld x %lld %s matrix", (long long)g->k,
+                       (long long)g->m, kf_dtype_name(g->dtype));
+    int64_t dims[2] = {g->m, g->k};
+    KF_TRY(kf_tensor_alloc(out, w->dtype, 2, dims));
+    size_t esz = kf_dtype_size(w->dtype);
+    for (int64_t r = 0; r < g->k; r++)
+        for (int64_t c = 0; c < g->m; c++)
+            memcpy((char *)out->data + (size_t)(c * g->k + r) * esz, (const char *)w->data + (size_t)(r * g->m + c) * esz,
+                   esz);
+    return KF_OK;
+}
+
+/* The int8 GEMM of kf_la_gemm_host: exact int32 sums (no C, bias or
+ * activation; a and b checked by the caller). */
+static void igemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tensor *b, kf_tensor *d) {
+    const int8_t *A = a->data, *B = b->data;
+    int32_t *D = d->data;
+    for (int64_t bt = 0; bt < g->batch; bt++)
+        for (int64_t j = 0; j < g->n; j++)
+            for (int64_t i = 0; i < g->m; i++) {
+                int64_t acc = 0;
+                for (int64_t l = 0; l < g->k; l++) {
+                    int64_t ai = bt * g->stride_a + (g->trans_a ? i * g->lda + l : l * g->lda + i);
+                    int64_t bi = bt * g->stride_b + (g->trans_b ? l * g->ldb + j : j * g->ldb + l);
+                    acc += (int64_t)A[ai] * B[bi];
+                }
+                D[bt * g->stride_d + j * g->ldd + i] = (int32_t)(uint32_t)acc; /* int32 wraps */
+            }
+}
+
 kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tensor *b, const kf_tensor *c,
                           const kf_tensor *bias, kf_tensor *d) {
     int64_t bl = g->batch - 1;
@@ -512,9 +599,14 @@ kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tens
     int64_t blast = bl * g->stride_b + (g->trans_b ? (g->k - 1) * g->ldb + g->n - 1 : (g->n - 1) * g->ldb + g->k - 1);
     int64_t clast = bl * g->stride_c + (g->n - 1) * g->ldc + g->m - 1;
     int64_t dlast = bl * g->stride_d + (g->n - 1) * g->ldd + g->m - 1;
-    if (!fits(a, g->dtype, alast) || !fits(b, g->dtype, blast) || !fits(d, g->dtype, dlast) ||
-        (g->c && !fits(c, g->dtype, clast)) || (g->bias && !fits(bias, g->dtype, g->m - 1)))
+    if (!fits(a, g->dtype, alast) || !fits(b, g->dtype, blast) || !fits(d, d_dtype(g), dlast) ||
+        (g->c && !fits(c, d_dtype(g), clast)) || (g->bias && !fits(bias, g->dtype, g->m - 1)) ||
+        (g->dtype == KF_DT_INT8 && (g->c || g->bias || g->act)))
         return kf_fail(KF_ERR_INVALID_ARG, "library GEMM host model: a buffer is too small or of another dtype");
+    if (g->dtype == KF_DT_INT8) {
+        igemm_host(g, a, b, d);
+        return KF_OK;
+    }
     for (int64_t bt = 0; bt < g->batch; bt++)
         for (int64_t j = 0; j < g->n; j++)
             for (int64_t i = 0; i < g->m; i++) {
@@ -591,32 +683,32 @@ void kf_la_anchor_values(const kf_la_anchor *a, kf_id v[5]) {
 kf_status kf_la_dev_host_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *const bufs[5]) {
     if (!a) return KF_OK;
     int64_t count[5] = {0};
-    kf_dtype dt;
+    kf_dtype dt, ddt; /* A, B (and bias); C and D */
     if (a->is_conv) {
         const kf_la_conv *c = &a->conv;
         int64_t isz = 1, ksz = 1, osz = 1;
         for (int i = 0; i < c->nspatial; i++) isz *= c->in[i], ksz *= c->kern[i], osz *= c->out[i];
         count[0] = c->n * c->c * isz, count[1] = c->k * (c->c / c->groups) * ksz;
         count[3] = c->bias ? c->k : 0, count[4] = c->n * c->k * osz;
-        dt = c->dtype;
+        dt = ddt = c->dtype;
     } else {
         int64_t n[4];
         extents(&a->gemm, n);
         count[0] = n[0], count[1] = n[1], count[2] = n[2], count[3] = a->gemm.bias ? a->gemm.m : 0, count[4] = n[3];
-        dt = a->gemm.dtype;
+        dt = a->gemm.dtype, ddt = d_dtype(&a->gemm);
     }
     kf_tensor t[5];
     memset(t, 0, sizeof t);
-    size_t esz = kf_dtype_size(dt);
     kf_status st = KF_OK;
     for (int i = 0; i < 5 && !st; i++) {
         if (!count[i]) continue;
-        st = kf_tensor_alloc(&t[i], dt, 1, &count[i]);
-        if (!st && i < 4) st = d->download(d, s, bufs[i], t[i].data, (size_t)count[i] * esz);
+        kf_dtype ti = i == 2 || i == 4 ? ddt : dt;
+        st = kf_tensor_alloc(&t[i], ti, 1, &count[i]);
+        if (!st && i < 4) st = d->download(d, s, bufs[i], t[i].data, (size_t)count[i] * kf_dtype_size(ti));
     }
     if (!st && a->is_conv) st = kf_la_conv_host(&a->conv, &t[0], &t[1], count[3] ? &t[3] : NULL, &t[4]);
     else if (!st) st = kf_la_gemm_host(&a->gemm, &t[0], &t[1], count[2] ? &t[2] : NULL, count[3] ? &t[3] : NULL, &t[4]);
-    if (!st) st = d->upload(d, s, bufs[4], t[4].data, (size_t)count[4] * esz);
+    if (!st) st = d->upload(d, s, bufs[4], t[4].data, (size_t)count[4] * kf_dtype_size(ddt));
     if (!st) st = d->sync(d, s); /* t[4] is freed next */
     for (int i = 0; i < 5; i++) kf_tensor_release(&t[i]);
     return st;

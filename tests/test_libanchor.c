@@ -18,6 +18,7 @@
 #include "kf_exec.h"
 #include "kf_libanchor.h"
 #include "kf_opt.h"
+#include "kf_precision.h"
 
 /* DESIGN.md numerics, fused vs unfused */
 #define ATOL 1e-5
@@ -33,7 +34,7 @@ static char *exec_matches_ref(const kf_model *m, bool lib);
 static bool nvrtc_epilogues;
 
 typedef struct tally {
-    uint32_t mapped, declined, with_epilogue, acts, biases, convs;
+    uint32_t mapped, declined, with_epilogue, acts, biases, convs, ints;
     char first_reason[512];
 } tally;
 
@@ -73,12 +74,17 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
             cr_assert_eq(kf_la_conv_host(C, &r->t[C->x], &r->t[C->w], C->bias ? &r->t[C->bias] : NULL, &d), KF_OK,
                          "group %u: %s", gi, kf_last_error());
         } else {
-            cr_assert_eq(kf_la_gemm_host(G, &r->t[G->a], &r->t[G->b], G->c ? &r->t[G->c] : NULL,
+            kf_tensor a = {0}; /* A as the device holds it */
+            cr_assert_eq(kf_la_const_layout(G, &r->t[G->a], &a), KF_OK, "%s", kf_last_error());
+            cr_assert_eq(kf_la_gemm_host(G, &a, &r->t[G->b], G->c ? &r->t[G->c] : NULL,
                                          G->bias ? &r->t[G->bias] : NULL, &d),
                          KF_OK, "group %u: %s", gi, kf_last_error());
+            kf_tensor_release(&a);
+            t->ints += G->dtype == KF_DT_INT8;
         }
         bool half = dt->dtype == KF_DT_FLOAT16, bf16 = dt->dtype == KF_DT_BFLOAT16;
         double atol = bf16 ? ATOLBF : half ? ATOL16 : cgu_dot_atol(K), rtol = bf16 ? RTOLBF : half ? RTOL16 : RTOL;
+        if (dt->dtype == KF_DT_INT32) atol = rtol = 0; /* the integer GEMM's sums are exact */
         char w[256];
         cr_assert(tu_close(&d, &r->t[lv[4]], atol, rtol, w, sizeof w),
                   "group %u: library output '%s' (%s; gemm m %lld n %lld k %lld batch %lld ta %d tb %d): %s", gi,
@@ -249,6 +255,121 @@ Test(libanchor, declines_with_reasons) {
     expect_decline("input a float[2, 3, 17, 40]\ninput b float[3, 40, 20]\ny = MatMul(a, b)\noutput y\n",
                    "broadcast partially");
     expect_decline("input a float[5, 40]\ninput u float[40]\ny = MatMul(a, u)\nn = Neg(y)\noutput n\n", "1-D");
+}
+
+/* An int8 plan's product (pass_qint.c: int8 operands, the activation's
+ * zero point as int32 columns after it): cuBLASLt's int8 GEMM with the
+ * weights stored transposed ("TN"), exact int32 sums; the columns, the
+ * scale and the requantization in the epilogue kernel. */
+#define INT8_DENSE                                                                                     \
+    "opset 13\ninput x int8[24, 64]\nconst w int8[64, 48] = random\nconst zc int32[48] = random\n"      \
+    "const s float[48] = random\nconst so float[] = 0.25\nconst zo int8[] = 3\n"                        \
+    "a = MatMulInteger(x, w)\nb = Add(a, zc)\nf = Cast(b) {to=1}\ny = Mul(f, s)\n"                       \
+    "q = QuantizeLinear(y, so, zo)\noutput y\noutput q\n"
+
+Test(libanchor, int8_gemm_in_the_library_the_rest_in_the_epilogue) {
+    cgu_need_opencl();
+    tally t = check_text(INT8_DENSE);
+    cr_assert_eq(t.mapped, 1);
+    cr_assert_eq(t.ints, 1);
+    cr_assert_eq(t.with_epilogue, 1);
+    kf_model *m = gt_parse(INT8_DENSE);
+    kf_plan *p = cgu_plan(m);
+    kf_la_anchor la;
+    char why[512];
+    uint32_t gi = 0;
+    while (p->groups[gi].kind != KF_GROUP_ANCHOR) gi++;
+    cr_assert_eq(kf_la_plan_group(m, p, gi, &la, why, sizeof why), KF_OK, "%s", why);
+    const kf_la_gemm *G = &la.gemm;
+    cr_assert_eq(G->dtype, KF_DT_INT8);
+    cr_assert(G->trans_a && !G->trans_b && G->a_const_t, "cuBLASLt's int8 GEMM is TN");
+    cr_assert(G->m == 48 && G->n == 24 && G->k == 64, "m %lld n %lld k %lld", (long long)G->m, (long long)G->n,
+              (long long)G->k);
+    cr_assert(G->lda == 64 && G->ldb == 64 && G->ldd == 48);
+    cr_assert_eq(la.lib_nodes, 1, "nothing after the integer product goes into the call");
+    /* the device copy of the weights is their transpose */
+    const kf_tensor *w = m->graph->values[G->a].init;
+    kf_tensor a = {0};
+    cr_assert_eq(kf_la_const_layout(G, w, &a), KF_OK);
+    cr_assert(a.dims[0] == 48 && a.dims[1] == 64);
+    for (int64_t k = 0; k < 64; k++)
+        for (int64_t n = 0; n < 48; n++)
+            cr_assert_eq(((int8_t *)a.data)[n * 64 + k], ((int8_t *)w->data)[k * 48 + n]);
+    kf_tensor_release(&a);
+    kf_la_math mt = kf_la_math_for(KF_PRECISION_INT8, KF_DT_INT8);
+    cr_assert_eq(mt.cublas_compute, 72); /* CUBLAS_COMPUTE_32I */
+    cr_assert_eq(mt.cublas_scale, 10);   /* CUDA_R_32I */
+    cr_assert_eq(mt.cuda_data, 3);       /* CUDA_R_8I */
+    cr_assert_eq(mt.cuda_data_d, 10);
+    kf_la_anchor_release(&la);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(libanchor, int8_gemm_declines_with_reasons) {
+    expect_decline("input x uint8[24, 64]\nconst w int8[64, 48] = random\na = MatMulInteger(x, w)\n"
+                   "f = Cast(a) {to=1}\noutput f\n",
+                   "takes int8 x int8");
+    expect_decline("input x int8[24, 64]\nconst w int8[64, 48] = random\nconst z int8[] = 3\n"
+                   "a = MatMulInteger(x, w, z)\nf = Cast(a) {to=1}\noutput f\n",
+                   "zero points");
+    expect_decline("input x int8[24, 66]\nconst w int8[66, 48] = random\na = MatMulInteger(x, w)\n"
+                   "f = Cast(a) {to=1}\noutput f\n",
+                   "multiples of 4");
+    expect_decline("input x int8[24, 64]\ninput w int8[64, 48]\na = MatMulInteger(x, w)\n"
+                   "f = Cast(a) {to=1}\noutput f\n",
+                   "not a constant matrix");
+}
+
+/* A LayerNorm and a QDQ dense layer with uint8 activations (ONNX
+ * Runtime's quantizer's spelling) compiled at precision int8 on OpenCL with the library call
+ * replaced by its host model (KFUSE_LIBANCHOR_HOST): the product runs as
+ * the library's int8 GEMM on weights uploaded transposed, and the outputs
+ * equal the reference on the integer graph. */
+static void exec_int8_plan(kf_exec_backend backend) {
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    static const char *text =
+        "opset 17\ninput x float[2, 12, 64]\nconst sx float[] = 0.02\nconst zx uint8[] = 119\n"
+        "const w float[64, 48] = random\nconst sw float[48] = random\nconst zw int8[48] = 0\n"
+        "const b float[48] = random\nconst so float[] = 0.05\nconst zo uint8[] = 128\n"
+        "const g float[64] = random\nconst h float[64] = random\n"
+        "n = LayerNormalization(x, g, h) {axis=-1}\n"
+        "xq = QuantizeLinear(n, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"
+        "wq = QuantizeLinear(w, sw, zw) {axis=1}\nwd = DequantizeLinear(wq, sw, zw) {axis=1}\n"
+        "y = MatMul(xd, wd)\nz = Add(y, b)\nr = Relu(z)\nq = QuantizeLinear(r, so, zo)\noutput q\noutput z\n";
+    kf_model *m = gt_parse(text), *want = gt_copy(m);
+    kf_opt_options oo;
+    kf_opt_options_default(&oo);
+    oo.keep_quantized = true;
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(want, &oo, &res), KF_OK, "%s", kf_last_error());
+    kf_rules_free(&res.rules);
+    kf_int8_stats is;
+    cr_assert_eq(kf_fuse_int8(want, &is), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(is.anchors, 1);
+    cr_assert_eq(is.activations_signed, 1);
+    char *trace = NULL;
+    size_t tlen = 0;
+    FILE *tf = open_memstream(&trace, &tlen);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = backend;
+    o.precision = KF_PRECISION_INT8;
+    o.trace = tf;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref_model(x, want, 2, KF_PRECISION_INT8);
+    kf_exec_free(x);
+    fclose(tf);
+    cr_assert_not_null(strstr(trace, "library GEMM 48x24x64"), "%s", trace);
+    free(trace);
+    kf_model_free(want);
+    kf_model_free(m);
+}
+
+Test(libanchor, exec_int8_plan_with_the_library_gemm) {
+    cgu_need_opencl();
+    exec_int8_plan(KF_EXEC_OPENCL);
 }
 
 /* Anchor groups of the bundled models (optimized like kf_exec does):
@@ -570,6 +691,9 @@ Test(libanchor, epilogue_kernels_compile_for_cuda) {
                          "cs = Sigmoid(cq)\noutput cs\n");
     cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
     cr_assert_eq(t.with_epilogue, 2);
+    t = check_text(INT8_DENSE); /* int32 sums in, float and int8 out */
+    cr_assert_eq(t.ints, 1);
+    cr_assert_eq(t.with_epilogue, 1);
 }
 
 /* On a GPU: the real cuBLASLt and cuDNN calls against the reference
@@ -583,6 +707,7 @@ Test(libanchor, cuda_library_calls_match_ref, .timeout = 300) {
     cr_assert_not_null(strstr(trace, "library GEMM"), "%s", trace);
     free(trace);
     kf_model_free(m);
+    exec_int8_plan(KF_EXEC_CUDA); /* cuBLASLt's int8 GEMM (IMMA) */
     if ((why = kf_cudnn_unavailable())) cr_skip_test("GEMMs checked; cuDNN: %s", why);
     m = gt_parse("input x float[2, 3, 11, 9]\nconst w float[8, 3, 3, 3] = random\nconst b float[8] = random\n"
                  "y = Conv(x, w, b) {pads=[1,1,1,1], strides=[2,1]}\nr = Relu(y)\noutput r\n"
@@ -631,4 +756,15 @@ Test(libanchor, math_per_precision) {
     cr_assert_eq(m.cudnn_math, 1);
     cr_assert_eq(m.cublas_compute, 68);
     cr_assert_eq(m.cudnn_data, 2);
+    cr_assert_eq(m.cublas_scale, 0);
+    cr_assert_eq(m.cuda_data_d, 2);
+
+    /* int8 GEMMs are exact whatever the plan's precision */
+    for (int p = 0; p <= KF_PRECISION_INT8; p++) {
+        m = kf_la_math_for((kf_precision)p, KF_DT_INT8);
+        cr_assert_eq(m.cublas_compute, 72);
+        cr_assert_eq(m.cublas_scale, 10);
+        cr_assert_eq(m.cuda_data, 3);
+        cr_assert_eq(m.cuda_data_d, 10);
+    }
 }
