@@ -49,10 +49,17 @@ enum {
                                     * any input when variadic: Concat), moved or, for
                                     * Cast, converted: integers keep their values, so
                                     * kf_index_bound follows index values through it */
-    KF_F_SUBGRAPHS = 1 << 6        /* runs graph attributes (If, Loop, Scan): the
+    KF_F_SUBGRAPHS = 1 << 6,       /* runs graph attributes (If, Loop, Scan): the
                                     * evaluator hands it the model and nesting depth
                                     * (kf_control_run), and the loader checks the bodies */
+    KF_F_ROUNDS_STEPS = 1 << 7     /* on a 16-bit type rounds each step to it, as the
+                                    * ONNX reference does (Attention: scaled query,
+                                    * scores, biased scores, probabilities, result):
+                                    * tolerances count it as KF_OP_STEP_ROUNDINGS layers */
 };
+
+/* Layers of rounding a KF_F_ROUNDS_STEPS node stands for. */
+#define KF_OP_STEP_ROUNDINGS 5
 
 /* Shape and dtype of every output from the inputs' types.
  *   in[i]   NULL when optional input i is absent

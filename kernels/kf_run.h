@@ -95,7 +95,10 @@ bool kf_run_close_prec(const kf_tensor *got, const kf_tensor *want, kf_precision
 bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precision p, uint32_t depth, char *why,
                         size_t whylen);
 /* depth[o] for every graph output o of m: the longest chain of nodes from
- * a graph input or constant to it (at least 1). KF_ERR_BAD_MODEL on a cycle. */
+ * a graph input or constant to it (at least 1), a node that rounds each of
+ * its steps (KF_F_ROUNDS_STEPS) counted as KF_OP_STEP_ROUNDINGS (the fp32
+ * bound grows with it too: a float32 kernel rounds at each of those steps
+ * where the reference keeps double). KF_ERR_BAD_MODEL on a cycle. */
 kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth);
 
 #endif

@@ -126,8 +126,10 @@ kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth) {
         uint32_t dn = 0;
         for (int i = 0; i < n->nin; i++)
             if (n->in[i] && d[n->in[i]] > dn) dn = d[n->in[i]];
+        const kf_op_info *info = kf_node_op(n);
+        uint32_t layers = info && (info->flags & KF_F_ROUNDS_STEPS) ? KF_OP_STEP_ROUNDINGS : 1;
         for (int j = 0; j < n->nout; j++)
-            if (n->out[j]) d[n->out[j]] = dn + 1;
+            if (n->out[j]) d[n->out[j]] = dn + layers;
     }
     for (uint32_t o = 0; o < g->noutputs; o++) depth[o] = d[g->outputs[o]] ? d[g->outputs[o]] : 1;
     kf_free(d);

@@ -289,6 +289,28 @@ Test(pass_precision, output_depths) {
     kf_model_free(m);
 }
 
+/* Attention rounds each of its steps on a 16-bit type (as the ONNX
+ * reference does): it counts as KF_OP_STEP_ROUNDINGS layers, so a
+ * LayerNorm after it is held to the bound of that many roundings (a
+ * bf16 Attention into a LayerNorm over two values once failed at the
+ * two-layer bound: random graph seed 278). */
+Test(pass_precision, output_depths_count_the_steps_attention_rounds) {
+    kf_model *m = gt_parse("opset 23\n"
+                           "input q float[1, 2, 3, 4]\n"
+                           "input k float[1, 2, 5, 4]\n"
+                           "input v float[1, 2, 5, 2]\n"
+                           "const g float[2] = random\n"
+                           "y = Attention(q, k, v)\n"
+                           "n = LayerNormalization(y, g) {axis=-1}\n"
+                           "output n\n"
+                           "output y\n");
+    uint32_t d[2];
+    cr_assert_eq(kf_run_output_depths(m, d), KF_OK);
+    cr_expect_eq(d[0], KF_OP_STEP_ROUNDINGS + 1);
+    cr_expect_eq(d[1], KF_OP_STEP_ROUNDINGS);
+    kf_model_free(m);
+}
+
 /* An exporter's mask (float32's lowest value where a key is masked) turned
  * 16-bit saturates to the low type's lowest finite value instead of
  * rounding to -inf: a Softmax row whose every key is masked stays finite
