@@ -2063,7 +2063,8 @@ static kf_id qconst(gen *G, kf_dtype dt, int rank, const int64_t *dims, int64_t 
 /* What QDQ models hold: an activation quantised per tensor to uint8 and
  * dequantised, times weights quantised per output column to int8 and
  * dequantised (the optimizer folds the weights' QuantizeLinear, and int8
- * plans keep their DequantizeLinear). The activation is a fresh graph
+ * plans keep their DequantizeLinear), one product or two sibling ones
+ * (which the sibling merge makes one). The activation is a fresh graph
  * input, so its codes are the same on every backend: a computed value
  * differs in its last bits between a kernel and the reference, and a code
  * on a rounding boundary would move by a whole step. */
@@ -2078,20 +2079,27 @@ static bool motif_qdq(gen *G) {
     int64_t K = dims[r - 1], N = rdim(G), wdims[2] = {K, N};
     double bound = (double)K * 2 * 1;
     if (!bounded(G, -bound, bound)) return false;
-    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, KF_DT_UINT8, 0, &one, 128);
+    /* a zero point off the middle: int8 plans move it out of the product */
+    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, KF_DT_UINT8, 0, &one, 100 + irand(&G->r, 57));
     kf_id qin[3] = {x.id, sx, zx}, q, d;
     mk(G, "QuantizeLinear", qin, 3, &q);
     kf_id din[3] = {q, sx, zx};
     mk(G, "DequantizeLinear", din, 3, &d);
-    kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / 127, 1.5 / 127, false)->id;
-    kf_id zw = qconst(G, KF_DT_INT8, 1, &N, 0), wq, wd;
-    kf_id wqin[3] = {w, sw, zw};
-    attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 1);
-    kf_id wdin[3] = {wq, sw, zw};
-    attr_i(mk(G, "DequantizeLinear", wdin, 3, &wd), "axis", 1);
-    kf_id y = bin(G, "MatMul", d, wd, false);
-    dims[r - 1] = N;
-    push(G, y, r, dims, -bound, bound, false);
+    /* sometimes a sibling product of the same activation (Q/K/V-like): the
+     * sibling merge concatenates dequantized weights and their scales */
+    int products = G->nodes + 9 <= G->target && irand(&G->r, 2) ? 2 : 1;
+    for (int p = 0; p < products; p++) {
+        if (p) N = rdim(G), wdims[1] = N;
+        kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / 127, 1.5 / 127, false)->id;
+        kf_id zw = qconst(G, KF_DT_INT8, 1, &N, 0), wq, wd;
+        kf_id wqin[3] = {w, sw, zw};
+        attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 1);
+        kf_id wdin[3] = {wq, sw, zw};
+        attr_i(mk(G, "DequantizeLinear", wdin, 3, &wd), "axis", 1);
+        kf_id y = bin(G, "MatMul", d, wd, false);
+        dims[r - 1] = N;
+        push(G, y, r, dims, -bound, bound, false);
+    }
     return true;
 }
 
@@ -3025,6 +3033,57 @@ static bool precision_paths(ctx *x, const rg_check_opts *o, rg_stats *st) {
     return ok;
 }
 
+/* RG_P_INT8: a graph whose QDQ products pass_qint takes: its int8 form
+ * (optimized as an int8 plan is, then kf_fuse_int8) on ref against ref on
+ * the original at the whole-model fp32 bound (the integer form rounds once
+ * where the float one rounds per product), and with RG_P_CL an int8 plan
+ * on OpenCL against ref on that form (integers exact). */
+static bool int8_paths(ctx *x, const rg_check_opts *o, rg_stats *st) {
+    kf_model *c = NULL;
+    bool ok = true;
+    uint32_t *depth = calloc(x->nwant + 1, sizeof(uint32_t));
+    kf_tensor *got = calloc(x->nwant + 1, sizeof(kf_tensor)), *want8 = calloc(x->nwant + 1, sizeof(kf_tensor));
+    if (!depth || !got || !want8) need(KF_ERR_NOMEM);
+    kf_int8_stats is = {0};
+    kf_status s = kf_run_output_depths(x->m, depth);
+    if (!s) s = rg_copy(x->m, &c);
+    if (!s) {
+        kf_opt_options oo;
+        kf_opt_options_default(&oo);
+        oo.keep_quantized = true;
+        kf_opt_result res;
+        memset(&res, 0, sizeof res);
+        s = kf_optimize(c, &oo, &res);
+        kf_rules_free(&res.rules);
+    }
+    if (!s) s = kf_fuse_int8(c, &is);
+    if (!s && is.anchors) s = kf_eval_model(c, x->ins, x->nins, want8, NULL);
+    char w[512];
+    if (s) ok = failed(x, "int8", "%s: %s", kf_status_name(s), kf_last_error());
+    for (uint32_t i = 0; ok && is.anchors && i < x->nwant; i++)
+        if (!kf_run_close_model(&want8[i], &x->want[i], KF_PRECISION_FP32, depth[i], w, sizeof w))
+            ok = failed(x, "int8", "output %u: %s", i, w);
+    if (ok && is.anchors && st) st->int8++;
+    if (ok && is.anchors && (o->paths & RG_P_CL) && !kf_cl_unavailable()) {
+        kf_model *c2 = NULL;
+        s = rg_copy(x->m, &c2);
+        if (!s) s = kf_run_backend(c2, KF_EXEC_OPENCL, KF_PRECISION_INT8, x->ins, x->nins, got, NULL, NULL);
+        if (s) ok = failed(x, "int8-opencl", "%s: %s", kf_status_name(s), kf_last_error());
+        for (uint32_t i = 0; ok && i < x->nwant; i++)
+            if (!kf_run_close_model(&got[i], &want8[i], KF_PRECISION_FP32, depth[i], w, sizeof w))
+                ok = failed(x, "int8-opencl", "output %u: %s", i, w);
+        if (!s) release_all(got, x->nwant);
+        if (ok && st) st->int8_cl++;
+        if (c2) kf_model_free(c2);
+    }
+    if (is.anchors) release_all(want8, x->nwant);
+    free(want8);
+    free(got);
+    free(depth);
+    if (c) kf_model_free(c);
+    return ok;
+}
+
 bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_opts *o, char *path,
               size_t pathlen, char *why, size_t whylen, rg_stats *st) {
     fam_init();
@@ -3074,6 +3133,7 @@ bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_
         }
     }
     if (ok && (o->paths & RG_P_PREC)) ok = precision_paths(&x, o, st);
+    if (ok && (o->paths & RG_P_INT8)) ok = int8_paths(&x, o, st);
     if (ok && (o->paths & RG_P_FAMILY)) {
         for (int f = 0; ok && f < nfams; f++) {
             if (o->family >= 0 && f != o->family) continue;

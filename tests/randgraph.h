@@ -42,8 +42,11 @@ enum {
     RG_P_FUSE = 1 << 1,   /* ref after opt + plan + kf_fuse_apply (ai.kfuse functions) */
     RG_P_CL = 1 << 2,     /* kf_run_opencl (skipped when kf_cl_unavailable()) */
     RG_P_FAMILY = 1 << 3, /* opt (and fuse) with one pass family disabled */
-    RG_P_PREC = 1 << 4    /* the fp16/bf16 pass (kf_fuse_precision, rg_check_opts.low) on ref,
+    RG_P_PREC = 1 << 4,   /* the fp16/bf16 pass (kf_fuse_precision, rg_check_opts.low) on ref,
                            * and the converted graph on OpenCL when RG_P_CL is set too */
+    RG_P_INT8 = 1 << 5    /* a graph with a QDQ product: its int8 form (kf_fuse_int8) on ref
+                           * against the original, and (with RG_P_CL) an int8 plan on OpenCL
+                           * against ref on the int8 form */
 };
 
 /* Pass/rule families that can be disabled alone: each .kfp file of the
@@ -67,6 +70,7 @@ typedef struct rg_stats {
                                            * past the low type's range, or ill-conditioned (the
                                            * float32 graph itself moves past the tolerance when
                                            * inputs and constants move by one rounding) */
+    uint64_t int8, int8_cl;  /* RG_P_INT8: graphs with integer products agreed on ref / OpenCL */
     uint64_t fail;
     double slowest_s;
     uint64_t slowest_seed;
@@ -75,7 +79,7 @@ typedef struct rg_stats {
 /* Runs m (not changed) with inputs through the paths in o. Returns true
  * when every path agrees with ref on the original; else false with the
  * failing path ("opt", "fuse", "opencl", "opt-no-<family>",
- * "fuse-no-<family>", "prec" and "prec-opencl" (the converted graph on ref
+ * "fuse-no-<family>", "int8" and "int8-opencl", "prec" and "prec-opencl" (the converted graph on ref
  * and on OpenCL against ref on the original, at kf_run_close_model's
  * tolerance), or "ref" when the original itself does not run) in
  * path and a description in why. st (may be NULL) is updated. */

@@ -33,6 +33,8 @@ static rg_check_opts only(const char *path, kf_dtype low) {
     else if (!strcmp(path, "opencl")) o.paths = RG_P_CL;
     else if (!strcmp(path, "prec")) o.paths = RG_P_PREC;
     else if (!strcmp(path, "prec-opencl")) o.paths = RG_P_PREC | RG_P_CL;
+    else if (!strcmp(path, "int8")) o.paths = RG_P_INT8;
+    else if (!strcmp(path, "int8-opencl")) o.paths = RG_P_INT8 | RG_P_CL;
     else if (!strncmp(path, "opt-no-", 7) || !strncmp(path, "fuse-no-", 8)) {
         const char *f = strstr(path, "-no-") + 4;
         o.paths = RG_P_FAMILY;
@@ -90,7 +92,7 @@ int main(int argc, char **argv) {
             kf_model_free(m);
             return 3;
         }
-        rg_check_opts o = {RG_P_OPT | RG_P_FUSE, -1, NULL, KF_DT_FLOAT16};
+        rg_check_opts o = {RG_P_OPT | RG_P_FUSE | RG_P_INT8, -1, NULL, KF_DT_FLOAT16};
         if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL;
         if (prec) {
             o.paths |= RG_P_PREC;
@@ -130,13 +132,14 @@ int main(int argc, char **argv) {
         kf_model_free(m);
     }
     printf("graphs %llu (nodes %llu), agreed: ref %llu, opt %llu, fuse %llu, opencl %llu (skipped %llu), "
-           "family-disabled %llu, fp16/bf16 ref %llu opencl %llu (out of range %llu); failed %llu; "
-           "slowest %.3f s (seed %llu)\n"
+           "family-disabled %llu, fp16/bf16 ref %llu opencl %llu (out of range %llu), int8 plans ref %llu "
+           "opencl %llu; failed %llu; slowest %.3f s (seed %llu)\n"
            "opencl path: %llu groups ran as generated kernels, %llu on the reference evaluator\n",
            (unsigned long long)st.graphs, (unsigned long long)st.nodes, (unsigned long long)st.ref,
            (unsigned long long)st.opt, (unsigned long long)st.fuse, (unsigned long long)st.cl,
            (unsigned long long)st.cl_skipped, (unsigned long long)st.family, (unsigned long long)st.prec,
-           (unsigned long long)st.prec_cl, (unsigned long long)st.prec_skipped, (unsigned long long)st.fail,
+           (unsigned long long)st.prec_cl, (unsigned long long)st.prec_skipped, (unsigned long long)st.int8,
+           (unsigned long long)st.int8_cl, (unsigned long long)st.fail,
            st.slowest_s, (unsigned long long)st.slowest_seed, (unsigned long long)st.cl_groups_cl,
            (unsigned long long)st.cl_groups_ref);
     rg_write_rule_hits(stdout);
