@@ -7,6 +7,13 @@
  * and one Add runs before the Split. Typical source: the Q/K/V projections
  * of attention. Node-local C-callback rules registered through passes.def.
  *
+ * Weights may also be DequantizeLinears of constants (a QDQ model kept
+ * quantized, as an int8 plan keeps it): the quantized weights are
+ * concatenated, their scales and zero points become one per column (or
+ * stay one per tensor where every sibling has the same), so the merged
+ * DequantizeLinear gives exactly the siblings' float weights side by side
+ * and pass_qint turns the one product into one integer anchor.
+ *
  *      A ──┬─ MatMul(·, Wq) ─ Add(bq) ─▶ q          A ─ MatMul(·, [Wq Wk Wv])
  *          ├─ MatMul(·, Wk) ─ Add(bk) ─▶ k    =>     ─ Add([bq bk bv]) ─ Split ─▶ q, k, v
  *          └─ MatMul(·, Wv) ─ Add(bv) ─▶ v
@@ -23,7 +30,9 @@
 
 typedef struct sibling {
     kf_id node;
-    const kf_tensor *w;    /* constant weight */
+    const kf_tensor *w;    /* constant weight (quantized, when dq) */
+    kf_id dq;              /* the weight's DequantizeLinear, 0: a plain constant */
+    const kf_tensor *scale, *zero; /* dq: its scale and zero point (NULL: none) */
     const kf_tensor *bias; /* MatMul: the following Add's constant; Gemm: C; NULL: none */
     kf_id add;             /* MatMul: that Add node, 0 when biases are not merged */
     int64_t n;             /* output columns */
@@ -33,7 +42,10 @@ typedef struct group {
     sibling s[HMERGE_MAX_SIBLINGS];
     int count;
     kf_id a;        /* the shared input */
-    kf_dtype dtype; /* of the weights */
+    kf_dtype dtype; /* of the weights as the products read them (and of the biases) */
+    kf_dtype wtype; /* of the stored weights: dtype, or the quantized type */
+    bool dq;        /* the weights are DequantizeLinears of constants */
+    bool per_column; /* dq: scales (and zero points) become one per column */
     int64_t k;      /* shared inner dimension */
     int64_t total;  /* sum of the columns */
     int out_rank;   /* -1 when unknown (the Split then uses axis -1) */
@@ -104,6 +116,57 @@ static bool bias_add(const kf_model *m, const group *gr, sibling *s) {
 
 /* ---- checks -------------------------------------------------------------------------- */
 
+/* Whether t is one value (per tensor) or, with n > 0, n values along one
+ * dimension (rank 1). */
+static bool one_or_row(const kf_tensor *t, int64_t n) {
+    return t->numel == 1 ? t->rank <= 1 : t->rank == 1 && t->dims[0] == n;
+}
+
+/* The weight of product n (slot 1), read in layout trans (the columns on
+ * dim 0 when set): a constant, or a DequantizeLinear of constants whose
+ * scale is per tensor or per column. Fills s->w (and s->dq, s->scale,
+ * s->zero) or returns why not. */
+static const char *weight_of(const kf_model *m, const kf_node *n, bool trans, sibling *s) {
+    const kf_graph *g = m->graph;
+    if (!n->in[1]) return "a sibling's weight is not a constant";
+    if ((s->w = const_init(m, n->in[1]))) return s->w->rank == 2 ? NULL : "a sibling's weight is not 2-D";
+    kf_id d = g->values[n->in[1]].producer;
+    const kf_node *dn = d ? &g->nodes[d] : NULL;
+    if (!dn || dn->dead || dn->op != KF_OP_DEQUANTIZE_LINEAR || dn->nin < 2 || !dn->in[0] || !dn->in[1] ||
+        !(s->w = const_init(m, dn->in[0])) || !(s->scale = const_init(m, dn->in[1])) ||
+        (dn->nin > 2 && dn->in[2] && !(s->zero = const_init(m, dn->in[2]))))
+        return "a sibling's weight is not a constant";
+    if (s->w->rank != 2) return "a sibling's weight is not 2-D";
+    if (kf_attr_i(dn, "block_size", 0) != 0) return "a sibling's weight is dequantized in blocks";
+    int64_t cols = s->w->dims[trans ? 0 : 1], axis = kf_attr_i(dn, "axis", 1);
+    if (axis < 0) axis += 2;
+    if (!one_or_row(s->scale, cols) || (s->scale->numel != 1 && axis != (trans ? 0 : 1)))
+        return "a sibling's weight scale is not per tensor or per column";
+    if (s->zero && (s->zero->numel != s->scale->numel || s->zero->dtype != s->w->dtype))
+        return "a sibling's weight zero point does not match its scale";
+    s->dq = d;
+    return NULL;
+}
+
+/* The quantized siblings of gr (all dq) keep one scale and zero point per
+ * tensor when they share them; else per column, which DequantizeLinear
+ * takes from opset 13. Returns why not, or NULL. */
+static const char *dq_layout(const kf_model *m, group *gr) {
+    const sibling *f = &gr->s[0];
+    gr->per_column = false;
+    for (int i = 0; i < gr->count; i++) {
+        const sibling *s = &gr->s[i];
+        if (s->scale->dtype != f->scale->dtype) return "the siblings' weight scales differ in dtype";
+        bool same = s->scale->numel == 1 && f->scale->numel == 1 &&
+                    !memcmp(s->scale->data, f->scale->data, kf_dtype_size(s->scale->dtype)) && !s->zero == !f->zero &&
+                    (!s->zero || !memcmp(s->zero->data, f->zero->data, kf_dtype_size(s->zero->dtype)));
+        if (!same) gr->per_column = true;
+    }
+    if (gr->per_column && kf_model_opset(m, "") < 13)
+        return "the siblings' weight scales differ (one per column needs DequantizeLinear of opset 13)";
+    return NULL;
+}
+
 /* Fills gr for the MatMul siblings of root, or returns why they cannot
  * merge. *alone: fewer than two siblings (no reason to give). */
 static const char *matmul_group(const kf_model *m, kf_id root, group *gr, bool *alone) {
@@ -122,16 +185,24 @@ static const char *matmul_group(const kf_model *m, kf_id root, group *gr, bool *
         sibling *s = &gr->s[i];
         s->node = ids[i];
         const kf_node *n = &g->nodes[s->node];
-        if (!n->in[1] || !(s->w = const_init(m, n->in[1]))) return "a sibling's weight is not a constant";
-        if (s->w->rank != 2) return "a sibling's weight is not 2-D";
+        const char *why = weight_of(m, n, false, s);
+        if (why) return why;
         if (i == 0) {
-            gr->dtype = s->w->dtype;
+            gr->dq = s->dq != 0;
+            gr->wtype = s->w->dtype;
+            gr->dtype = g->values[n->in[1]].type.dtype;
             gr->k = s->w->dims[0];
         }
-        if (s->w->dtype != gr->dtype) return "the siblings' weights differ in dtype";
+        if ((s->dq != 0) != gr->dq) return "some siblings' weights are dequantized, some not";
+        if (s->w->dtype != gr->wtype || g->values[n->in[1]].type.dtype != gr->dtype)
+            return "the siblings' weights differ in dtype";
         if (s->w->dims[0] != gr->k) return "the siblings' weights differ in their inner dimension";
         s->n = s->w->dims[1];
         if (!kf_add_ok(gr->total, s->n, &gr->total)) return "the merged weight is too large";
+    }
+    if (gr->dq) {
+        const char *why = dq_layout(m, gr);
+        if (why) return why;
     }
     gr->biases = true;
     for (int i = 0; i < gr->count && gr->biases; i++) gr->biases = bias_add(m, gr, &gr->s[i]);
@@ -164,14 +235,18 @@ static const char *gemm_group(const kf_model *m, kf_id root, group *gr, bool *al
             kf_attr_f(n, "alpha", 1.0f) != kf_attr_f(first, "alpha", 1.0f) ||
             kf_attr_f(n, "beta", 1.0f) != kf_attr_f(first, "beta", 1.0f))
             return "the sibling Gemms differ in transA, alpha or beta";
-        if (!n->in[1] || !(s->w = const_init(m, n->in[1]))) return "a sibling's weight is not a constant";
-        if (s->w->rank != 2) return "a sibling's weight is not 2-D";
         bool tb = kf_attr_i(n, "transB", 0) != 0;
+        const char *why = weight_of(m, n, tb, s);
+        if (why) return why;
         if (i == 0) {
-            gr->dtype = s->w->dtype;
+            gr->dq = s->dq != 0;
+            gr->wtype = s->w->dtype;
+            gr->dtype = g->values[n->in[1]].type.dtype;
             gr->k = s->w->dims[tb ? 1 : 0];
         }
-        if (s->w->dtype != gr->dtype) return "the siblings' weights differ in dtype";
+        if ((s->dq != 0) != gr->dq) return "some siblings' weights are dequantized, some not";
+        if (s->w->dtype != gr->wtype || g->values[n->in[1]].type.dtype != gr->dtype)
+            return "the siblings' weights differ in dtype";
         if (s->w->dims[tb ? 1 : 0] != gr->k) return "the siblings' weights differ in their inner dimension";
         s->n = s->w->dims[tb ? 0 : 1];
         if (!kf_add_ok(gr->total, s->n, &gr->total)) return "the merged weight is too large";
@@ -181,6 +256,10 @@ static const char *gemm_group(const kf_model *m, kf_id root, group *gr, bool *al
                 return "a sibling's C is not one value per column";
             gr->biases = true;
         }
+    }
+    if (gr->dq) {
+        const char *why = dq_layout(m, gr);
+        if (why) return why;
     }
     return NULL;
 }
@@ -192,8 +271,8 @@ static const char *gemm_group(const kf_model *m, kf_id root, group *gr, bool *al
  * elements copied byte for byte. */
 static kf_status concat_weights(const kf_model *m, const group *gr, bool trans, kf_tensor *w) {
     int64_t dims[2] = {trans ? gr->total : gr->k, trans ? gr->k : gr->total};
-    KF_TRY(kf_tensor_alloc(w, gr->dtype, 2, dims));
-    size_t esz = kf_dtype_size(gr->dtype);
+    KF_TRY(kf_tensor_alloc(w, gr->wtype, 2, dims));
+    size_t esz = kf_dtype_size(gr->wtype);
     char *dst = w->data;
     int64_t off = 0;
     for (int i = 0; i < gr->count; i++) {
@@ -236,6 +315,24 @@ static kf_status concat_biases(const group *gr, kf_tensor *b) {
     return KF_OK;
 }
 
+/* The dq siblings' scales (zero: zero points) side by side, one per
+ * column, [total]: a per-tensor value repeated over its columns, an absent
+ * zero point as zeros. */
+static kf_status concat_quant(const group *gr, bool zero, kf_tensor *t) {
+    kf_dtype dt = zero ? gr->wtype : gr->s[0].scale->dtype;
+    KF_TRY(kf_tensor_alloc(t, dt, 1, &gr->total));
+    size_t esz = kf_dtype_size(dt);
+    char *dst = t->data;
+    int64_t off = 0;
+    for (int i = 0; i < gr->count; i++) {
+        const kf_tensor *q = zero ? gr->s[i].zero : gr->s[i].scale;
+        for (int64_t j = 0; q && j < gr->s[i].n; j++)
+            memcpy(dst + (size_t)(off + j) * esz, (const char *)q->data + (size_t)(q->numel == 1 ? 0 : j) * esz, esz);
+        off += gr->s[i].n;
+    }
+    return KF_OK;
+}
+
 /* Adds a constant built by fill (ownership moves to the graph). */
 static kf_status add_const(kf_graph *g, const char *base, kf_tensor *t, kf_status fill_st, kf_id *id) {
     if (fill_st) {
@@ -261,6 +358,33 @@ static kf_status add_int_attr(kf_graph *g, kf_id node, const char *name, int64_t
     return kf_node_add_attr(&g->nodes[node], &a);
 }
 
+/* The merged quantized weight w dequantized: per tensor with the first
+ * sibling's scale and zero point, or per column along the columns' axis.
+ * *w becomes the float weight. */
+static kf_status dequantize_merged(kf_model *m, const group *gr, bool trans, const char *base, kf_id *w) {
+    kf_graph *g = m->graph;
+    const kf_node *d0 = &g->nodes[gr->s[0].dq];
+    kf_id in[3] = {*w, d0->in[1], d0->nin > 2 ? d0->in[2] : 0}, node;
+    bool zeros = false;
+    for (int i = 0; i < gr->count; i++) zeros |= gr->s[i].zero != NULL;
+    if (gr->per_column) {
+        kf_tensor *st = kf_tensor_new(), *zt = NULL;
+        if (!st) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        KF_TRY(add_const(g, "merged_weight_scale", st, concat_quant(gr, false, st), &in[1]));
+        in[2] = 0;
+        if (zeros) {
+            if (!(zt = kf_tensor_new())) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            KF_TRY(add_const(g, "merged_weight_zero_point", zt, concat_quant(gr, true, zt), &in[2]));
+        }
+    }
+    char name[300];
+    snprintf(name, sizeof name, "%s_dequantize", base);
+    const char *dname[1] = {"merged_weight_float"};
+    KF_TRY(add_node(m, "DequantizeLinear", KF_OP_DEQUANTIZE_LINEAR, name, in, in[2] ? 3 : 2, dname, w, 1, &node));
+    if (gr->per_column) KF_TRY(add_int_attr(g, node, "axis", trans ? 0 : 1));
+    return kf_infer_node(m, node);
+}
+
 /* Product with merged weights (and biases), then Split into the siblings'
  * results; the old products and Adds are removed. */
 static kf_status merge(kf_model *m, const group *gr) {
@@ -276,6 +400,7 @@ static kf_status merge(kf_model *m, const group *gr) {
     kf_tensor *wt = kf_tensor_new(), *bt = NULL;
     if (!wt) return kf_fail(KF_ERR_NOMEM, "out of memory");
     KF_TRY(add_const(g, "merged_weight", wt, concat_weights(m, gr, trans, wt), &w));
+    if (gr->dq) KF_TRY(dequantize_merged(m, gr, trans, name, &w));
     if (gr->biases) {
         if (!(bt = kf_tensor_new())) return kf_fail(KF_ERR_NOMEM, "out of memory");
         KF_TRY(add_const(g, "merged_bias", bt, concat_biases(gr, bt), &b));

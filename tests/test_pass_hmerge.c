@@ -2,8 +2,9 @@
  * test_pass_hmerge.c: horizontal merge of sibling MatMuls and Gemms
  * (fusion/pass_hmerge.c). Positive tests check the op counts after and that
  * outputs equal the original's on random inputs (fp32 tolerance); does_not_*
- * tests check the reason. The 12-layer BERT checks the Q/K/V merge and its
- * expected outputs.
+ * tests check the reason; weights dequantized from constants (a QDQ model
+ * kept quantized) merge with their scales. The 12-layer BERT checks the
+ * Q/K/V merge and its expected outputs.
  */
 #include <criterion/criterion.h>
 #include <string.h>
@@ -111,6 +112,147 @@ Test(pass_hmerge, merges_sibling_gemms_with_mixed_transb_and_c) {
     kf_rules_free(&rs);
     kf_model_free(m);
     kf_model_free(orig);
+}
+
+/* The value feeding input slot of the one live node of op_type. */
+static const kf_tensor *input_const(const kf_model *m, const char *op_type, int slot) {
+    const kf_node *n = only(m, op_type);
+    cr_assert(n && slot < n->nin && n->in[slot], "%s has no input %d", op_type, slot);
+    const kf_tensor *t = m->graph->values[n->in[slot]].init;
+    cr_assert(t, "%s input %d is not a constant", op_type, slot);
+    return t;
+}
+
+/* Q/K/V of a QDQ model kept quantized: int8 weights with a per-column
+ * scale and zero point, a per-tensor scale without zero point, and one
+ * with; the merged DequantizeLinear gives every float weight exactly. */
+Test(pass_hmerge, merges_sibling_matmuls_of_dequantized_weights) {
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[2, 3, 4]\n"
+                           "const wq int8[4, 5] = random\n"
+                           "const wk int8[4, 3] = random\n"
+                           "const wv int8[4, 2] = random\n"
+                           "const sq float[5] = 0.1 0.2 0.3 0.4 0.5\n"
+                           "const zq int8[5] = 0 1 -1 2 0\n"
+                           "const sk float[] = 0.05\n"
+                           "const sv float[] = 0.07\n"
+                           "const zv int8[] = 3\n"
+                           "const bq float[5] = random\n"
+                           "const bk float[3] = random\n"
+                           "const bv float[2] = random\n"
+                           "dq = DequantizeLinear(wq, sq, zq) {axis=1}\n"
+                           "dk = DequantizeLinear(wk, sk)\n"
+                           "dv = DequantizeLinear(wv, sv, zv)\n"
+                           "q0 = MatMul(x, dq)\n"
+                           "k0 = MatMul(x, dk)\n"
+                           "v0 = MatMul(x, dv)\n"
+                           "q = Add(q0, bq)\n"
+                           "k = Add(k0, bk)\n"
+                           "v = Add(v0, bv)\n"
+                           "output q, k, v\n");
+    kf_model *orig = gt_copy(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_hits(&rs, "merge_sibling_matmuls"), 1, "%s", gt_reasons(&rs, "merge_sibling_matmuls"));
+    cr_expect_eq(gt_count(m, "MatMul"), 1);
+    cr_expect_eq(gt_count(m, "Add"), 1);
+    cr_expect_eq(gt_count(m, "DequantizeLinear"), 1);
+    const kf_node *d = only(m, "DequantizeLinear");
+    cr_expect_eq(kf_attr_i(d, "axis", -7), 1);
+    const kf_tensor *sc = input_const(m, "DequantizeLinear", 1), *zp = input_const(m, "DequantizeLinear", 2);
+    cr_assert_eq(sc->numel, 10);
+    cr_assert_eq(zp->numel, 10);
+    cr_expect_eq(zp->dtype, KF_DT_INT8);
+    /* columns 5..7 repeat k's scale with zero point 0, 8..9 v's with 3 */
+    cr_expect_float_eq(kf_get_f64(sc, 6), 0.05f, 1e-9);
+    cr_expect_eq(kf_get_i64(zp, 6), 0);
+    cr_expect_float_eq(kf_get_f64(sc, 9), 0.07f, 1e-9);
+    cr_expect_eq(kf_get_i64(zp, 9), 3);
+    cr_expect_eq(kf_get_i64(zp, 2), -1);
+    gt_expect_same_outputs(orig, m, ATOL, RTOL);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+/* Gemms reading dequantized weights, one transposed with a scale per
+ * output row of its [N, K] weight (axis 0), one not and per tensor: the
+ * merged weight takes the first's layout and its scales that axis. */
+Test(pass_hmerge, merges_sibling_gemms_of_dequantized_weights_in_either_layout) {
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[3, 4]\n"
+                           "const w1 int8[5, 4] = random\n"
+                           "const s1 float[5] = 0.1 0.2 0.3 0.4 0.5\n"
+                           "const w2 int8[4, 2] = random\n"
+                           "const s2 float[] = 0.25\n"
+                           "const z2 int8[] = -2\n"
+                           "const c1 float[5] = random\n"
+                           "d1 = DequantizeLinear(w1, s1) {axis=0}\n"
+                           "d2 = DequantizeLinear(w2, s2, z2)\n"
+                           "y1 = Gemm(x, d1, c1) {transB=1}\n"
+                           "y2 = Gemm(x, d2)\n"
+                           "output y1, y2\n");
+    kf_model *orig = gt_copy(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_count(m, "Gemm"), 1, "%s", gt_reasons(&rs, "merge_sibling_gemms"));
+    cr_expect_eq(kf_attr_i(only(m, "DequantizeLinear"), "axis", -7), 0);
+    cr_expect_eq(input_const(m, "DequantizeLinear", 0)->dims[0], 7);
+    gt_expect_same_outputs(orig, m, ATOL, RTOL);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+/* Siblings sharing one per-tensor scale and zero point keep them: the
+ * merged DequantizeLinear is per tensor, as at opset 10. */
+Test(pass_hmerge, dequantized_siblings_sharing_a_scale_stay_per_tensor) {
+    kf_model *m = gt_parse("opset 10\n"
+                           "input x float[3, 4]\n"
+                           "const w1 uint8[4, 2] = random\n"
+                           "const w2 uint8[4, 3] = random\n"
+                           "const s float[] = 0.125\n"
+                           "const z uint8[] = 1\n"
+                           "d1 = DequantizeLinear(w1, s, z)\n"
+                           "d2 = DequantizeLinear(w2, s, z)\n"
+                           "y1 = MatMul(x, d1)\n"
+                           "y2 = MatMul(x, d2)\n"
+                           "output y1, y2\n");
+    kf_model *orig = gt_copy(m);
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_count(m, "MatMul"), 1, "%s", gt_reasons(&rs, "merge_sibling_matmuls"));
+    const kf_node *d = only(m, "DequantizeLinear");
+    cr_expect_eq(kf_attr_i(d, "axis", -7), -7, "no axis attribute");
+    cr_expect_eq(input_const(m, "DequantizeLinear", 1)->numel, 1);
+    gt_expect_same_outputs(orig, m, ATOL, RTOL);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+    kf_model_free(orig);
+}
+
+Test(pass_hmerge, does_not_merge_dequantized_weights_it_cannot_concatenate) {
+    /* different scales before opset 13 (no per-axis DequantizeLinear), and
+     * a dequantized weight beside a float one */
+    kf_model *m = gt_parse("opset 10\n"
+                           "input x float[3, 4]\n"
+                           "input u float[3, 4]\n"
+                           "const w1 int8[4, 2] = random\n"
+                           "const w2 int8[4, 3] = random\n"
+                           "const f3 float[4, 3] = random\n"
+                           "const s1 float[] = 0.125\n"
+                           "const s2 float[] = 0.25\n"
+                           "d1 = DequantizeLinear(w1, s1)\n"
+                           "d2 = DequantizeLinear(w2, s2)\n"
+                           "y1 = MatMul(x, d1)\n"
+                           "y2 = MatMul(x, d2)\n"
+                           "y3 = MatMul(u, d1)\n"
+                           "y4 = MatMul(u, f3)\n"
+                           "output y1, y2, y3, y4\n");
+    kf_ruleset rs = gt_run_rules(m, kf_pass_hmerge_rules);
+    cr_expect_eq(gt_count(m, "MatMul"), 4);
+    const char *why = gt_reasons(&rs, "merge_sibling_matmuls");
+    cr_expect(strstr(why, "needs DequantizeLinear of opset 13"), "%s", why);
+    cr_expect(strstr(why, "some siblings' weights are dequantized, some not"), "%s", why);
+    kf_rules_free(&rs);
+    kf_model_free(m);
 }
 
 Test(pass_hmerge, does_not_merge_when_a_weight_is_not_constant) {

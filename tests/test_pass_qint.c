@@ -246,6 +246,56 @@ Test(pass_qint, activations_become_int8_and_zero_points_leave_the_product) {
     }
 }
 
+/* Q/K/V-like products of one quantised activation, weights per column
+ * with their biases: the sibling merge leaves one integer product with
+ * per-column scales; its quantised outputs stay within one step of the
+ * float QDQ graph, and an int8 plan on OpenCL equals the reference. */
+#define QDQ_SIBLINGS                                                                                   \
+    "opset 13\ninput x float[2, 6, 8]\n"                                                                 \
+    "const sx float[] = 0.02\nconst zx uint8[] = 120\n"                                                  \
+    "const w1 float[8, 4] = random\nconst s1 float[4] = 0.016 0.012 0.02 0.01\nconst z1 int8[4] = 0\n"  \
+    "const w2 float[8, 6] = random\nconst s2 float[6] = 0.015 0.011\nconst z2 int8[6] = 0\n"            \
+    "const b1 float[4] = random\nconst b2 float[6] = random\n"                                          \
+    "const so float[] = 0.05\nconst zo uint8[] = 128\n"                                                 \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                               \
+    "q1 = QuantizeLinear(w1, s1, z1) {axis=1}\nd1 = DequantizeLinear(q1, s1, z1) {axis=1}\n"           \
+    "q2 = QuantizeLinear(w2, s2, z2) {axis=1}\nd2 = DequantizeLinear(q2, s2, z2) {axis=1}\n"           \
+    "p1 = MatMul(xd, d1)\np2 = MatMul(xd, d2)\ny1 = Add(p1, b1)\ny2 = Add(p2, b2)\n"                    \
+    "o1 = QuantizeLinear(y1, so, zo)\no2 = QuantizeLinear(y2, so, zo)\noutput o1, o2\n"
+
+Test(pass_qint, sibling_products_become_one_integer_product) {
+    kf_int8_stats st;
+    kf_model *a = gt_parse(QDQ_SIBLINGS), *b = int8_of(a, &st);
+    cr_assert_eq(st.anchors, 1);
+    cr_assert_eq(gt_count(b, "MatMulInteger"), 1);
+    cr_assert_eq(gt_count(b, "MatMul"), 0);
+    cr_assert_eq(gt_count(b, "Split"), 1);
+    kf_tensor *ins;
+    uint32_t nins;
+    gt_random_inputs(a, &ins, &nins);
+    kf_tensor wa[2] = {0}, wb[2] = {0};
+    cr_assert_eq(kf_eval_model(a, ins, nins, wa, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_eval_model(b, ins, nins, wb, NULL), KF_OK, "%s", kf_last_error());
+    int64_t moved = 0, total = 0, spread = 0;
+    for (int o = 0; o < 2; o++) {
+        cr_assert_eq(wb[o].numel, wa[o].numel);
+        for (int64_t i = 0; i < wa[o].numel; i++) {
+            int64_t d = llabs(kf_get_i64(&wa[o], i) - kf_get_i64(&wb[o], i));
+            cr_assert_leq(d, 1, "output %d element %lld moved by %lld steps", o, (long long)i, (long long)d);
+            moved += d, total++;
+            spread += kf_get_i64(&wa[o], i) != 128;
+        }
+    }
+    cr_assert_lt(moved * 20, total, "%lld of %lld codes moved", (long long)moved, (long long)total);
+    cr_assert_gt(spread * 2, total, "mostly the zero point");
+    for (int o = 0; o < 2; o++) kf_tensor_release(&wa[o]), kf_tensor_release(&wb[o]);
+    for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+    free(ins);
+    kf_model_free(a);
+    kf_model_free(b);
+    int8_plan_matches_ref(QDQ_SIBLINGS);
+}
+
 /* What the integer anchor does not take stays float: a dequantised
  * operand with a per-tensor scale that is not a constant, a transposed or
  * scaled Gemm, a float weight. */
