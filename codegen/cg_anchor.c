@@ -911,9 +911,13 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     kf_cg_printf(&body, "        const %s tm = tile %% %lld;\n", I, (long long)tm);
     if (gm.nb) kf_cg_printf(&body, "        const %s tb = tile / %lld;\n", I, (long long)tm);
     batch_names(st, &gm, ot);
+    /* an integer product (MatMulInteger) sums its 8-bit operands less their
+     * zero points exactly in int tiles and accumulators (K <= INT_SUM_MAX_K,
+     * checked by gemm_setup); the epilogue scales the sums into the rows */
+    const char *T = acc_type(st);
     kf_cg_printf(&body, "        for (%s c0 = 0; c0 < %lld; c0 += %d) {\n", I, (long long)N, GEMM_TN);
-    kf_cg_puts(&body, "        float acc[4];\n"
-                      "        for (int q = 0; q < 4; q++) acc[q] = 0.0f;\n");
+    kf_cg_printf(&body, "        %s acc[4];\n"
+                        "        for (int q = 0; q < 4; q++) acc[q] = 0;\n", T);
     kf_cg_printf(&body, "        for (%s k0 = 0; k0 < %lld; k0 += %d) {\n", I, (long long)gm.K, GEMM_TK);
     char base[48]; /* "tm * 16" */
     snprintf(base, sizeof base, "tm * %lld", (long long)rm);
@@ -921,11 +925,11 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     kf_cg_printf(&body, "            KF_BARRIER;\n"
                         "            if (ty < %lld)\n"
                         "                for (int kk = 0; kk < 16; kk++) {\n"
-                        "                    const float fa = kf_as[kk][ty];\n"
+                        "                    const %s fa = kf_as[kk][ty];\n"
                         "                    for (int q = 0; q < 4; q++) acc[q] += fa * kf_bs[kk][tx + 16 * q];\n"
                         "                }\n"
                         "            KF_BARRIER;\n"
-                        "        }\n", (long long)rm);
+                        "        }\n", (long long)rm, T);
     kf_cg_printf(&body, "        const %s gm = tm * %lld + ty;\n", I, (long long)rm);
     kf_cg_puts(&body, "        for (int q = 0; q < 4; q++) {\n");
     kf_cg_printf(&body, "            const %s gn = c0 + tx + 16 * q;\n", I);
@@ -978,8 +982,8 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     if (ok) {
         header(st, s, !n2 ? "GEMM + row reduction" : !r ? "GEMM -> GEMM" : r_after ? "GEMM -> GEMM + row reduction"
                                                                                 : "GEMM + row reduction -> GEMM");
-        kf_cg_printf(s, "    KF_SHARED float kf_as[%d][%lld];\n", GEMM_TK, (long long)rm + 1);
-        kf_cg_printf(s, "    KF_SHARED float kf_bs[%d][%d];\n", GEMM_TK, GEMM_TN);
+        kf_cg_printf(s, "    KF_SHARED %s kf_as[%d][%lld];\n", T, GEMM_TK, (long long)rm + 1);
+        kf_cg_printf(s, "    KF_SHARED %s kf_bs[%d][%d];\n", T, GEMM_TK, GEMM_TN);
         kf_cg_printf(s, "    KF_SHARED float kf_row[%lld][%lld];\n", (long long)rm, (long long)N);
         if (r_after) kf_cg_printf(s, "    KF_SHARED float kf_row2[%lld][%lld];\n", (long long)rm, (long long)gm2.N);
         if (r) kf_cg_printf(s, "    KF_SHARED float kf_red[%d];\n", GEMM_WG);
@@ -1279,7 +1283,8 @@ static bool gen_anchor(gen *st, kf_cg_str *s) {
     }
     if (grp->reduction) {
         st->red = &st->g->nodes[grp->reduction];
-        if (n->op == KF_OP_MATMUL || n->op == KF_OP_GEMM) return gen_gemm_rows(st, s, n, NULL);
+        st->iacc = n->op == KF_OP_MATMUL_INTEGER;
+        if (n->op == KF_OP_MATMUL || n->op == KF_OP_GEMM || st->iacc) return gen_gemm_rows(st, s, n, NULL);
         return fail(st, "node '%s': a row-reduction epilogue ('%s') after a %s is not generated yet",
                     kf_node_label(n), kf_node_label(st->red), n->op_type);
     }

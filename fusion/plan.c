@@ -461,7 +461,9 @@ static const char *b2b_reason(pl_state *s, uint32_t ra, uint32_t rb, const kf_id
 /* Reduction r after anchor x (see "row reduction" in kf_plan.h). */
 static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
     const kf_node *an = &s->g->nodes[x], *rn = &s->g->nodes[r];
-    if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM) return KF_REASON_RED_AXIS; /* conv rows are channels: not last in NCHW */
+    /* conv rows are channels: not last in NCHW; an integer product's rows
+     * are its int32 sums, scaled in the epilogue before the reduction */
+    if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM && an->op != KF_OP_MATMUL_INTEGER) return KF_REASON_RED_AXIS;
     if (!last_axis_reduction(s, rn)) return KF_REASON_RED_AXIS;
     kf_id xo = an->out[0], ri = rn->in[0];
     pl_same c = pl_space_cmp(s, xo, ri);

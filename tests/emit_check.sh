@@ -10,7 +10,8 @@
 # nothing may be emitted there, but every group not generated must say it is
 # for that reason (nothing else may fail). With --plan-dim, the same symbolic
 # exports (TorchScript BERT, dynamo Llama) emit the kernels a run at those
-# sizes compiles, and those must compile too.
+# sizes compiles, and those must compile too. And the small BERT quantized
+# by `kfuse quantize`, planned --precision int8 (integer GEMM kernels).
 #   tests/emit_check.sh BUILD_DIR
 # Exits non-zero when a file does not compile or nothing was emitted; says
 # why when nvcc or OpenCL is absent and that half is not checked.
@@ -27,7 +28,12 @@ models=("tiny_cnn:$root/bench/models/tiny_cnn.onnx:--dim N=2"
         "bert_dynamic:$root/bench/models/small/bert/model.onnx:"
         "bert_dynamic_at:$root/bench/models/small/bert/model.onnx:--plan-dim batch=2 --plan-dim seq=16"
         "llama_dynamo_dynamic_at:$root/bench/models/small_dynamo_dynamic/llama/model.onnx:--plan-dim batch=1 --plan-dim seq=16"
-        "resnet50:$root/bench/models/small/resnet50/model.onnx:--dim batch=1")
+        "resnet50:$root/bench/models/small/resnet50/model.onnx:--dim batch=1"
+        "bert_int8:$work/bert_int8.onnx:--dim batch=2 --dim seq=16 --precision int8")
+# an int8 plan's kernels (integer GEMMs, their row passes, requantization)
+# from the small BERT quantized here
+"$kfuse" quantize "$root/bench/models/small/bert/model.onnx" -o "$work/bert_int8.onnx" --per-channel --random 2 \
+  2>"$work/quantize.log" || { cat "$work/quantize.log"; echo "emit_check: kfuse quantize failed"; exit 1; }
 total=0
 for entry in "${models[@]}"; do
   IFS=: read -r name path dims <<<"$entry"

@@ -2099,6 +2099,15 @@ static bool motif_qdq(gen *G) {
         kf_id y = bin(G, "MatMul", d, wd, false);
         dims[r - 1] = N;
         push(G, y, r, dims, -bound, bound, false);
+        /* sometimes the product's rows normalized at once (a projection
+         * into LayerNorm: an integer anchor with a row reduction) */
+        if (G->opset >= 17 && N >= 2 && chance(&G->r, 0.3)) {
+            val *sc = fconst(G, 1, &N, 0.5, 1.5, false);
+            double nb = sqrt((double)N) * 1.5;
+            kf_id lin[2] = {y, sc->id}, ln;
+            attr_f(mk(G, "LayerNormalization", lin, 2, &ln), "epsilon", 1e-2f); /* see NORM_EPS_NOTE */
+            push(G, ln, r, dims, -nb, nb, false);
+        }
     }
     return true;
 }

@@ -306,6 +306,30 @@ Test(libanchor, int8_gemm_in_the_library_the_rest_in_the_epilogue) {
     kf_model_free(m);
 }
 
+/* An int8 plan's output projection: the integer product, its scale, the
+ * residual, the LayerNorm and the requantization in one group; the call
+ * gives the int32 sums, the epilogue kernel does the rest with its row pass. */
+Test(libanchor, int8_gemm_residual_layernorm_rows_in_the_epilogue) {
+    cgu_need_opencl();
+    const char *text = "opset 17\ninput x int8[24, 64]\nconst w int8[64, 48] = random\nconst s float[48] = random\n"
+                       "input res float[24, 48]\nconst sc float[48] = random\nconst sh float[48] = random\n"
+                       "const so float[] = 0.05\nconst zo int8[] = 0\n"
+                       "a = MatMulInteger(x, w)\nf = Cast(a) {to=1}\ny = Mul(f, s)\nr = Add(y, res)\n"
+                       "n = LayerNormalization(r, sc, sh) {axis=-1}\nq = QuantizeLinear(n, so, zo)\noutput q\n";
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    uint32_t gi = 0;
+    while (p->groups[gi].kind != KF_GROUP_ANCHOR) gi++;
+    cr_assert_neq(p->groups[gi].reduction, 0, "the LayerNorm joins the integer product's group");
+    cr_assert_eq(p->ngroups, 1);
+    kf_plan_free(p);
+    kf_model_free(m);
+    tally t = check_text(text);
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.ints, 1);
+    cr_assert_eq(t.with_epilogue, 1);
+}
+
 Test(libanchor, int8_gemm_declines_with_reasons) {
     expect_decline("input x uint8[24, 64]\nconst w int8[64, 48] = random\na = MatMulInteger(x, w)\n"
                    "f = Cast(a) {to=1}\noutput f\n",

@@ -296,6 +296,41 @@ Test(pass_qint, sibling_products_become_one_integer_product) {
     int8_plan_matches_ref(QDQ_SIBLINGS);
 }
 
+/* A quantised output projection as BERT has it: the integer product, its
+ * scale and bias, the residual and the LayerNorm in one group; the
+ * generated kernel sums the integers exactly in its row tiles and equals
+ * the reference on OpenCL. */
+#define QDQ_PROJECTION_NORM                                                                            \
+    "opset 17\ninput x float[2, 6, 64]\ninput res float[2, 6, 48]\n"                                     \
+    "const sx float[] = 0.02\nconst zx uint8[] = 128\n"                                                  \
+    "const w float[64, 48] = random\nconst sw float[48] = 0.016 0.012\nconst zw int8[48] = 0\n"          \
+    "const b float[48] = random\nconst sc float[48] = random\nconst sh float[48] = random\n"           \
+    "const so float[] = 0.05\nconst zo uint8[] = 128\n"                                                 \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                               \
+    "wq = QuantizeLinear(w, sw, zw) {axis=1}\nwd = DequantizeLinear(wq, sw, zw) {axis=1}\n"            \
+    "p = MatMul(xd, wd)\ny = Add(p, b)\nr = Add(y, res)\n"                                              \
+    "n = LayerNormalization(r, sc, sh) {axis=-1}\nq = QuantizeLinear(n, so, zo)\noutput q\n"
+
+Test(pass_qint, integer_product_and_layernorm_rows_in_one_group) {
+    kf_model *a = gt_parse(QDQ_PROJECTION_NORM), *b = int8_of(a, NULL);
+    kf_plan_options po;
+    kf_plan_options_default(&po);
+    po.target = "h200";
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(b, &po, &p), KF_OK, "%s", kf_last_error());
+    uint32_t with_rows = 0;
+    for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+        const kf_group *gr = &p->groups[gi];
+        with_rows += gr->kind == KF_GROUP_ANCHOR && gr->anchor &&
+                     b->graph->nodes[gr->anchor].op == KF_OP_MATMUL_INTEGER && gr->reduction;
+    }
+    cr_assert_eq(with_rows, 1, "the LayerNorm joins the integer product");
+    kf_plan_free(p);
+    kf_model_free(a);
+    kf_model_free(b);
+    int8_plan_matches_ref(QDQ_PROJECTION_NORM);
+}
+
 /* What the integer anchor does not take stays float: a dequantised
  * operand with a per-tensor scale that is not a constant, a transposed or
  * scaled Gemm, a float weight. */
