@@ -360,6 +360,16 @@ static bool attention(const kf_target *t, const kf_graph *g, const kf_cost_group
     if (r->op != KF_OP_SOFTMAX || a->op != KF_OP_MATMUL || b->op != KF_OP_MATMUL || !gemm_shape(g, b, &d2) ||
         d->k > 128 || d2.n > 128)
         return false;
+    /* the streaming kernel takes the probabilities straight into the second
+     * product (through Identity at most, as codegen's att_shape): anything
+     * between (an int8 plan's QuantizeLinear and DequantizeLinear of them)
+     * needs whole rows, the back-to-back form */
+    kf_id v = b->in[0];
+    for (int depth = 0; v != r->out[0]; depth++) {
+        kf_id p = v ? g->values[v].producer : 0;
+        if (depth > 8 || !p || g->nodes[p].op != KF_OP_IDENTITY) return false;
+        v = g->nodes[p].in[0];
+    }
     kf_dtype dt = g->values[a->in[0]].type.dtype;
     attention_kernel(t, cg, dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16, d->batch, d->m, d->n, d->k, d2.n,
                      (double)(cg->flops > 0 ? cg->flops : 0), c);
