@@ -2285,7 +2285,9 @@ static bool gen_reduction(gen *st, kf_cg_str *s, const kf_node *n) {
         kf_cg_str_release(&body);
         return fail_oom(st);
     }
-    switch (st->rk) {
+    /* a row that did not load (an input without a kernel expression) keeps
+     * its reason: the passes below would overwrite ok with their own */
+    if (ok) switch (st->rk) {
     case RK_SUM:
     case RK_MEAN:
     case RK_LOGSUM: ok = red_pass(st, n, xt, &rowix, "acc", "0.0f", "%1$s + %2$s", "%1$s", NULL, bsum, block, K, tail); break;
