@@ -209,7 +209,10 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  *   epilogue       elementwise/broadcast ops on the output (bias,
  *                  activation, residual, scale) and the same layout ops,
  *                  applied as the tile is stored (a store index map: e.g.
- *                  QKV written per head);
+ *                  QKV written per head); after a select (Split, Gather
+ *                  of one index) each slice is an iteration space of its
+ *                  own, so elementwise ops on one slice join too (a merged
+ *                  Q/K/V product's per-head QuantizeLinear);
  *   row reduction  after the anchor and its epilogue, one row reduction
  *                  (LayerNorm, RMSNorm, Softmax, LogSoftmax, Hardmax,
  *                  ReduceX over the last axis) whose rows are the anchor's

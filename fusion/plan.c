@@ -479,10 +479,21 @@ static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
     return row_fits(s, xo, n.v) ? NULL : KF_REASON_ROW_CAP;
 }
 
+/* Is node u of the union a select (Split, Gather of one index: a slice of
+ * its input) after an anchor? Each of its outputs is an iteration space of
+ * the epilogue: the anchor's elements in that slice (q, k and v of a merged
+ * projection, each with its own tail). */
+static bool select_after_anchor(const pl_state *s, kf_id u) {
+    const kf_node *n = &s->g->nodes[u];
+    return (n->op == KF_OP_SPLIT || n->op == KF_OP_GATHER) && pl_layout_op(s->g, n) && (s->up[u] & PL_M_X);
+}
+
 /* Does the output of non-master node x sit in one of the union's
- * iteration spaces? Anchor outputs, the reduction's input and output, and
+ * iteration spaces? Anchor outputs, the reduction's input and output, the
+ * slices a select after an anchor makes (ub: the union's nu nodes), and
  * (for prologue ops) the anchors' operands. */
-static const char *node_space(pl_state *s, kf_id x, const kf_id *X, int nx, kf_id R, bool prologue) {
+static const char *node_space(pl_state *s, kf_id x, const kf_id *X, int nx, kf_id R, bool prologue, const kf_id *ub,
+                              uint32_t nu) {
     const kf_node *n = &s->g->nodes[x];
     kf_id v = n->nout > 0 ? n->out[0] : 0;
     kf_id sp[8];
@@ -502,6 +513,16 @@ static const char *node_space(pl_state *s, kf_id x, const kf_id *X, int nx, kf_i
         pl_same c = pl_space_cmp(s, v, sp[i]);
         if (c == PL_SAME) return NULL;
         unknown |= c == PL_UNKNOWN;
+    }
+    /* an elementwise tail of one slice: only downstream of the select */
+    for (uint32_t i = 0; !prologue && i < nu; i++) {
+        if (!select_after_anchor(s, ub[i])) continue;
+        const kf_node *sn = &s->g->nodes[ub[i]];
+        for (int j = 0; j < sn->nout; j++) {
+            pl_same c = pl_space_cmp(s, v, sn->out[j]);
+            if (c == PL_SAME && (s->up[x] & PL_M_X)) return NULL;
+            unknown |= c == PL_UNKNOWN;
+        }
     }
     return unknown ? KF_REASON_SHAPES : KF_REASON_SPACE;
 }
@@ -601,7 +622,7 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
             if ((up & PL_M_X) && (dn & PL_M_R) && moves_rows(s, nd)) return KF_REASON_RED_AXIS;
             continue;
         }
-        const char *why = node_space(s, id, X, nx, R, prologue);
+        const char *why = node_space(s, id, X, nx, R, prologue, s->ubuf, n);
         if (why) return why;
     }
     return NULL;

@@ -331,6 +331,52 @@ Test(pass_qint, integer_product_and_layernorm_rows_in_one_group) {
     int8_plan_matches_ref(QDQ_PROJECTION_NORM);
 }
 
+/* Q/K/V as BERT has them after the sibling merge: one integer product,
+ * then a Split whose slices each go through Reshape, Transpose (heads) and
+ * their own QuantizeLinear: the slices' tails join the product's group
+ * (each is an iteration space of its epilogue), and the int8 plan on
+ * OpenCL equals the reference. */
+#define QDQ_HEADS                                                                                      \
+    "opset 13\ninput x float[2, 16, 64]\n"                                                              \
+    "const sx float[] = 0.02\nconst zx uint8[] = 128\nconst shp int64[4] = 2 16 4 16\n"                 \
+    "const w1 float[64, 64] = random\nconst w2 float[64, 64] = random\nconst w3 float[64, 64] = random\n" \
+    "const s1 float[64] = 0.016 0.012\nconst s2 float[64] = 0.015\nconst s3 float[64] = 0.011 0.013\n"  \
+    "const z8 int8[64] = 0\nconst b1 float[64] = random\nconst b2 float[64] = random\n"                 \
+    "const b3 float[64] = random\nconst so float[] = 0.08\nconst zo uint8[] = 128\n"                    \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                               \
+    "q1 = QuantizeLinear(w1, s1, z8) {axis=1}\nd1 = DequantizeLinear(q1, s1, z8) {axis=1}\n"           \
+    "q2 = QuantizeLinear(w2, s2, z8) {axis=1}\nd2 = DequantizeLinear(q2, s2, z8) {axis=1}\n"           \
+    "q3 = QuantizeLinear(w3, s3, z8) {axis=1}\nd3 = DequantizeLinear(q3, s3, z8) {axis=1}\n"           \
+    "p1 = MatMul(xd, d1)\np2 = MatMul(xd, d2)\np3 = MatMul(xd, d3)\n"                                  \
+    "y1 = Add(p1, b1)\ny2 = Add(p2, b2)\ny3 = Add(p3, b3)\n"                                            \
+    "r1 = Reshape(y1, shp)\nr2 = Reshape(y2, shp)\nr3 = Reshape(y3, shp)\n"                             \
+    "t1 = Transpose(r1) {perm=[0,2,1,3]}\nt2 = Transpose(r2) {perm=[0,2,3,1]}\n"                       \
+    "t3 = Transpose(r3) {perm=[0,2,1,3]}\n"                                                              \
+    "o1 = QuantizeLinear(t1, so, zo)\no2 = QuantizeLinear(t2, so, zo)\no3 = QuantizeLinear(t3, so, zo)\n" \
+    "output o1, o2, o3\n"
+
+Test(pass_qint, the_slices_of_a_merged_product_join_its_group) {
+    kf_model *a = gt_parse(QDQ_HEADS), *b = int8_of(a, NULL);
+    cr_assert_eq(gt_count(b, "MatMulInteger"), 1);
+    kf_plan_options po;
+    kf_plan_options_default(&po);
+    po.target = "h200";
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(b, &po, &p), KF_OK, "%s", kf_last_error());
+    uint32_t gi = 0;
+    while (gi < p->ngroups && !(p->groups[gi].anchor && b->graph->nodes[p->groups[gi].anchor].op == KF_OP_MATMUL_INTEGER))
+        gi++;
+    cr_assert_lt(gi, p->ngroups);
+    const kf_graph *g = b->graph;
+    for (uint32_t o = 0; o < g->noutputs; o++)
+        cr_assert_eq(p->group_of[g->values[g->outputs[o]].producer], gi, "slice %u's QuantizeLinear in another group", o);
+    cr_assert_eq(p->groups[gi].noutputs, 3);
+    kf_plan_free(p);
+    kf_model_free(a);
+    kf_model_free(b);
+    int8_plan_matches_ref(QDQ_HEADS);
+}
+
 /* What the integer anchor does not take stays float: a dequantised
  * operand with a per-tensor scale that is not a constant, a transposed or
  * scaled Gemm, a float weight. */
