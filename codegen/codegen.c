@@ -864,7 +864,8 @@ static bool define(gen *st, kf_id v, char *name, const char *rhs) {
 /* Elementwise/broadcast node from its cg_expr. Variadic ops fold left
  * through temporaries, so every operand stays a plain name. */
 static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
-    const char *e = node_expr(n, st->why, st->whylen);
+    /* Mean: the operands' sum, folded as Sum's, over their count */
+    const char *e = n->op == KF_OP_MEAN ? "(x0 + x1)" : node_expr(n, st->why, st->whylen);
     if (!e) return false;
     const kf_type *ot = &st->g->values[v].type;
     bool ints = !is_real(ot->dtype) && ot->dtype != KF_DT_BOOL;
@@ -938,6 +939,13 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
         }
     }
     if (ok && rhs.oom) ok = fail_oom(st); /* same: never define a value from a cut expression */
+    if (ok && n->op == KF_OP_MEAN && n->nin > 1) {
+        kf_cg_str mean = {0};
+        kf_cg_printf(&mean, "(%s) / %d.0f", rhs.p ? rhs.p : "", n->nin);
+        kf_cg_str_release(&rhs);
+        rhs = mean;
+        if (rhs.oom) ok = fail_oom(st);
+    }
     if (ok) define(st, v, name, rhs.p ? rhs.p : "");
     kf_cg_str_release(&rhs);
     kf_free(ops);
