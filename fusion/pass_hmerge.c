@@ -167,6 +167,31 @@ static const char *dq_layout(const kf_model *m, group *gr) {
     return NULL;
 }
 
+/* Sibling i's weight (node gr->s[i].node, read in layout trans): taken by
+ * weight_of, and like the first sibling's in kind (plain or dequantized),
+ * dtypes and inner dimension; its columns added to gr->total. */
+static const char *sibling_weight(const kf_model *m, group *gr, int i, bool trans) {
+    const kf_graph *g = m->graph;
+    sibling *s = &gr->s[i];
+    const kf_node *n = &g->nodes[s->node];
+    const char *why = weight_of(m, n, trans, s);
+    if (why) return why;
+    kf_dtype read = g->values[n->in[1]].type.dtype;
+    int64_t k = s->w->dims[trans ? 1 : 0];
+    if (i == 0) {
+        gr->dq = s->dq != 0;
+        gr->wtype = s->w->dtype;
+        gr->dtype = read;
+        gr->k = k;
+    }
+    if ((s->dq != 0) != gr->dq) return "some siblings' weights are dequantized, some not";
+    if (s->w->dtype != gr->wtype || read != gr->dtype) return "the siblings' weights differ in dtype";
+    if (k != gr->k) return "the siblings' weights differ in their inner dimension";
+    s->n = s->w->dims[trans ? 0 : 1];
+    if (!kf_add_ok(gr->total, s->n, &gr->total)) return "the merged weight is too large";
+    return NULL;
+}
+
 /* Fills gr for the MatMul siblings of root, or returns why they cannot
  * merge. *alone: fewer than two siblings (no reason to give). */
 static const char *matmul_group(const kf_model *m, kf_id root, group *gr, bool *alone) {
@@ -182,26 +207,8 @@ static const char *matmul_group(const kf_model *m, kf_id root, group *gr, bool *
     if (gr->out_rank == 0) return "the shared input is a scalar";
     if (gr->out_rank < 0 && kf_model_opset(m, "") < 11) return "the shared input's rank is unknown (Split takes axis -1 from opset 11)";
     for (int i = 0; i < gr->count; i++) {
-        sibling *s = &gr->s[i];
-        s->node = ids[i];
-        const kf_node *n = &g->nodes[s->node];
-        const char *why = weight_of(m, n, false, s);
-        if (why) return why;
-        if (i == 0) {
-            gr->dq = s->dq != 0;
-            gr->wtype = s->w->dtype;
-            gr->dtype = g->values[n->in[1]].type.dtype;
-            gr->k = s->w->dims[0];
-        }
-        if ((s->dq != 0) != gr->dq) return "some siblings' weights are dequantized, some not";
-        if (s->w->dtype != gr->wtype || g->values[n->in[1]].type.dtype != gr->dtype)
-            return "the siblings' weights differ in dtype";
-        if (s->w->dims[0] != gr->k) return "the siblings' weights differ in their inner dimension";
-        s->n = s->w->dims[1];
-        if (!kf_add_ok(gr->total, s->n, &gr->total)) return "the merged weight is too large";
-    }
-    if (gr->dq) {
-        const char *why = dq_layout(m, gr);
+        gr->s[i].node = ids[i];
+        const char *why = sibling_weight(m, gr, i, false);
         if (why) return why;
     }
     gr->biases = true;
@@ -235,31 +242,14 @@ static const char *gemm_group(const kf_model *m, kf_id root, group *gr, bool *al
             kf_attr_f(n, "alpha", 1.0f) != kf_attr_f(first, "alpha", 1.0f) ||
             kf_attr_f(n, "beta", 1.0f) != kf_attr_f(first, "beta", 1.0f))
             return "the sibling Gemms differ in transA, alpha or beta";
-        bool tb = kf_attr_i(n, "transB", 0) != 0;
-        const char *why = weight_of(m, n, tb, s);
+        const char *why = sibling_weight(m, gr, i, kf_attr_i(n, "transB", 0) != 0);
         if (why) return why;
-        if (i == 0) {
-            gr->dq = s->dq != 0;
-            gr->wtype = s->w->dtype;
-            gr->dtype = g->values[n->in[1]].type.dtype;
-            gr->k = s->w->dims[tb ? 1 : 0];
-        }
-        if ((s->dq != 0) != gr->dq) return "some siblings' weights are dequantized, some not";
-        if (s->w->dtype != gr->wtype || g->values[n->in[1]].type.dtype != gr->dtype)
-            return "the siblings' weights differ in dtype";
-        if (s->w->dims[tb ? 1 : 0] != gr->k) return "the siblings' weights differ in their inner dimension";
-        s->n = s->w->dims[tb ? 0 : 1];
-        if (!kf_add_ok(gr->total, s->n, &gr->total)) return "the merged weight is too large";
         if (n->nin > 2 && n->in[2]) {
             if (!(s->bias = const_init(m, n->in[2]))) return "a sibling's C is not a constant";
             if (s->bias->dtype != gr->dtype || !per_column(s->bias, 2, s->n))
                 return "a sibling's C is not one value per column";
             gr->biases = true;
         }
-    }
-    if (gr->dq) {
-        const char *why = dq_layout(m, gr);
-        if (why) return why;
     }
     return NULL;
 }
@@ -298,37 +288,24 @@ static kf_status concat_weights(const kf_model *m, const group *gr, bool trans, 
     return KF_OK;
 }
 
-/* Biases side by side, [total]; a scalar bias is repeated over its columns,
- * an absent one is zeros. */
-static kf_status concat_biases(const group *gr, kf_tensor *b) {
-    KF_TRY(kf_tensor_alloc(b, gr->dtype, 1, &gr->total));
-    size_t esz = kf_dtype_size(gr->dtype);
-    char *dst = b->data;
-    int64_t off = 0;
-    for (int i = 0; i < gr->count; i++) {
-        const sibling *s = &gr->s[i];
-        for (int64_t j = 0; s->bias && j < s->n; j++)
-            memcpy(dst + (size_t)(off + j) * esz, (const char *)s->bias->data + (size_t)(s->bias->numel == 1 ? 0 : j) * esz,
-                   esz);
-        off += s->n;
-    }
-    return KF_OK;
-}
+/* What concat_columns puts side by side: each sibling's bias, or (dq) its
+ * weight scale or zero point. */
+typedef enum { COL_BIAS, COL_SCALE, COL_ZERO } column_kind;
 
-/* The dq siblings' scales (zero: zero points) side by side, one per
- * column, [total]: a per-tensor value repeated over its columns, an absent
- * zero point as zeros. */
-static kf_status concat_quant(const group *gr, bool zero, kf_tensor *t) {
-    kf_dtype dt = zero ? gr->wtype : gr->s[0].scale->dtype;
+/* One value per column of the merged product, [total] of dtype dt: each
+ * sibling's tensor of that kind, a one-element one repeated over its
+ * columns, an absent one (no bias, no zero point) as zeros. */
+static kf_status concat_columns(const group *gr, column_kind kind, kf_dtype dt, kf_tensor *t) {
     KF_TRY(kf_tensor_alloc(t, dt, 1, &gr->total));
     size_t esz = kf_dtype_size(dt);
     char *dst = t->data;
     int64_t off = 0;
     for (int i = 0; i < gr->count; i++) {
-        const kf_tensor *q = zero ? gr->s[i].zero : gr->s[i].scale;
-        for (int64_t j = 0; q && j < gr->s[i].n; j++)
+        const sibling *s = &gr->s[i];
+        const kf_tensor *q = kind == COL_BIAS ? s->bias : kind == COL_SCALE ? s->scale : s->zero;
+        for (int64_t j = 0; q && j < s->n; j++)
             memcpy(dst + (size_t)(off + j) * esz, (const char *)q->data + (size_t)(q->numel == 1 ? 0 : j) * esz, esz);
-        off += gr->s[i].n;
+        off += s->n;
     }
     return KF_OK;
 }
@@ -370,11 +347,11 @@ static kf_status dequantize_merged(kf_model *m, const group *gr, bool trans, con
     if (gr->per_column) {
         kf_tensor *st = kf_tensor_new(), *zt = NULL;
         if (!st) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        KF_TRY(add_const(g, "merged_weight_scale", st, concat_quant(gr, false, st), &in[1]));
+        KF_TRY(add_const(g, "merged_weight_scale", st, concat_columns(gr, COL_SCALE, gr->s[0].scale->dtype, st), &in[1]));
         in[2] = 0;
         if (zeros) {
             if (!(zt = kf_tensor_new())) return kf_fail(KF_ERR_NOMEM, "out of memory");
-            KF_TRY(add_const(g, "merged_weight_zero_point", zt, concat_quant(gr, true, zt), &in[2]));
+            KF_TRY(add_const(g, "merged_weight_zero_point", zt, concat_columns(gr, COL_ZERO, gr->wtype, zt), &in[2]));
         }
     }
     char name[300];
@@ -403,7 +380,7 @@ static kf_status merge(kf_model *m, const group *gr) {
     if (gr->dq) KF_TRY(dequantize_merged(m, gr, trans, name, &w));
     if (gr->biases) {
         if (!(bt = kf_tensor_new())) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        KF_TRY(add_const(g, "merged_bias", bt, concat_biases(gr, bt), &b));
+        KF_TRY(add_const(g, "merged_bias", bt, concat_columns(gr, COL_BIAS, gr->dtype, bt), &b));
     }
     /* the product */
     kf_id in[3] = {gr->a, w, gemm ? b : 0}, prod, node;
@@ -468,6 +445,7 @@ static kf_status merge_siblings(kf_model *m, kf_id root, void *user, bool *appli
     if (!gr) return kf_fail(KF_ERR_NOMEM, "out of memory");
     bool alone;
     *why = op == KF_OP_GEMM ? gemm_group(m, root, gr, &alone) : matmul_group(m, root, gr, &alone);
+    if (!alone && !*why && gr->dq) *why = dq_layout(m, gr);
     kf_status st = KF_OK;
     if (!alone && !*why) {
         st = merge(m, gr);

@@ -97,6 +97,19 @@ Test(pass_qint, conv_and_matmul_between_dequantizes_become_integer_anchors) {
     kf_model_free(m);
 }
 
+/* Quantised output o of the integer graph (b) against the QDQ graph's
+ * (a): every code within one step; adds the steps moved to *moved and the
+ * codes to *total. */
+static void codes_within_one_step(const kf_tensor *a, const kf_tensor *b, int o, int64_t *moved, int64_t *total) {
+    cr_assert_eq(b->numel, a->numel, "output %d", o);
+    for (int64_t i = 0; i < a->numel; i++) {
+        int64_t d = llabs(kf_get_i64(a, i) - kf_get_i64(b, i));
+        cr_assert_leq(d, 1, "output %d element %lld moved by %lld steps", o, (long long)i, (long long)d);
+        *moved += d;
+    }
+    *total += a->numel;
+}
+
 /* Quantised outputs within one step of the float QDQ graph, float ones
  * within the rounding of a dot product of quantised values. */
 Test(pass_qint, rewritten_graph_matches_the_qdq_graph_within_one_step) {
@@ -111,13 +124,7 @@ Test(pass_qint, rewritten_graph_matches_the_qdq_graph_within_one_step) {
     for (int o = 0; o < 4; o++) {
         if (o == 2) continue; /* the float Gemm */
         cr_assert_eq(wa[o].dtype, KF_DT_UINT8);
-        cr_assert_eq(wb[o].numel, wa[o].numel);
-        for (int64_t i = 0; i < wa[o].numel; i++) {
-            int64_t d = llabs(kf_get_i64(&wa[o], i) - kf_get_i64(&wb[o], i));
-            cr_assert_leq(d, 1, "output %d element %lld moved by %lld steps", o, (long long)i, (long long)d);
-            moved += d;
-            total++;
-        }
+        codes_within_one_step(&wa[o], &wb[o], o, &moved, &total);
     }
     cr_assert_lt(moved * 100, total, "%lld of %lld codes moved", (long long)moved, (long long)total);
     char why[256];
@@ -159,13 +166,9 @@ Test(pass_qint, an_int32_bias_dequantized_from_constants_is_added_as_floats) {
     kf_tensor wa = {0}, wb = {0};
     cr_assert_eq(kf_eval_model(a, ins, nins, &wa, NULL), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_eval_model(b, ins, nins, &wb, NULL), KF_OK, "%s", kf_last_error());
-    int64_t moved = 0, distinct = 0;
-    for (int64_t i = 0; i < wa.numel; i++) {
-        int64_t d = llabs(kf_get_i64(&wa, i) - kf_get_i64(&wb, i));
-        cr_assert_leq(d, 1, "element %lld moved by %lld steps", (long long)i, (long long)d);
-        moved += d;
-        distinct += kf_get_i64(&wa, i) != kf_get_i64(&wa, 0);
-    }
+    int64_t moved = 0, total = 0, distinct = 0;
+    codes_within_one_step(&wa, &wb, 0, &moved, &total);
+    for (int64_t i = 0; i < wa.numel; i++) distinct += kf_get_i64(&wa, i) != kf_get_i64(&wa, 0);
     cr_assert_lt(moved * 100, wa.numel, "%lld of %lld codes moved", (long long)moved, (long long)wa.numel);
     cr_assert_gt(distinct, wa.numel / 4, "the outputs are not one saturated code");
     kf_tensor_release(&wa);
@@ -278,13 +281,8 @@ Test(pass_qint, sibling_products_become_one_integer_product) {
     cr_assert_eq(kf_eval_model(b, ins, nins, wb, NULL), KF_OK, "%s", kf_last_error());
     int64_t moved = 0, total = 0, spread = 0;
     for (int o = 0; o < 2; o++) {
-        cr_assert_eq(wb[o].numel, wa[o].numel);
-        for (int64_t i = 0; i < wa[o].numel; i++) {
-            int64_t d = llabs(kf_get_i64(&wa[o], i) - kf_get_i64(&wb[o], i));
-            cr_assert_leq(d, 1, "output %d element %lld moved by %lld steps", o, (long long)i, (long long)d);
-            moved += d, total++;
-            spread += kf_get_i64(&wa[o], i) != 128;
-        }
+        codes_within_one_step(&wa[o], &wb[o], o, &moved, &total);
+        for (int64_t i = 0; i < wa[o].numel; i++) spread += kf_get_i64(&wa[o], i) != 128;
     }
     cr_assert_lt(moved * 20, total, "%lld of %lld codes moved", (long long)moved, (long long)total);
     cr_assert_gt(spread * 2, total, "mostly the zero point");
