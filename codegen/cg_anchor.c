@@ -1118,9 +1118,251 @@ static bool conv_value(gen *st, const kf_node *n, const ix *oi, int q, char *rhs
     return true;
 }
 
+/* ---- integer convolution on tensor cores ---------------------------------------
+ *
+ * A ConvInteger of one group (kf_iconv_tile) as an implicit GEMM: output
+ * channels are the rows (A: the weights as [M, C x taps], contiguous in k),
+ * batch x output pixels the columns (B: the input's window values, gathered
+ * as they load; consecutive work-items take consecutive pixels). A
+ * work-group of 4 warps owns a T x T tile, each warp a T/2 x T/2 quarter of
+ * 16 x 8 fragments; k advances 32 at a time through kf_a[T][12] and
+ * kf_b[T][12]: 8 words of four int8 k values per row (column), padded to 12
+ * words so the eight rows a fragment reads fall in distinct banks. The
+ * products are the prelude's KF_MMA_I8: tensor cores on CUDA, the exact
+ * twin on OpenCL, so both give the same int sums.
+ *
+ * The lanes are signed: uint8 operands move to int8 by subtracting 128 as
+ * they load, their zero points with them. Padding loads the input's zero
+ * point, so (x - zx) is 0 there as ConvInteger asks; past K and past the
+ * tile edges both operands load 0. The zero points come after the sums,
+ * as in the integer GEMM:
+ *
+ *   sum (x - zx)(w - zw) = sum xw - zw sum x - zx sum w + K zx zw
+ *
+ * with sum w per row and sum x per column accumulated by the work-items
+ * that load them and gathered through shared memory after the k loop, only
+ * where the other zero point is not 0. K <= INT_SUM_MAX_K keeps every
+ * partial result in an int. */
+
+#define ICONV_WG 128 /* 4 warps */
+#define ICONV_LD 12  /* shared words per row / column of a tile */
+
+/* The names ci<j> and q<d>_<j> (input channel and window tap) of the k
+ * value named gk<j>, written at the current indentation. */
+static void iconv_k_split(gen *st, const conv *cv, int j) {
+    const char *I = st->ity;
+    int64_t taps = 1;
+    for (int d = 0; d < cv->nsp; d++) taps *= cv->wt->dims[2 + d];
+    if (taps == 1) kf_cg_printf(st->s, "%sconst %s ci%d = gk%d;\n", st->ind, I, j, j);
+    else kf_cg_printf(st->s, "%sconst %s ci%d = gk%d / %lld;\n", st->ind, I, j, j, (long long)taps);
+    int64_t stride = 1;
+    for (int d = cv->nsp - 1; d >= 0; d--) {
+        int64_t kd = cv->wt->dims[2 + d];
+        if (kd > 1)
+            kf_cg_printf(st->s, "%sconst %s q%d_%d = (gk%d / %lld) %% %lld;\n", st->ind, I, d, j, j, (long long)stride,
+                         (long long)kd);
+        stride *= kd;
+    }
+}
+
+/* One k step's loads of one operand for the slot of work-item
+ * KF_LOCAL_ID + ICONV_WG * slot: the weights' row e / 8, word e % 8
+ * (is_w), or the input's column e % T, word e / T; four values packed into
+ * the shared tile, their sum added to register sum (when not NULL). */
+static bool iconv_load(gen *st, const kf_node *n, const conv *cv, bool is_w, int T, int slot, const char *sum,
+                       int64_t K) {
+    const char *I = st->ity;
+    kf_cg_str *b = st->s;
+    kf_id v = n->in[is_w ? 1 : 0], zx = !is_w && n->nin > 2 ? n->in[2] : 0;
+    int shift = st->g->values[v].type.dtype == KF_DT_UINT8 ? 128 : 0;
+    int64_t NP = cv->N * cv->npix;
+    kf_cg_printf(b, "            {\n                const int e = KF_LOCAL_ID + %d;\n", ICONV_WG * slot);
+    st->ind = "                ";
+    if (is_w) {
+        kf_cg_printf(b, "                const int lr = e / 8, word = e %% 8;\n");
+        kf_cg_printf(b, "                const %s gm = tm * %d + lr;\n", I, T);
+    } else {
+        kf_cg_printf(b, "                const int lc = e %% %d, word = e / %d;\n", T, T);
+        kf_cg_printf(b, "                const %s gc = tn * %d + lc;\n", I, T);
+        kf_cg_printf(b, "                const %s nb = gc / %lld;\n", I, (long long)cv->npix);
+        int64_t stride = 1;
+        for (int d = cv->nsp - 1; d >= 0; d--) {
+            kf_cg_printf(b, "                const %s o%d = (gc / %lld) %% %lld;\n", I, d, (long long)stride,
+                         (long long)cv->ot->dims[2 + d]);
+            stride *= cv->ot->dims[2 + d];
+        }
+    }
+    bool ok = true;
+    for (int j = 0; ok && j < 4; j++) {
+        kf_cg_printf(b, "                const %s gk%d = k0 + word * 4 + %d;\n", I, j, j);
+        iconv_k_split(st, cv, j);
+        char reg[8], kcond[96], cond[512]; /* a few compares of names with numbers */
+        snprintf(reg, sizeof reg, "x%d", j);
+        snprintf(kcond, sizeof kcond, "%s < %lld && gk%d < %lld", is_w ? "gm" : "gc", (long long)(is_w ? cv->M : NP), j,
+                 (long long)K);
+        ix at = {.rank = cv->xt->rank};
+        char inside[384] = "";
+        if (is_w) {
+            snprintf(at.c[0], NAMELEN, "%s", cv->M == 1 ? "0" : "gm");
+            snprintf(at.c[1], NAMELEN, cv->cg == 1 ? "0" : "ci%d", j);
+            for (int d = 0; d < cv->nsp; d++) snprintf(at.c[2 + d], NAMELEN, cv->wt->dims[2 + d] == 1 ? "0" : "q%d_%d", d, j);
+            /* the weights are contiguous in k: their offset without the split */
+            kf_cg_printf(b, "                const %s kw%d = gm * %lld + gk%d;\n", I, j, (long long)K, j);
+            snprintf(at.lin, NAMELEN, "kw%d", j);
+        } else {
+            snprintf(at.c[0], NAMELEN, "%s", cv->N == 1 ? "0" : "nb");
+            snprintf(at.c[1], NAMELEN, cv->C == 1 ? "0" : "ci%d", j);
+            size_t il = 0;
+            for (int d = 0; d < cv->nsp; d++) {
+                int64_t kd = cv->wt->dims[2 + d], x = cv->xt->dims[2 + d];
+                kf_cg_printf(b, "                const %s s%d_%d = o%d * %lld - %lld", I, d, j, d, (long long)cv->g.stride[d],
+                             (long long)cv->g.pb[d]);
+                if (kd > 1) kf_cg_printf(b, " + q%d_%d * %lld", d, j, (long long)cv->g.dil[d]);
+                kf_cg_puts(b, ";\n");
+                snprintf(at.c[2 + d], NAMELEN, "s%d_%d", d, j);
+                bool lo = cv->g.pb[d] > 0,
+                     hi = (cv->ot->dims[2 + d] - 1) * cv->g.stride[d] - cv->g.pb[d] + (kd - 1) * cv->g.dil[d] >= x;
+                if (lo) il += (size_t)snprintf(inside + il, sizeof inside - il, "%ss%d_%d >= 0", il ? " && " : "", d, j);
+                if (hi && il < sizeof inside)
+                    il += (size_t)snprintf(inside + il, sizeof inside - il, "%ss%d_%d < %lld", il ? " && " : "", d, j,
+                                           (long long)x);
+                if (il >= sizeof inside) return fail(st, "node '%s': window condition too long (internal)", kf_node_label(n));
+            }
+        }
+        snprintf(cond, sizeof cond, "%s%s%s", kcond, inside[0] ? " && " : "", inside);
+        ok = load_guarded(st, reg, cond, v, &at, 0, NULL, shift);
+        /* padding reads the zero point (as the lanes hold it): 0 difference */
+        if (ok && inside[0] && (zx || shift)) {
+            char z[NAMELEN + 16]; /* "(name - 128)" */
+            uint32_t mark = st->nmemo;
+            kf_cg_printf(b, "                if (%s && !(%s)) {\n", kcond, inside);
+            st->ind = "                    ";
+            ok = izero(st, v, zx, "0", z, sizeof z);
+            if (ok) kf_cg_printf(b, "                    %s = %s;\n", reg, z);
+            kf_cg_puts(b, "                }\n");
+            st->ind = "                ";
+            st->nmemo = mark;
+        }
+    }
+    if (is_w) kf_cg_printf(b, "                kf_a[lr * %d + word] = KF_PACK4(x0, x1, x2, x3);\n", ICONV_LD);
+    else kf_cg_printf(b, "                kf_b[lc * %d + word] = KF_PACK4(x0, x1, x2, x3);\n", ICONV_LD);
+    if (sum) kf_cg_printf(b, "                %s += x0 + x1 + x2 + x3;\n", sum);
+    kf_cg_puts(b, "            }\n");
+    return ok;
+}
+
+static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, int T) {
+    const conv cv = *cvp;
+    const char *I = st->ity;
+    int64_t K = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1), NP = cv.N * cv.npix;
+    int64_t tm = (cv.M + T - 1) / T, tn = (NP + T - 1) / T, ntiles = tm * tn;
+    if (ntiles > INT32_MAX / ICONV_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)ntiles);
+    kf_free(st->k->name);
+    if (!(st->k->name = kf_strdup("kf_iconv"))) return fail_oom(st);
+    st->k->block = ICONV_WG;
+    st->k->numel = ntiles * ICONV_WG;
+    const int slots = T * 8 / ICONV_WG, wt = T / 2, mt = wt / 16, nt = wt / 8;
+    kf_id zx = n->nin > 2 ? n->in[2] : 0, zw = n->nin > 3 ? n->in[3] : 0;
+    /* row sums of w matter when x's zero point (as int8) is not 0, column sums of x when w's is not */
+    bool rows = zx || st->g->values[n->in[0]].type.dtype == KF_DT_UINT8;
+    bool cols = zw || st->g->values[n->in[1]].type.dtype == KF_DT_UINT8;
+
+    kf_cg_str body = {0};
+    st->s = &body;
+    kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
+    kf_cg_printf(&body, "        const %s tm = tile / %lld;\n", I, (long long)tn);
+    kf_cg_printf(&body, "        int acc[%d][%d][4];\n"
+                        "        KF_UNROLL for (int p = 0; p < %d; p++)\n"
+                        "            KF_UNROLL for (int q = 0; q < %d; q++) acc[p][q][0] = acc[p][q][1] = acc[p][q][2] = acc[p][q][3] = 0;\n",
+                 mt, nt, mt, nt);
+    for (int sl = 0; sl < slots; sl++) {
+        if (rows) kf_cg_printf(&body, "        int ra%d = 0;\n", sl);
+        if (cols) kf_cg_printf(&body, "        int cb%d = 0;\n", sl);
+    }
+    kf_cg_printf(&body, "        for (%s k0 = 0; k0 < %lld; k0 += 32) {\n", I, (long long)K);
+    bool ok = true;
+    for (int sl = 0; ok && sl < slots; sl++) {
+        char sum[8];
+        snprintf(sum, sizeof sum, "ra%d", sl);
+        ok = iconv_load(st, n, &cv, true, T, sl, rows ? sum : NULL, K);
+    }
+    for (int sl = 0; ok && sl < slots; sl++) {
+        char sum[8];
+        snprintf(sum, sizeof sum, "cb%d", sl);
+        ok = iconv_load(st, n, &cv, false, T, sl, cols ? sum : NULL, K);
+    }
+    kf_cg_printf(&body, "            KF_BARRIER;\n"
+                        "            KF_UNROLL for (int p = 0; p < %d; p++)\n"
+                        "                KF_UNROLL for (int q = 0; q < %d; q++)\n"
+                        "                    KF_MMA_I8(acc[p][q], kf_a, (wr * %d + p * 16) * %d, %d, kf_b, (wc * %d + q * 8) * %d, %d, lane);\n"
+                        "            KF_BARRIER;\n"
+                        "        }\n",
+                 mt, nt, wt, ICONV_LD, ICONV_LD, wt, ICONV_LD, ICONV_LD);
+    if (rows || cols) {
+        for (int sl = 0; sl < slots; sl++) {
+            if (rows) kf_cg_printf(&body, "        kf_ra[KF_LOCAL_ID + %d] = ra%d;\n", ICONV_WG * sl, sl);
+            if (cols) kf_cg_printf(&body, "        kf_cb[KF_LOCAL_ID + %d] = cb%d;\n", ICONV_WG * sl, sl);
+        }
+        kf_cg_puts(&body, "        KF_BARRIER;\n");
+    }
+    kf_cg_printf(&body, "        KF_UNROLL for (int p = 0; p < %d; p++)\n"
+                        "            KF_UNROLL for (int q = 0; q < %d; q++)\n"
+                        "                KF_UNROLL for (int f = 0; f < 4; f++) {\n"
+                        "                    const int lr = wr * %d + p * 16 + lane / 4 + 8 * (f / 2);\n"
+                        "                    const int lc = wc * %d + q * 8 + 2 * (lane %% 4) + f %% 2;\n"
+                        "                    const %s gm = tm * %d + lr;\n"
+                        "                    const %s gc = tn * %d + lc;\n",
+                 mt, nt, wt, wt, I, T, I, T);
+    kf_cg_printf(&body, "                    if (gm < %lld && gc < %lld) {\n", (long long)cv.M, (long long)NP);
+    const char *ind = "                        ";
+    st->ind = ind;
+    kf_cg_printf(&body, "%sconst %s nb = gc / %lld;\n", ind, I, (long long)cv.npix);
+    int64_t stride = 1;
+    for (int d = cv.nsp - 1; d >= 0; d--) {
+        kf_cg_printf(&body, "%sconst %s o%d = (gc / %lld) %% %lld;\n", ind, I, d, (long long)stride, (long long)cv.ot->dims[2 + d]);
+        stride *= cv.ot->dims[2 + d];
+    }
+    if (rows) kf_cg_printf(&body, "%sconst int sw = kf_ra[lr * 8] + kf_ra[lr * 8 + 1] + kf_ra[lr * 8 + 2] + kf_ra[lr * 8 + 3] + "
+                                  "kf_ra[lr * 8 + 4] + kf_ra[lr * 8 + 5] + kf_ra[lr * 8 + 6] + kf_ra[lr * 8 + 7];\n", ind);
+    if (cols) {
+        kf_cg_printf(&body, "%sconst int sx = kf_cb[lc]", ind);
+        for (int w = 1; w < 8; w++) kf_cg_printf(&body, " + kf_cb[%d + lc]", w * T);
+        kf_cg_puts(&body, ";\n");
+    }
+    uint32_t mark = st->nmemo;
+    char zxs[NAMELEN + 16], zws[NAMELEN + 16]; /* "(name - 128)" */
+    ok = ok && izero(st, n->in[0], zx, "0", zxs, sizeof zxs) && izero(st, n->in[1], zw, "gm", zws, sizeof zws);
+    kf_cg_str sum = {0};
+    kf_cg_puts(&sum, "(acc[p][q][f]");
+    if (cols) kf_cg_printf(&sum, " - %s * sx", zws);
+    if (rows) kf_cg_printf(&sum, " - %s * sw", zxs);
+    if (rows && cols) kf_cg_printf(&sum, " + %lld * %s * %s", (long long)K, zxs, zws);
+    kf_cg_puts(&sum, ")");
+    if (sum.oom) ok = fail_oom(st);
+    ix oi;
+    conv_out_ix(&cv, "gm", &oi);
+    ok = ok && epilogue(st, n->out[0], &oi, sum.p, NULL);
+    st->nmemo = mark;
+    kf_cg_str_release(&sum);
+    kf_cg_puts(&body, "                    }\n                }\n");
+    if (ok) {
+        header(st, s, T == 64 ? "integer convolution on tensor cores (implicit GEMM, 64 x 64 tiles)"
+                              : "integer convolution on tensor cores (implicit GEMM, 32 x 32 tiles)");
+        kf_cg_printf(s, "    KF_SHARED int kf_a[%d] KF_ALIGN16;\n    KF_SHARED int kf_b[%d] KF_ALIGN16;\n", T * ICONV_LD,
+                     T * ICONV_LD);
+        if (rows) kf_cg_printf(s, "    KF_SHARED int kf_ra[%d];\n", T * 8);
+        if (cols) kf_cg_printf(s, "    KF_SHARED int kf_cb[%d];\n", T * 8);
+        kf_cg_puts(s, "    const int lane = KF_LOCAL_ID % 32, warp = KF_LOCAL_ID / 32;\n"
+                      "    const int wr = warp / 2, wc = warp % 2;\n");
+    }
+    return tiles_end(st, s, &body, ntiles, ok);
+}
+
 static bool gen_conv(gen *st, kf_cg_str *s, const kf_node *n) {
     conv cv;
     if (!conv_setup(st, n, &cv)) return false;
+    int iconv_t = st->iacc ? kf_iconv_tile(st->g, n) : 0;
+    if (iconv_t) return gen_iconv(st, s, n, &cv, iconv_t);
     int64_t taps = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1); /* products summed per output */
     if (st->iacc && taps > INT_SUM_MAX_K)
         return fail(st, "node '%s': windows of %lld taps could overflow the int sums (not generated)", kf_node_label(n),

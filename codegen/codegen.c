@@ -230,6 +230,20 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "                   \"r\"(*(const unsigned *)b_), \"r\"(*(const unsigned *)(b_ + 8))); }\n"
                       "#define KF_MMA_H(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_16(\"f16\", c, A, ao, lda, B, bo, ldb, lane)\n"
                       "#define KF_MMA_B(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_16(\"bf16\", c, A, ao, lda, B, bo, ldb, lane)\n"
+                      /* integer tile products (cg_anchor.c, gen_iconv): C[16][8] (int) +=
+                       * A[16][32] B[32][8] of signed 8-bit values packed four k to a word
+                       * (KF_PACK4), A's rows at A[ao + row * lda + word], B's columns at
+                       * B[bo + col * ldb + word], 8 words per row or column; C's fragment
+                       * as KF_MMA_F's. Tensor cores (mma.sync m16n8k32 s8, sm_80+):
+                       * its A and B fragments hold the same bytes as m16n8k16's halves */
+                      "#define KF_MMA_I8(c, A, ao, lda, B, bo, ldb, lane) { \\\n"
+                      "    const int *a_ = (A) + (ao) + ((lane) >> 2) * (lda) + ((lane) & 3); \\\n"
+                      "    const int *b_ = (B) + (bo) + ((lane) >> 2) * (ldb) + ((lane) & 3); \\\n"
+                      "    asm volatile(\"mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32 \" \\\n"
+                      "                 \"{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" \\\n"
+                      "                 : \"+r\"((c)[0]), \"+r\"((c)[1]), \"+r\"((c)[2]), \"+r\"((c)[3]) \\\n"
+                      "                 : \"r\"(a_[0]), \"r\"(a_[8 * (lda)]), \"r\"(a_[4]), \"r\"(a_[8 * (lda) + 4]), \\\n"
+                      "                   \"r\"(b_[0]), \"r\"(b_[4])); }\n"
                       /* a statistic of the four lanes holding one row of a fragment */
                       "__device__ inline float kf_quad_max(float v) { v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 1)); "
                       "return fmaxf(v, __shfl_xor_sync(0xffffffffu, v, 2)); }\n"
@@ -364,6 +378,17 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_MMA_F(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_X(KF_LD_F, c, A, ao, lda, B, bo, ldb, lane)\n"
                       "#define KF_MMA_H(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_X(KF_SLOAD_HALF, c, A, ao, lda, B, bo, ldb, lane)\n"
                       "#define KF_MMA_B(c, A, ao, lda, B, bo, ldb, lane) KF_MMA_X(KF_LOAD_BF16, c, A, ao, lda, B, bo, ldb, lane)\n"
+                      /* integer tile products: the twin of the CUDA prelude's (each lane's
+                       * four C elements by dot products of four 8-bit lanes; the sums are
+                       * exact, so the result is the tensor cores' bit for bit) */
+                      "#define KF_MMA_I8(c, A, ao, lda, B, bo, ldb, lane) { \\\n"
+                      "    const int g_ = (lane) >> 2, t_ = ((lane) & 3) * 2; \\\n"
+                      "    for (int w_ = 0; w_ < 8; w_++) { \\\n"
+                      "        const int a0_ = (A)[(ao) + g_ * (lda) + w_], a1_ = (A)[(ao) + (g_ + 8) * (lda) + w_]; \\\n"
+                      "        const int b0_ = (B)[(bo) + t_ * (ldb) + w_], b1_ = (B)[(bo) + (t_ + 1) * (ldb) + w_]; \\\n"
+                      "        (c)[0] = kf_dot4(a0_, b0_, (c)[0]); (c)[1] = kf_dot4(a0_, b1_, (c)[1]); \\\n"
+                      "        (c)[2] = kf_dot4(a1_, b0_, (c)[2]); (c)[3] = kf_dot4(a1_, b1_, (c)[3]); \\\n"
+                      "    } }\n"
                       /* a statistic of the four lanes holding one row: through local memory
                        * (every lane of the work-group calls it) */
                       "float kf_quad_max(float v, __local float *s) { const int t = (int)get_local_id(0); "

@@ -16,6 +16,8 @@
  *   gemm_b2b   the same row tiles holding the first GEMM's rows
  *   conv       one work-item per output pixel and 4 channels
  *   conv_b2b   P pixels per block, P = min(64, 24 KiB / (4 C1))
+ *   iconv      ConvInteger of one group: 64 x 64 or 32 x 32 tiles of channels x
+ *              pixels, 4 warps of int8 tensor-core fragments (mma.sync)
  *   lib_gemm   cuBLASLt: 128- or 64-wide tiles, split-K to fill the SMs
  *   lib_igemm  the same at the int8 tensor-core rate (IMMA), int32 out
  *   lib_conv   cuDNN: implicit GEMM tiles, split-K likewise
@@ -186,6 +188,29 @@ int kf_igemm_tile(int64_t m, int64_t n, int64_t batch) {
     return ceil_div(m, 64) * ceil_div(n, 64) * (batch > 0 ? batch : 1) >= KF_GEMM_FILL_TILES ? 64 : 32;
 }
 
+int kf_iconv_tile(const kf_graph *g, const kf_node *n) {
+    if (n->op != KF_OP_CONV_INTEGER || kf_attr_i(n, "group", 1) != 1 || n->nin < 2 || !n->in[0] || !n->in[1] ||
+        !n->out[0])
+        return 0;
+    const kf_type *xt = &g->values[n->in[0]].type, *wt = &g->values[n->in[1]].type, *ot = &g->values[n->out[0]].type;
+    if (!kf_type_is_static(xt) || !kf_type_is_static(wt) || !kf_type_is_static(ot) || xt->rank < 3 ||
+        wt->rank != xt->rank || ot->rank != xt->rank)
+        return 0;
+    bool x8 = xt->dtype == KF_DT_INT8 || xt->dtype == KF_DT_UINT8, w8 = wt->dtype == KF_DT_INT8 || wt->dtype == KF_DT_UINT8;
+    if (!x8 || !w8) return 0;
+    if (n->nin > 2 && n->in[2] && numel_of(g, n->in[2]) != 1) return 0;
+    if (n->nin > 3 && n->in[3]) {
+        const kf_type *zt = &g->values[n->in[3]].type;
+        int64_t zn = numel_of(g, n->in[3]);
+        if (zn != 1 && (zt->rank != 1 || zn != ot->dims[1])) return 0;
+    }
+    /* sums of K products of 8-bit differences must fit an int */
+    if (ot->dims[1] < 1 || numel_of(g, n->in[1]) / ot->dims[1] > INT32_MAX / (255 * 255)) return 0;
+    int64_t cols = ot->dims[0];
+    for (int d = 2; d < ot->rank; d++) cols *= ot->dims[d];
+    return ceil_div(ot->dims[1], 64) * ceil_div(cols, 64) >= KF_GEMM_FILL_TILES ? 64 : 32;
+}
+
 /* A reduction kernel over `rows` rows laid out as f: `passes` passes over
  * each row (one read from memory when the row is cached in registers; the
  * block reduces of every pass remain). */
@@ -294,16 +319,17 @@ static int64_t anchor_resident(const kf_target *t, int64_t smem) {
 }
 
 /* A generated anchor kernel: `blocks` blocks sharing `flops` evenly, each
- * at `frac` of one SM's FMA peak, reading `l2_bytes` through L2 (operand
- * tiles re-read per block) and `bytes` from DRAM. */
-static void generated(const kf_target *t, int64_t flops, int64_t blocks, double frac, int64_t smem, int64_t bytes,
-                      double l2_bytes, kf_cost *c) {
+ * at `frac` of one SM's share of peak_tflops (the FMA peak; the int8
+ * tensor-core peak for the integer convolution), reading `l2_bytes`
+ * through L2 (operand tiles re-read per block) and `bytes` from DRAM. */
+static void generated_at(const kf_target *t, double peak_tflops, int64_t flops, int64_t blocks, double frac, int64_t smem,
+                         int64_t bytes, double l2_bytes, kf_cost *c) {
     if (blocks < 1) blocks = 1;
     c->blocks = blocks;
     c->resident = anchor_resident(t, smem);
     int64_t conc = ceil_div(blocks, t->sms);
     if (conc > c->resident) conc = c->resident;
-    double peak = sm_peak(t, t->fma_tflops_fp32);
+    double peak = sm_peak(t, peak_tflops);
     double rate = frac * peak, cap = t->gen_blk_cap * peak / (double)conc;
     if (rate > cap) rate = cap;
     int64_t waves = ceil_div(blocks, t->sms * conc);
@@ -315,6 +341,11 @@ static void generated(const kf_target *t, int64_t flops, int64_t blocks, double 
     if (m > body) body = m, c->bound = "memory";
     if (l2 > body) body = l2, c->bound = "l2";
     finish(t, c, body, t->kernel_min_us);
+}
+
+static void generated(const kf_target *t, int64_t flops, int64_t blocks, double frac, int64_t smem, int64_t bytes,
+                      double l2_bytes, kf_cost *c) {
+    generated_at(t, t->fma_tflops_fp32, flops, blocks, frac, smem, bytes, l2_bytes, c);
 }
 
 static double gemm_rate(const kf_target *t, double outs) {
@@ -611,6 +642,21 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
     if (!conv_shape(g, a, &cout, &pix, &batch)) {
         c->known = false;
         c->form = "conv";
+        return;
+    }
+    int it = cg->anchor2 ? 0 : kf_iconv_tile(g, a);
+    if (it) {
+        /* the integer convolution's implicit GEMM on tensor cores: T x T
+         * tiles of channels x pixels, each reading T rows of the weights
+         * and T gathered columns of the input per k (from L2 after the
+         * first); a 32-wide tile does a quarter of the 64-wide one's MMAs
+         * per k step and waits as long for its loads: a quarter the rate */
+        int64_t k = numel_of(g, a->in[1]) / (cout > 0 ? cout : 1);
+        int64_t tiles = ceil_div(cout, it) * ceil_div(batch * pix, it);
+        double peak = t->tc_tops_int8 > 0 ? t->tc_tops_int8 : t->fma_tflops_fp32;
+        c->form = "iconv";
+        generated_at(t, peak, cg->flops, tiles, t->imma_blk_frac * (it == 64 ? 1.0 : 0.25), (int64_t)it * 12 * 4 * 2 + it * 64,
+                     bytes, (double)tiles * 2.0 * (double)it * (double)k, c);
         return;
     }
     if (cg->anchor2) {

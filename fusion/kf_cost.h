@@ -69,6 +69,8 @@ typedef struct kf_target {
     double attn_fma_frac;     /* streaming attention, float32: fraction of an SM's FMA peak */
     double igemm_dp4a_gain;   /* generated integer GEMM (dp4a): its per-block rate over the float
                                * tile's of the same outputs per work-item */
+    double imma_blk_frac;     /* generated integer convolution on tensor cores: a 64 x 64 tile
+                               * block's rate, fraction of one SM's int8 tensor-core peak */
 } kf_target;
 
 /* Math the libraries may use for float32 data (the precision option):
@@ -167,5 +169,15 @@ kf_row_form kf_row_form_of(int64_t rows, int64_t K, int64_t W, bool narrow, bool
  * 128 x 768 projections keep 96 SMs busy instead of 24. */
 #define KF_GEMM_FILL_TILES 132
 int kf_igemm_tile(int64_t m, int64_t n, int64_t batch);
+
+/* The integer convolution on tensor cores (codegen/cg_anchor.c, gen_iconv):
+ * a ConvInteger of one group, static shapes, 8-bit operands, a per-tensor
+ * input zero point, a per-tensor or per-channel weight zero point and
+ * windows of at most INT32_MAX / 255^2 products (exact int sums) runs
+ * as an implicit GEMM of output channels x (batch x output pixels) in
+ * T x T tiles, 4 warps a work-group. The tile T: 64 while the output gives
+ * at least KF_GEMM_FILL_TILES of them, else 32; 0 when the node is not
+ * such a convolution (it keeps the direct template). */
+int kf_iconv_tile(const kf_graph *g, const kf_node *n);
 
 #endif

@@ -66,6 +66,7 @@ static const field fields[] = {
     FD(attn_tc_frac, 1e-3, 1),
     FD(attn_fma_frac, 1e-3, 1),
     FD(igemm_dp4a_gain, 1e-3, 16),
+    FD(imma_blk_frac, 1e-4, 1),
 };
 #define NFIELDS (sizeof fields / sizeof fields[0])
 

@@ -2112,6 +2112,58 @@ static bool motif_qdq(gen *G) {
     return true;
 }
 
+/* A QDQ convolution as quantizers write it: the input quantized per
+ * tensor (uint8, a zero point off the middle), the weights per output
+ * channel (int8, zero point 0), Conv with random window, pads, strides and
+ * dilations (sometimes two groups), sometimes a Relu. int8 plans make it a
+ * ConvInteger: the tensor-core tiles for one group, the direct template
+ * for more. Bounded like emit_conv's. */
+static bool motif_qdq_conv(gen *G) {
+    if (G->ft != KF_DT_FLOAT || G->opset < 13 || G->nodes + 6 > G->target) return false;
+    int64_t d[4], one = 1;
+    d[0] = 1 + irand(&G->r, 2);
+    d[1] = 1 + irand(&G->r, 6);
+    d[2] = 3 + irand(&G->r, 6);
+    d[3] = 3 + irand(&G->r, 6);
+    val *xp = finput(G, 4, d);
+    if (!xp) return false;
+    val x = *xp;
+    int64_t c = d[1], group = c % 2 == 0 && chance(&G->r, 0.2) ? 2 : 1, mch = group * (1 + irand(&G->r, 5));
+    int64_t kh = 1 + irand(&G->r, 3), kw = 1 + irand(&G->r, 3), pad = irand(&G->r, 2), stride = 1 + irand(&G->r, 2);
+    int64_t dil = kh > 1 && kw > 1 && chance(&G->r, 0.2) ? 2 : 1;
+    int64_t eh = (kh - 1) * dil + 1, ew = (kw - 1) * dil + 1;
+    if (eh > d[2] + 2 * pad || ew > d[3] + 2 * pad) return false;
+    int64_t wd[4] = {mch, c / group, kh, kw};
+    double sc = 1 / sqrt((double)(wd[1] * kh * kw));
+    kf_id w = fconst(G, 4, wd, -sc, sc, false)->id;
+    double bound = colsum(G->g->values[w].init, wd[1] * kh * kw, mch, true) * 1.02 * vmax(&x);
+    if (!bounded(G, -bound, bound)) return false;
+    int64_t od[4] = {d[0], mch, (d[2] + 2 * pad - eh) / stride + 1, (d[3] + 2 * pad - ew) / stride + 1};
+    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, KF_DT_UINT8, 0, &one, 100 + irand(&G->r, 57));
+    kf_id sw = fconst(G, 1, &mch, 1.0 / 127, 1.5 / 127, false)->id, zw = qconst(G, KF_DT_INT8, 1, &mch, 0);
+    kf_id qin[3] = {x.id, sx, zx}, q, xd, wq, wdq, y;
+    mk(G, "QuantizeLinear", qin, 3, &q);
+    kf_id din[3] = {q, sx, zx};
+    mk(G, "DequantizeLinear", din, 3, &xd);
+    kf_id wqin[3] = {w, sw, zw};
+    attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 0);
+    kf_id wdin[3] = {wq, sw, zw};
+    attr_i(mk(G, "DequantizeLinear", wdin, 3, &wdq), "axis", 0);
+    kf_id cin[2] = {xd, wdq};
+    kf_node *n = mk(G, "Conv", cin, 2, &y);
+    int64_t pads[4] = {pad, pad, pad, pad}, strides[2] = {stride, stride}, dils[2] = {dil, dil};
+    if (pad) attr_ints(n, "pads", 4, pads);
+    if (stride > 1) attr_ints(n, "strides", 2, strides);
+    if (dil > 1) attr_ints(n, "dilations", 2, dils);
+    if (group > 1) attr_i(n, "group", group);
+    if (chance(&G->r, 0.4)) {
+        kf_id pre = y;
+        mk(G, "Relu", &pre, 1, &y);
+    }
+    push(G, y, 4, od, -bound, bound, false);
+    return true;
+}
+
 static bool motif_noop(gen *G) {
     val *x = pick(G, NULL);
     if (!x) return false;
@@ -2423,7 +2475,7 @@ static const emitter emitters[] = {
     {emit_expand, 2},    {emit_gather, 3},    {motif_gelu, 3},     {motif_norm, 3},   {motif_softmax, 2},
     {motif_noop, 3},     {emit_split, 2},     {emit_flatten, 1},   {emit_tile_pad, 2}, {emit_prelu, 1},
     {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
-    {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2}, {motif_qdq, 2},
+    {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2}, {motif_qdq, 2}, {motif_qdq_conv, 2},
     {emit_scan, 2},      {emit_cumulative, 2}, {emit_bitcast, 2}, {emit_tensor_scatter, 3},
     {emit_causal_conv, 4}, {emit_linear_attention, 6},
 };

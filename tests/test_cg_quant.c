@@ -118,6 +118,44 @@
     "m = MatMulInteger(aq, bq, za, zb)\n"                                                              \
     "output m\n"
 
+/* Integer convolutions of one group on the tensor-core tiles (kf_iconv),
+ * off every multiple the tiles have: M 70 and 40 (fragments of 16), K 180
+ * and 60 (k steps of 32), 143 and 48 pixels a batch (columns of 32); int8
+ * input with a zero point and no weight zero point (the row sums), uint8
+ * input without one (moved to int8: zero point -128) against a per-tensor
+ * weight zero point (both sums and the K zx zw term), a 1-D conv with
+ * dilation and uneven pads, uint8 weights with per-channel zero points,
+ * and a 3-D conv. Padding reads the zero point. */
+#define CONV_INTEGER_TILES                                                                             \
+    "opset 13\ninput x float[2, 20, 11, 13]\ninput y float[2, 12, 30]\ninput v float[1, 3, 5, 6, 7]\n"     \
+    "const w1 float[70, 20, 3, 3] = random\nconst w2 float[40, 20, 1, 1] = random\n"                   \
+    "const w3 float[10, 12, 5] = random\nconst w4 float[6, 3, 2, 3, 3] = random\n"                      \
+    "const s float[] = 0.01\nconst zs int8[] = -5\nconst zw int8[] = 3\n"                               \
+    "const zu uint8[10] = 120 128 131 7 200 0 255 128 90 128\nconst su float[10] = 0.01\n"             \
+    "xq = QuantizeLinear(x, s, zs)\n"                                                                  \
+    "xu = QuantizeLinear(x, s)\n"                                                                      \
+    "yq = QuantizeLinear(y, s, zs)\n"                                                                  \
+    "vq = QuantizeLinear(v, s, zs)\n"                                                                  \
+    "q1 = QuantizeLinear(w1, s, zs)\nq2 = QuantizeLinear(w2, s, zw)\n"                                 \
+    "q3 = QuantizeLinear(w3, su, zu) {axis=0}\nq4 = QuantizeLinear(w4, s, zs)\n"                        \
+    "c1 = ConvInteger(xq, q1, zs) {pads=[1,1,1,1]}\n"                                                  \
+    "c2 = ConvInteger(xu, q2, , zw) {strides=[2,2]}\n"                                                 \
+    "c3 = ConvInteger(yq, q3, zs, zu) {pads=[3,1], dilations=[2]}\n"                                   \
+    "c4 = ConvInteger(vq, q4, zs) {pads=[1,0,1,1,1,1]}\n"                                              \
+    "f = Cast(c1) {to=1}\n"                                                                            \
+    "g = Mul(f, s)\n"                                                                                  \
+    "o = QuantizeLinear(g, s, zs)\n"                                                                   \
+    "output o\noutput c2\noutput c3\noutput c4\n"
+
+/* 2 x 66 tiles of 64 (KF_GEMM_FILL_TILES): the 64 x 64 integer conv. */
+#define CONV_INTEGER_BIG                                                                               \
+    "opset 13\ninput x float[1, 8, 66, 64]\n"                                                          \
+    "const w float[128, 8, 3, 3] = random\n"                                                          \
+    "const s float[] = 0.01\nconst zs int8[] = -128\n"                                                 \
+    "xq = QuantizeLinear(x, s, zs)\nwq = QuantizeLinear(w, s)\n"                                       \
+    "c = ConvInteger(xq, wq, zs) {pads=[1,1,1,1]}\n"                                                   \
+    "output c\n"
+
 /* Every group of the chosen kinds generates and equals the reference
  * within atol (0: bit for bit); returns how many ran. */
 static uint32_t run_kinds(const char *text, unsigned kinds, double atol) {
@@ -168,6 +206,39 @@ Test(cg_quant, integer_gemm_takes_64_tiles_only_when_there_are_enough) {
     cr_assert_eq(run_kinds(MATMUL_INTEGER_BIG, ANCHOR, 0), 1);
 }
 
+/* The tile size a kf_iconv kernel says it took. */
+static void iconv_tile_seen(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    (void)p, (void)gi;
+    int *tiles = ctx;
+    cr_assert_not_null(strstr(k->body, "KF_MMA_I8("), "%s", k->body);
+    if (strstr(k->body, "64 x 64 tiles")) tiles[1]++;
+    else if (strstr(k->body, "32 x 32 tiles")) tiles[0]++;
+}
+
+Test(cg_quant, conv_integer_on_tensor_core_tiles_every_zero_point_form_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    int tiles[2] = {0, 0};
+    cgu_run_opts o = {ANCHOR, "kf_iconv", 0, 0, 0, 0, iconv_tile_seen, tiles};
+    cr_assert_eq(cgu_run_groups(CONV_INTEGER_TILES, &o), 4);
+    cr_assert_eq(cgu_run_groups(CONV_INTEGER, &o), 1);
+    cr_assert_eq(tiles[0], 5, "32 x 32 tiles for these small outputs");
+    cr_assert_eq(cgu_run_groups(CONV_INTEGER_BIG, &o), 1);
+    cr_assert_eq(tiles[1], 1, "64 x 64 tiles when there are enough");
+}
+
+/* A grouped ConvInteger keeps the direct template (one work-item per
+ * pixel and 4 channels): the tiles hold one group's channels only. */
+Test(cg_quant, grouped_conv_integer_keeps_the_direct_template) {
+    cgu_need_opencl();
+    cgu_run_opts o = {ANCHOR, "kf_conv", 0, 0, 0, 0, NULL, NULL};
+    cr_assert_eq(cgu_run_groups("opset 13\ninput x float[2, 8, 7, 7]\nconst w float[8, 4, 3, 3] = random\n"
+                                "const s float[] = 0.01\nconst z uint8[] = 100\n"
+                                "xq = QuantizeLinear(x, s, z)\nwq = QuantizeLinear(w, s, z)\n"
+                                "c = ConvInteger(xq, wq, z, z) {group=2, pads=[1,1,1,1]}\noutput c\n",
+                                &o),
+                 1);
+}
+
 Test(cg_quant, integer_anchor_groups_hold_the_requantize_and_nothing_runs_on_the_host) {
     cgu_need_opencl();
     kf_model *m = gt_parse(CONV_INTEGER);
@@ -211,4 +282,6 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_BIG, ANCHOR), 1);
+    cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER_TILES, ANCHOR), 4);
+    cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER_BIG, ANCHOR), 1);
 }

@@ -56,7 +56,7 @@ static char *builtin_text(const char *drop_key, const char *extra) {
         "red_pass_clk = 1", "red_pass_us = 1", "gemm_blk_base = 0.01", "gemm_blk_per_out = 0.01",
         "conv_blk_frac = 0.02", "gen_blk_cap = 0.5", "lib_gemm_frac = 0.5", "lib_conv_frac = 0.25",
         "lib_fixed_us = 4", "lib_conv_fixed_us = 6", "attn_tc_frac = 0.5", "attn_fma_frac = 0.25",
-        "igemm_dp4a_gain = 2"};
+        "igemm_dp4a_gain = 2", "imma_blk_frac = 0.1"};
     size_t cap = 4096;
     char *s = malloc(cap);
     cr_assert(s);

@@ -7,7 +7,8 @@
 # each element of its row once (its 128-bit loads of the row input = the
 # steps a lane holds, no loop over the row), and nothing may spill; the
 # attention kernels (attn_*) must hold tensor-core instructions (HMMA), and
-# the integer GEMM (kf_igemm) dot products of four 8-bit lanes (IDP.4A).
+# the integer GEMM (kf_igemm) dot products of four 8-bit lanes (IDP.4A), the
+# integer convolution (kf_iconv) int8 tensor-core instructions (IMMA).
 #   bench/sass/check.sh BUILD_DIR [OUT_DIR]
 # cuobjdump: $CUOBJDUMP, PATH, the CUDA toolkit, bench/.venv's nvidia
 # package, else pip's nvidia-cuda-cuobjdump installed into a scratch folder;
@@ -77,6 +78,16 @@ for m in "$root"/bench/sass/models/*.onnx; do
       printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
       continue
     fi
+    if grep -q 'kf_iconv' "$cu"; then
+      # integer convolution: int8 tensor-core fragments (IMMA); its window
+      # gathers are byte loads (not held to the 128-bit rule)
+      imma=$(grep -c 'IMMA' "$out/$name/$g.sass" || true)
+      [ "$imma" -gt 0 ] || { note="no IMMA"; bad=1; }
+      [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
+      note="$note integer conv: $imma IMMA"
+      printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
+      continue
+    fi
     [ "$ldg128" -gt 0 ] && [ "$stg128" -gt 0 ] || { note="no 128-bit access"; bad=1; }
     [ "$other" -eq 0 ] || { note="$note narrower global access"; bad=1; }
     [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
@@ -90,4 +101,4 @@ for m in "$root"/bench/sass/models/*.onnx; do
   done
 done
 [ "$bad" -eq 0 ] || { echo "sass check: FAILED (see notes)"; exit 1; }
-echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM on IDP.4A, no spills (sm_80, sm_90)"
+echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM on IDP.4A, the integer conv on IMMA, no spills (sm_80, sm_90)"

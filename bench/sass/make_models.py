@@ -5,7 +5,8 @@ exported (QK^T / sqrt(d) + additive mask, Softmax, xV) at BERT-base's heads
 (12 x 64) for sequences 128 and 512, float16 and bfloat16; and an integer
 GEMM as `--precision int8` plans BERT-base's [128, 768] x [768, 768] (uint8
 activations with a zero point, int8 weights, the int32 sums requantised to
-uint8 in the epilogue). Small files (the only weights are 1024-long rows or
+uint8 in the epilogue), and two ResNet-50 integer convolutions as
+`--precision int8` plans them (int8 tensor-core tiles). Small files (the only weights are 1024-long rows or
 scales; the GEMM's weights are an input); bench/sass/check.sh reads their
 kernels' SASS.
 
@@ -47,6 +48,8 @@ def main(out):
             attention(out, f"attn_{tag}_s{seq}", dt, 12, seq, 64)
     igemm(out, "igemm_u8s8", 128, 768, 768)        # 24 tiles of 64: the 32 x 32 form
     igemm(out, "igemm_u8s8_big", 512, 768, 3072)   # 384 tiles of 64: the 64 x 64 form
+    iconv(out, "iconv_l4_3x3", 512, 512, 7, 3)      # ResNet-50 layer4's 3x3: 32 tiles of 32
+    iconv(out, "iconv_l1_1x1", 64, 256, 56, 1)      # layer1's 1x1 expansion: 196 tiles of 64
 
 
 def igemm(out, name, m, k, n):
@@ -61,6 +64,29 @@ def igemm(out, name, m, k, n):
     g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.UINT8, [m, k]),
                                    h.make_tensor_value_info("w", T.INT8, [k, n])],
                      [h.make_tensor_value_info("y", T.UINT8, [m, n])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
+    onnx.checker.check_model(model)
+    onnx.save(model, f"{out}/{name}.onnx")
+
+
+def iconv(out, name, c, m, hw, k):
+    """x int8 [1, c, hw, hw] with zero point -128 (an activation after a
+    Relu, moved from uint8) times w int8 [m, c, k, k] (an input, so the file
+    stays small), same padding, then Cast, the per-channel scale, the bias,
+    Relu and QuantizeLinear back to int8: the group `--precision int8`
+    makes of a QDQ ResNet-50 convolution."""
+    inits = [nh.from_array(np.array(-128, np.int8), "zx"),
+             nh.from_array(np.linspace(1e-4, 3e-4, m, dtype=np.float32).reshape(m, 1, 1), "s"),
+             nh.from_array(np.linspace(-0.1, 0.1, m, dtype=np.float32).reshape(m, 1, 1), "b"),
+             nh.from_array(np.array(0.05, np.float32), "so"), nh.from_array(np.array(-128, np.int8), "zo")]
+    p = k // 2
+    nodes = [h.make_node("ConvInteger", ["x", "w", "zx"], ["acc"], pads=[p] * 4),
+             h.make_node("Cast", ["acc"], ["f"], to=T.FLOAT), h.make_node("Mul", ["f", "s"], ["r"]),
+             h.make_node("Add", ["r", "b"], ["a"]), h.make_node("Relu", ["a"], ["u"]),
+             h.make_node("QuantizeLinear", ["u", "so", "zo"], ["y"])]
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.INT8, [1, c, hw, hw]),
+                                   h.make_tensor_value_info("w", T.INT8, [m, c, k, k])],
+                     [h.make_tensor_value_info("y", T.INT8, [1, m, hw, hw])], inits)
     model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     onnx.checker.check_model(model)
     onnx.save(model, f"{out}/{name}.onnx")
