@@ -25,7 +25,14 @@
  * Row statistics are shared by the four lanes of a row (KF_QUAD_MAX/SUM:
  * shuffles on CUDA, local memory on OpenCL). Keys past the end score -inf
  * and their values load as 0; a row whose every key is masked to -inf
- * gives 0/0, as the unfused Softmax does. */
+ * gives 0/0, as the unfused Softmax does.
+ *
+ * When the probabilities reach the second MatMul through a chain (an int8
+ * plan's QuantizeLinear and DequantizeLinear of them: kf_att_passes), each
+ * must be normalized before the chain, so the keys are streamed twice: the
+ * first pass keeps only each row's max and sum of exponentials, the second
+ * recomputes the scores, takes e^(s - m) / l through the chain into the
+ * P tile and accumulates O = P V with no rescaling and no final division. */
 #ifdef KF_CG_ANCHOR_IMPL
 
 #define ATT_SMEM (46 * 1024) /* shared bytes a work-group may take (CUDA's static 48 KiB, less the quad scratch) */
@@ -50,6 +57,9 @@ typedef struct attn {
     int64_t ldq, ldk, ldv, ldp; /* shared row strides, elements */
     int esz;            /* bytes per shared element */
     char kind;          /* 'F' float, 'H' float16, 'B' bfloat16 storage */
+    bool two_pass;      /* the probabilities pass through a chain (Q/DQ) before V:
+                         * one pass over the keys for each row's max and sum,
+                         * a second for the normalized probabilities */
 } attn;
 
 static int64_t att_bytes(const attn *a) {
@@ -79,19 +89,20 @@ static bool att_tiles(int64_t M, int64_t N, int64_t K, int64_t Nv, char kind, at
 
 /* Is the back-to-back group n -> r -> n2 attention the streaming kernel can
  * run? Softmax over the keys only (opset 13 or the last axis), its output
- * read by n2 directly (or through Identity), both anchors MatMuls, every
- * group output after n2, operands of one floating storage type. */
-static bool att_shape(gen *st, const kf_node *n, const kf_node *r, const kf_node *n2, char *kind) {
+ * read by n2 directly (or through Identity; in two passes through Q/DQ:
+ * kf_att_passes, into *passes), both anchors MatMuls, every group output
+ * after n2, operands of one floating storage type. */
+static bool att_shape(gen *st, const kf_node *n, const kf_node *r, const kf_node *n2, char *kind, int *passes) {
     if (!r || r->op != KF_OP_SOFTMAX || n->op != KF_OP_MATMUL || n2->op != KF_OP_MATMUL) return false;
     const kf_type *rx = &st->g->values[r->in[0]].type;
     int64_t opset = r->opset > 0 ? r->opset : 13;
     int64_t axis = kf_attr_i(r, "axis", opset >= 13 ? -1 : 1);
     if (axis < 0) axis += rx->rank;
     if (axis != rx->rank - 1) return false;
-    kf_id v = n2->in[0];
-    for (int depth = 0; v != r->out[0]; depth++) {
-        kf_id p = st->g->values[v].producer;
-        if (depth > 8 || !p || st->p->group_of[p] != st->gi || st->g->nodes[p].op != KF_OP_IDENTITY) return false;
+    if (!(*passes = kf_att_passes(st->g, n, r, n2))) return false;
+    for (kf_id v = n2->in[0]; v != r->out[0];) {
+        kf_id p = st->g->values[v].producer; /* kf_att_passes walked here */
+        if (st->p->group_of[p] != st->gi) return false;
         v = st->g->nodes[p].in[0];
     }
     for (uint32_t o = 0; o < st->k->nouts; o++)
@@ -208,6 +219,81 @@ static void att_op_bias(gen *st, const attn *a) {
     if (op->causal) kf_cg_puts(b, "                    if (gn > gm) sv = -KF_INF;\n");
 }
 
+/* The head of a loop over key tiles (kt) and its scores: K's tile (and
+ * V's, with_v) loaded, S = Q K' by fragments into sc[nt][4], each score
+ * through the first MatMul's epilogue (or the Attention op's scale and
+ * bias), -inf past the keys. The loop is left open. */
+static bool att_scores(gen *st, const attn *a, const kf_node *n, const gemm *gm1, const kf_node *n2, const gemm *gm2,
+                       int64_t BQ, bool with_v) {
+    const char *I = st->ity;
+    const attop *op = a->op;
+    kf_cg_str *b = st->s;
+    int64_t nt = a->bk / 8;
+    bool ok = true;
+    kf_cg_printf(b, "        for (%s kt = 0; kt < %lld; kt += %d) {\n", I, (long long)gm1->N, a->bk);
+    kf_cg_puts(b, "            KF_BARRIER;\n");
+    /* K' (the first MatMul's B, [k = head dim][n = key]) as kf_k[key][d]; V ([k = key][n = dv]) as kf_v[dv][key] */
+    if (op) {
+        att_op_load(st, a, 1, a->bk, a->d16, "kt", "kf_k", a->ldk);
+        if (with_v) att_op_load(st, a, 2, a->bk, a->dv8, "kt", "kf_v", a->ldv);
+    } else {
+        ok = att_load(st, a, n, gm1, 1, a->bk, a->d16, "gn", "kt", "gk", "0", "kf_k", a->ldk, false);
+        if (with_v) ok = ok && att_load(st, a, n2, gm2, 1, a->bk, a->dv8, "gk", "kt", "gn", "0", "kf_v", a->ldv, true);
+    }
+    kf_cg_printf(b, "            KF_BARRIER;\n"
+                    "            float sc[%lld][4];\n"
+                    "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+                    "                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;\n"
+                    "                KF_UNROLL for (int k0 = 0; k0 < %lld; k0 += 16)\n"
+                    "                    KF_MMA_%c(sc[j], kf_q, warp * %lld + k0, %lld, kf_k, j * %lld + k0, %lld, lane);\n"
+                    "            }\n",
+                 (long long)nt, (long long)nt, (long long)a->d16, a->kind, (long long)(16 * a->ldq), (long long)a->ldq,
+                 (long long)(8 * a->ldk), (long long)a->ldk);
+    /* the scores through the first MatMul's epilogue, -inf past the keys */
+    kf_cg_printf(b, "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n", (long long)(4 * nt));
+    kf_cg_printf(b, "                const %s gm = tm * %lld + warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0);\n", I,
+                 (long long)BQ);
+    kf_cg_printf(b, "                const %s gn = kt + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n", I);
+    kf_cg_puts(b, "                float sv = -KF_INF;\n");
+    kf_cg_printf(b, "                if (gm < %lld && gn < %lld) {\n", (long long)gm1->M, (long long)gm1->N);
+    st->ind = "                    ";
+    ix oi;
+    kf_cg_str rhs = {0};
+    uint32_t mark = st->nmemo;
+    if (op) {
+        kf_cg_puts(b, "                    sv = sc[e / 4][e % 4] * ");
+        put_float(b, op->scale);
+        kf_cg_puts(b, ";\n");
+        att_op_bias(st, a);
+    } else
+        ok = ok && anchor_value(st, n, gm1, "sc[e / 4][e % 4]", &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, "sv");
+    st->nmemo = mark;
+    kf_cg_str_release(&rhs);
+    kf_cg_puts(b, "                }\n"
+                  "                sc[e / 4][e % 4] = sv;\n"
+                  "            }\n");
+    return ok;
+}
+
+/* The new running max n0/n1 of the warp's rows g and g + 8 over this key
+ * tile's scores, u0/u1 the max to subtract (0 for a row of -inf only), and
+ * c0/c1 the factor rescaling what was summed against the old max. */
+static void att_row_max(gen *st, int64_t nt) {
+    kf_cg_printf(st->s, "            float x0 = -KF_INF, x1 = -KF_INF;\n"
+                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+                        "                x0 = KF_FMAX(x0, KF_FMAX(sc[j][0], sc[j][1]));\n"
+                        "                x1 = KF_FMAX(x1, KF_FMAX(sc[j][2], sc[j][3]));\n"
+                        "            }\n"
+                        "            x0 = KF_QUAD_MAX(x0, kf_qr);\n"
+                        "            x1 = KF_QUAD_MAX(x1, kf_qr);\n"
+                        "            const float n0 = KF_FMAX(m0, x0), n1 = KF_FMAX(m1, x1);\n"
+                        "            const float u0 = n0 == -KF_INF ? 0.0f : n0, u1 = n1 == -KF_INF ? 0.0f : n1;\n"
+                        "            const float c0 = KF_EXP(m0 - u0), c1 = KF_EXP(m1 - u1);\n"
+                        "            m0 = n0;\n"
+                        "            m1 = n1;\n",
+                 (long long)nt);
+}
+
 static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm1, const gemm *gm2,
                           const attn *a) {
     const char *I = st->ity;
@@ -249,86 +335,82 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
                         "        float oc[%lld][4];\n"
                         "        KF_UNROLL for (int j = 0; j < %lld; j++) oc[j][0] = oc[j][1] = oc[j][2] = oc[j][3] = 0.0f;\n",
                  (long long)on, (long long)on);
-    kf_cg_printf(&body, "        for (%s kt = 0; kt < %lld; kt += %d) {\n", I, (long long)gm1->N, a->bk);
-    kf_cg_puts(&body, "            KF_BARRIER;\n");
-    /* K' (the first MatMul's B, [k = head dim][n = key]) as kf_k[key][d]; V ([k = key][n = dv]) as kf_v[dv][key] */
-    if (op) {
-        att_op_load(st, a, 1, a->bk, a->d16, "kt", "kf_k", a->ldk);
-        att_op_load(st, a, 2, a->bk, a->dv8, "kt", "kf_v", a->ldv);
+    uint32_t mark;
+    if (a->two_pass) {
+        /* pass 1: each row's max and sum of exponentials, nothing else */
+        ok = ok && att_scores(st, a, n, gm1, n2, gm2, BQ, false);
+        att_row_max(st, nt);
+        kf_cg_printf(&body, "            float p0 = 0.0f, p1 = 0.0f;\n"
+                            "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
+                            "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
+                            "                if (e %% 4 >= 2) p1 += pv;\n"
+                            "                else p0 += pv;\n"
+                            "            }\n"
+                            "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
+                            "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n"
+                            "        }\n"
+                            "        const float u0 = m0 == -KF_INF ? 0.0f : m0, u1 = m1 == -KF_INF ? 0.0f : m1;\n",
+                     (long long)(4 * nt));
+    }
+    ok = ok && att_scores(st, a, n, gm1, n2, gm2, BQ, true);
+    /* online softmax: rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16 */
+    if (!a->two_pass) {
+        att_row_max(st, nt);
+        kf_cg_printf(&body, "            float p0 = 0.0f, p1 = 0.0f;\n"
+                            "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
+                            "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
+                            "                if (e %% 4 >= 2) p1 += pv;\n"
+                            "                else p0 += pv;\n"
+                            "                const int pi = (warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0)) * %lld + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n",
+                     (long long)(4 * nt), (long long)a->ldp);
+        st->ind = "                ";
+        att_put(st, a, "kf_p", "pi", "pv");
+        kf_cg_printf(&body, "            }\n"
+                            "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
+                            "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n"
+                            "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+                            "                oc[j][0] *= c0;\n"
+                            "                oc[j][1] *= c0;\n"
+                            "                oc[j][2] *= c1;\n"
+                            "                oc[j][3] *= c1;\n"
+                            "            }\n",
+                     (long long)on);
     } else {
-        ok = ok && att_load(st, a, n, gm1, 1, a->bk, a->d16, "gn", "kt", "gk", "0", "kf_k", a->ldk, false);
-        ok = ok && att_load(st, a, n2, gm2, 1, a->bk, a->dv8, "gk", "kt", "gn", "0", "kf_v", a->ldv, true);
+        /* pass 2: each probability normalized by its row's final max and
+         * sum, then through the chain to the second product's operand */
+        kf_cg_printf(&body, "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n", (long long)(4 * nt));
+        kf_cg_printf(&body, "                const %s gm = tm * %lld + warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0);\n",
+                     I, (long long)BQ);
+        kf_cg_printf(&body, "                const %s gn = kt + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n", I);
+        kf_cg_printf(&body, "                const int pi = (warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0)) * %lld + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n"
+                            "                float pv = 0.0f;\n"
+                            "                if (gm < %lld && gn < %lld) {\n"
+                            "                    const float pn = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0)) / (e %% 4 >= 2 ? l1 : l0);\n",
+                     (long long)a->ldp, (long long)gm1->M, (long long)gm1->N);
+        st->ind = "                    ";
+        ix pi;
+        kf_cg_str unused = {0};
+        char x[NAMELEN];
+        mark = st->nmemo;
+        /* the Softmax's input has the first product's shape (kf_att_passes), so
+         * its output's element is at the product's index */
+        ok = ok && anchor_value(st, n, gm1, "0", &pi, &unused) && memo_add(st, st->red->out[0], &pi, "pn") &&
+             emit(st, n2->in[0], &pi, x);
+        if (ok) kf_cg_printf(&body, "                    pv = %s;\n", x);
+        st->nmemo = mark;
+        kf_cg_str_release(&unused);
+        kf_cg_puts(&body, "                }\n");
+        st->ind = "                ";
+        att_put(st, a, "kf_p", "pi", "pv");
+        kf_cg_puts(&body, "            }\n");
     }
     kf_cg_printf(&body, "            KF_BARRIER;\n"
-                        "            float sc[%lld][4];\n"
-                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
-                        "                sc[j][0] = sc[j][1] = sc[j][2] = sc[j][3] = 0.0f;\n"
-                        "                KF_UNROLL for (int k0 = 0; k0 < %lld; k0 += 16)\n"
-                        "                    KF_MMA_%c(sc[j], kf_q, warp * %lld + k0, %lld, kf_k, j * %lld + k0, %lld, lane);\n"
-                        "            }\n",
-                 (long long)nt, (long long)nt, (long long)a->d16, a->kind, (long long)(16 * a->ldq), (long long)a->ldq,
-                 (long long)(8 * a->ldk), (long long)a->ldk);
-    /* the scores through the first MatMul's epilogue, -inf past the keys */
-    kf_cg_printf(&body, "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n", (long long)(4 * nt));
-    kf_cg_printf(&body, "                const %s gm = tm * %lld + warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0);\n", I,
-                 (long long)BQ);
-    kf_cg_printf(&body, "                const %s gn = kt + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n", I);
-    kf_cg_puts(&body, "                float sv = -KF_INF;\n");
-    kf_cg_printf(&body, "                if (gm < %lld && gn < %lld) {\n", (long long)gm1->M, (long long)gm1->N);
-    st->ind = "                    ";
-    ix oi;
-    kf_cg_str rhs = {0};
-    uint32_t mark = st->nmemo;
-    if (op) {
-        kf_cg_puts(&body, "                    sv = sc[e / 4][e % 4] * ");
-        put_float(&body, op->scale);
-        kf_cg_puts(&body, ";\n");
-        att_op_bias(st, a);
-    } else
-        ok = ok && anchor_value(st, n, gm1, "sc[e / 4][e % 4]", &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, "sv");
-    st->nmemo = mark;
-    kf_cg_str_release(&rhs);
-    kf_cg_puts(&body, "                }\n"
-                      "                sc[e / 4][e % 4] = sv;\n"
-                      "            }\n");
-    /* online softmax: rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16 */
-    kf_cg_printf(&body, "            float x0 = -KF_INF, x1 = -KF_INF;\n"
-                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
-                        "                x0 = KF_FMAX(x0, KF_FMAX(sc[j][0], sc[j][1]));\n"
-                        "                x1 = KF_FMAX(x1, KF_FMAX(sc[j][2], sc[j][3]));\n"
-                        "            }\n"
-                        "            x0 = KF_QUAD_MAX(x0, kf_qr);\n"
-                        "            x1 = KF_QUAD_MAX(x1, kf_qr);\n"
-                        "            const float n0 = KF_FMAX(m0, x0), n1 = KF_FMAX(m1, x1);\n"
-                        "            const float u0 = n0 == -KF_INF ? 0.0f : n0, u1 = n1 == -KF_INF ? 0.0f : n1;\n"
-                        "            const float c0 = KF_EXP(m0 - u0), c1 = KF_EXP(m1 - u1);\n"
-                        "            m0 = n0;\n"
-                        "            m1 = n1;\n"
-                        "            float p0 = 0.0f, p1 = 0.0f;\n"
-                        "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
-                        "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
-                        "                if (e %% 4 >= 2) p1 += pv;\n"
-                        "                else p0 += pv;\n"
-                        "                const int pi = (warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0)) * %lld + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n",
-                 (long long)nt, (long long)(4 * nt), (long long)a->ldp);
-    st->ind = "                ";
-    att_put(st, a, "kf_p", "pi", "pv");
-    kf_cg_printf(&body, "            }\n"
-                        "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
-                        "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n"
-                        "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
-                        "                oc[j][0] *= c0;\n"
-                        "                oc[j][1] *= c0;\n"
-                        "                oc[j][2] *= c1;\n"
-                        "                oc[j][3] *= c1;\n"
-                        "            }\n"
-                        "            KF_BARRIER;\n"
                         "            KF_UNROLL for (int j = 0; j < %lld; j++)\n"
                         "                KF_UNROLL for (int k0 = 0; k0 < %d; k0 += 16)\n"
                         "                    KF_MMA_%c(oc[j], kf_p, warp * %lld + k0, %lld, kf_v, j * %lld + k0, %lld, lane);\n"
                         "        }\n",
-                 (long long)on, (long long)on, a->bk, a->kind, (long long)(16 * a->ldp), (long long)a->ldp,
-                 (long long)(8 * a->ldv), (long long)a->ldv);
+                 (long long)on, a->bk, a->kind, (long long)(16 * a->ldp), (long long)a->ldp, (long long)(8 * a->ldv),
+                 (long long)a->ldv);
     /* O / l through the second MatMul's epilogue */
     kf_cg_printf(&body, "        KF_UNROLL for (int e = 0; e < %lld; e++) {\n", (long long)(4 * on));
     kf_cg_printf(&body, "            const %s gm = tm * %lld + warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0);\n", I,
@@ -339,6 +421,7 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
     /* a query that may attend no key: 0/0 as the unfused Softmax gives; the
      * Attention op gives zeros */
     if (op) kf_cg_puts(&body, "                const float kf_o = kf_l > 0.0f ? oc[e / 4][e % 4] / kf_l : 0.0f;\n");
+    else if (a->two_pass) kf_cg_puts(&body, "                const float kf_o = oc[e / 4][e % 4]; /* normalized in pass 2 */\n");
     else kf_cg_puts(&body, "                const float kf_o = oc[e / 4][e % 4] / kf_l;\n");
     st->ind = "                ";
     st->red = NULL;
@@ -438,6 +521,7 @@ static bool gen_attention_op(gen *st, kf_cg_str *s, const kf_node *n) {
         return fail(st, "node '%s': Attention head sizes %lld/%lld are over 128 (not generated)", kf_node_label(n),
                     (long long)op.D, (long long)op.Dv);
     a.op = &op;
+    a.two_pass = false;
     gemm g1 = {.M = op.Sq, .N = op.T, .K = op.D, .has_m = true, .has_n = true};
     gemm g2 = {.M = op.Sq, .N = op.Dv, .K = op.T, .has_m = true, .has_n = true};
     const kf_node *red = st->red;
@@ -453,9 +537,11 @@ static bool gen_attention_op(gen *st, kf_cg_str *s, const kf_node *n) {
 static bool att_try(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm, const gemm *gm2,
                     bool *taken) {
     char kind;
+    int passes = 1;
     attn a;
-    *taken = att_shape(st, n, st->red, n2, &kind) && att_tiles(gm->M, gm->N, gm->K, gm2->N, kind, &a);
+    *taken = att_shape(st, n, st->red, n2, &kind, &passes) && att_tiles(gm->M, gm->N, gm->K, gm2->N, kind, &a);
     a.op = NULL;
+    a.two_pass = passes == 2;
     return !*taken || gen_attention(st, s, n, n2, gm, gm2, &a);
 }
 

@@ -211,6 +211,39 @@ int kf_iconv_tile(const kf_graph *g, const kf_node *n) {
     return ceil_div(ot->dims[1], 64) * ceil_div(cols, 64) >= KF_GEMM_FILL_TILES ? 64 : 32;
 }
 
+static bool same_static_dims(const kf_type *x, const kf_type *y) {
+    if (!kf_type_is_static(x) || !kf_type_is_static(y) || x->rank != y->rank) return false;
+    for (int d = 0; d < x->rank; d++)
+        if (x->dims[d] != y->dims[d]) return false;
+    return true;
+}
+
+int kf_att_passes(const kf_graph *g, const kf_node *a, const kf_node *r, const kf_node *b) {
+    if (r->op != KF_OP_SOFTMAX || !r->out[0] || !r->in[0] || b->nin < 1 || !b->in[0]) return 0;
+    int passes = 1;
+    kf_id v = b->in[0];
+    for (int depth = 0; v != r->out[0]; depth++) {
+        kf_id p = g->values[v].producer;
+        if (depth > 8 || !p || g->values[v].nusers != 1 || g->values[v].is_output) return 0;
+        const kf_node *n = &g->nodes[p];
+        if (n->op == KF_OP_IDENTITY) {
+            v = n->in[0];
+            continue;
+        }
+        bool qdq = n->op == KF_OP_QUANTIZE_LINEAR || n->op == KF_OP_DEQUANTIZE_LINEAR;
+        if (!qdq && n->op != KF_OP_CAST) return 0;
+        for (int i = 1; qdq && i < n->nin; i++)
+            if (n->in[i] && numel_of(g, n->in[i]) != 1) return 0;
+        if (!n->in[0] || !same_static_dims(&g->values[n->in[0]].type, &g->values[v].type)) return 0;
+        passes = 2;
+        v = n->in[0];
+    }
+    if (passes == 2 && (g->values[v].nusers != 1 || g->values[v].is_output ||
+                        !same_static_dims(&g->values[a->out[0]].type, &g->values[r->in[0]].type)))
+        return 0;
+    return passes;
+}
+
 /* A reduction kernel over `rows` rows laid out as f: `passes` passes over
  * each row (one read from memory when the row is cached in registers; the
  * block reduces of every pass remain). */
@@ -391,19 +424,15 @@ static bool attention(const kf_target *t, const kf_graph *g, const kf_cost_group
     if (r->op != KF_OP_SOFTMAX || a->op != KF_OP_MATMUL || b->op != KF_OP_MATMUL || !gemm_shape(g, b, &d2) ||
         d->k > 128 || d2.n > 128)
         return false;
-    /* the streaming kernel takes the probabilities straight into the second
-     * product (through Identity at most, as codegen's att_shape): anything
-     * between (an int8 plan's QuantizeLinear and DequantizeLinear of them)
-     * needs whole rows, the back-to-back form */
-    kf_id v = b->in[0];
-    for (int depth = 0; v != r->out[0]; depth++) {
-        kf_id p = v ? g->values[v].producer : 0;
-        if (depth > 8 || !p || g->nodes[p].op != KF_OP_IDENTITY) return false;
-        v = g->nodes[p].in[0];
-    }
+    /* the streaming kernel takes the probabilities into the second product
+     * straight or, in two passes over the keys (the scores computed twice),
+     * through an int8 plan's QuantizeLinear and DequantizeLinear of them */
+    int passes = kf_att_passes(g, a, r, b);
+    if (!passes) return false;
     kf_dtype dt = g->values[a->in[0]].type.dtype;
-    attention_kernel(t, cg, dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16, d->batch, d->m, d->n, d->k, d2.n,
-                     (double)(cg->flops > 0 ? cg->flops : 0), c);
+    double flops = (double)(cg->flops > 0 ? cg->flops : 0);
+    if (passes == 2) flops += 2.0 * (double)d->batch * (double)d->m * (double)d->n * (double)d->k;
+    attention_kernel(t, cg, dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16, d->batch, d->m, d->n, d->k, d2.n, flops, c);
     return true;
 }
 

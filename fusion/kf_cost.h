@@ -180,4 +180,15 @@ int kf_igemm_tile(int64_t m, int64_t n, int64_t batch);
  * such a convolution (it keeps the direct template). */
 int kf_iconv_tile(const kf_graph *g, const kf_node *n);
 
+/* The streaming attention kernel's passes over the keys for back-to-back
+ * MatMuls a -> b with Softmax r (over the keys) between
+ * (codegen/cg_attention.c): 1 when the probabilities go straight into b's
+ * left operand (through Identity); 2 when they go through a chain of
+ * Identity, Cast and per-tensor QuantizeLinear/DequantizeLinear of their
+ * own shape, the Softmax's input having a's output shape (an int8 plan's
+ * Q/DQ of the probabilities: the first pass finds each row's max and sum,
+ * the second normalizes each probability before the chain); 0 otherwise.
+ * Every value on the way is read by the next node alone. */
+int kf_att_passes(const kf_graph *g, const kf_node *a, const kf_node *r, const kf_node *b);
+
 #endif

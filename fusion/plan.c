@@ -398,16 +398,25 @@ static bool row_fits(const pl_state *s, kf_id v, int64_t row) {
 
 /* Is Softmax r after MatMul x the middle of attention that the streaming
  * kernel runs (codegen/cg_attention.c), so its rows need not fit on chip?
- * Its output is the left operand of a MatMul (directly), and both head
- * dims (x's K, the second MatMul's N) are at most 128: the streamed tiles
- * fit in every storage type. */
+ * Its output is the left operand of a MatMul (directly, or through an int8
+ * plan's Q/DQ: kf_att_passes), and both head dims (x's K, the second
+ * MatMul's N) are at most 128: the streamed tiles fit in every storage
+ * type. */
 static bool streams_keys(const pl_state *s, kf_id x, kf_id r) {
     const kf_node *an = &s->g->nodes[x], *rn = &s->g->nodes[r];
     if (an->op != KF_OP_MATMUL || rn->op != KF_OP_SOFTMAX || !rn->out[0]) return false;
-    const kf_value *p = &s->g->values[rn->out[0]];
-    if (p->nusers != 1 || p->is_output) return false;
-    const kf_node *b = &s->g->nodes[p->users[0]];
-    if (b->op != KF_OP_MATMUL || b->in[0] != rn->out[0] || b->in[1] == rn->out[0]) return false;
+    /* the second product: the one node the probabilities reach through
+     * the chain kf_att_passes walks (single users all the way) */
+    kf_id v = rn->out[0];
+    const kf_node *b = NULL;
+    for (int depth = 0; depth <= 9; depth++) {
+        const kf_value *p = &s->g->values[v];
+        if (p->nusers != 1 || p->is_output) return false;
+        b = &s->g->nodes[p->users[0]];
+        if (b->op == KF_OP_MATMUL || !b->nout || !b->out[0]) break;
+        v = b->out[0];
+    }
+    if (!b || b->op != KF_OP_MATMUL || kf_att_passes(s->g, an, rn, b) == 0 || b->in[1] == v) return false;
     const kf_type *ta = &s->g->values[an->in[0]].type, *tb = &s->g->values[b->in[1]].type;
     int64_t k = ta->rank ? ta->dims[ta->rank - 1] : -1, nv = tb->rank >= 2 ? tb->dims[tb->rank - 1] : -1;
     return k > 0 && k <= 128 && nv > 0 && nv <= 128;

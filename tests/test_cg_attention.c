@@ -117,6 +117,48 @@ Test(cg_attention, long_sequence_causal, .timeout = 600) {
     for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) run_case(&cases[i]);
 }
 
+/* The probabilities quantized and dequantized before the second product
+ * (an int8 plan's attention: ONNX Runtime's quantizer writes uint8 with
+ * scale 1/255) run in two passes over the keys: each row's max and sum
+ * first, then each probability normalized before the Q/DQ. The kernel's
+ * row sum is a float sum in tile order where the reference's is in element
+ * order, so a probability within a rounding of a quantization boundary may
+ * land one step away: up to two such steps of 1/255 per output row are
+ * allowed (each moves an output by at most 1/255 |v| <= 0.004). */
+static void run_qdq_case(int b, int h, int sq, int sk, int d, int dv, mask_kind mk, const char *zp) {
+    att_case c = {b, h, sq, sk, d, dv, mk, "float"};
+    char text[1536];
+    att_text(&c, text, sizeof text);
+    char *tail = strstr(text, "o = MatMul(p, v)");
+    cr_assert_not_null(tail);
+    snprintf(tail, sizeof text - (size_t)(tail - text),
+             "const sp float[] = %.9g\nconst zp %s\npq = QuantizeLinear(p, sp, zp)\npd = DequantizeLinear(pq, sp, zp)\n"
+             "o = MatMul(pd, v)\noutput o\n",
+             1.0 / 255, zp);
+    att_seen seen = {0, 'F'};
+    cgu_run_opts o = {1u << KF_GROUP_ANCHOR, NULL, 2.0 / 255 + cgu_dot_atol(sk > d ? sk : d), 1e-4, 0, 0, seen_attention,
+                      &seen};
+    cr_assert_eq(cgu_run_groups(text, &o), 1, "%s", text);
+    cr_assert_eq(seen.attention, 1, "one streaming attention kernel:\n%s", text);
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    kf_cg_kernel k;
+    cr_assert_eq(kf_cg_group(m, p, p->group_of[m->graph->values[kf_graph_find(m->graph, "o")].producer], &k), KF_OK,
+                 "%s", kf_last_error());
+    cr_assert_not_null(strstr(k.body, "normalized in pass 2"), "two passes over the keys:\n%s", k.body);
+    kf_cg_kernel_release(&k);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(cg_attention, quantized_probabilities_in_two_passes) {
+    cgu_need_opencl();
+    run_qdq_case(2, 4, 19, 19, 64, 64, MASK_ADD, "uint8[] = 0");
+    run_qdq_case(1, 3, 5, 300, 64, 64, MASK_ADD, "uint8[] = 0"); /* 300 keys: several tiles in each pass */
+    run_qdq_case(1, 2, 33, 33, 32, 32, MASK_CAUSAL, "int8[] = -128");
+    run_qdq_case(1, 1, 1, 1, 32, 32, MASK_NONE, "uint8[] = 0");
+}
+
 Test(cg_attention, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     const char *why = kf_nvrtc_unavailable();
     if (why) {
@@ -134,6 +176,15 @@ Test(cg_attention, cuda_text_compiles_with_nvrtc_sm80_sm90) {
         att_text(&cases[i], text, sizeof text);
         cr_assert_eq(cgu_nvrtc_check_text(text, 1u << KF_GROUP_ANCHOR), 1, "%s", text);
     }
+    /* two passes over the keys: the probabilities through Q/DQ */
+    cr_assert_eq(cgu_nvrtc_check_text("opset 14\ninput q float[1, 12, 128, 64]\ninput k float[1, 12, 64, 128]\n"
+                                      "input v float[1, 12, 128, 64]\nconst s float[] = 0.125\n"
+                                      "const sp float[] = 0.003921569\nconst zp uint8[] = 0\n"
+                                      "m = MatMul(q, k)\na = Mul(m, s)\np = Softmax(a) {axis=-1}\n"
+                                      "pq = QuantizeLinear(p, sp, zp)\npd = DequantizeLinear(pq, sp, zp)\n"
+                                      "o = MatMul(pd, v)\noutput o\n",
+                                      1u << KF_GROUP_ANCHOR),
+                 1);
     /* the Attention node: grouped heads, causal, softcap, 16-bit */
     cr_assert_eq(cgu_nvrtc_check_text("opset 23\ninput q float16[1, 40, 512]\ninput k float16[1, 40, 128]\n"
                                       "input v float16[1, 40, 128]\ny = Attention(q, k, v) {q_num_heads=8, "

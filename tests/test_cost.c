@@ -364,28 +364,32 @@ Test(cost, library_epilogues_the_runtime_takes_and_the_one_it_does_not) {
 }
 
 /* An int8 plan's attention quantizes the probabilities between Softmax and
- * the second product: the streaming kernel cannot apply that (codegen's
- * att_shape declines it), so the back-to-back group is priced in its
- * whole-row form, as it is generated; with an Identity there it streams. */
-Test(cost, probabilities_quantized_before_the_second_product_do_not_stream) {
+ * the second product: the streaming kernel runs it in two passes over the
+ * keys (kf_att_passes), priced with the scores computed twice, so above
+ * the same group with an Identity there; any other op between (a Relu)
+ * leaves the back-to-back group to its whole-row form. */
+Test(cost, probabilities_quantized_before_the_second_product_stream_in_two_passes) {
     const char *fmt = "opset 14\ninput q float[1, 12, 128, 64]\ninput kt float[1, 12, 64, 128]\n"
                       "input v float[1, 12, 128, 64]\nconst s float[] = 0.003921569\nconst z uint8[] = 0\n"
                       "x = MatMul(q, kt)\np = Softmax(x) {axis=-1}\n%s"
                       "y = MatMul(pd, v)\noutput y\n";
-    char text[1024];
-    snprintf(text, sizeof text, fmt, "pq = QuantizeLinear(p, s, z)\npd = DequantizeLinear(pq, s, z)\n");
-    kf_model *a = gt_parse(text);
-    snprintf(text, sizeof text, fmt, "pd = Identity(p)\n");
-    kf_model *b = gt_parse(text);
-    kf_plan *pa = plan_on(a, "h200", true), *pb = plan_on(b, "h200", true); /* every legal merge: one group */
-    const kf_group *ga = &pa->groups[group_of(a, pa, "y")], *gb = &pb->groups[group_of(b, pb, "y")];
-    cr_assert_eq(group_of(a, pa, "x"), group_of(a, pa, "y"), "one back-to-back group");
-    cr_assert_str_eq(ga->est_form, "gemm_b2b");
-    cr_assert_str_eq(gb->est_form, "attention");
-    kf_plan_free(pa);
-    kf_plan_free(pb);
-    kf_model_free(a);
-    kf_model_free(b);
+    const char *mid[3] = {"pq = QuantizeLinear(p, s, z)\npd = DequantizeLinear(pq, s, z)\n", "pd = Identity(p)\n",
+                          "pd = Relu(p)\n"};
+    const char *form[3] = {"attention", "attention", "gemm_b2b"};
+    double us[3];
+    for (int i = 0; i < 3; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, fmt, mid[i]);
+        kf_model *m = gt_parse(text);
+        kf_plan *p = plan_on(m, "h200", true); /* every legal merge: one group */
+        const kf_group *g = &p->groups[group_of(m, p, "y")];
+        cr_assert_eq(group_of(m, p, "x"), group_of(m, p, "y"), "one back-to-back group: %s", mid[i]);
+        cr_assert_str_eq(g->est_form, form[i], "%s", mid[i]);
+        us[i] = g->est_us;
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+    cr_assert_gt(us[0], us[1], "two passes over the keys cost more than one: %g vs %g us", us[0], us[1]);
 }
 
 /* Attention, decomposed (MatMul -> scale -> mask -> Softmax -> MatMul, one
