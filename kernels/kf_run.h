@@ -101,4 +101,35 @@ bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precisio
  * where the reference keeps double). KF_ERR_BAD_MODEL on a cycle. */
 kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth);
 
+/* requant[o] for every graph output o of m: how many QuantizeLinear nodes
+ * of computed values (not of a graph input or a constant, whose codes are
+ * the same on every backend) lie upstream of it. KF_ERR_BAD_MODEL on a
+ * cycle. */
+kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant);
+
+/* The SQNR an output of a model that requantizes computed values must
+ * keep against the reference when kf_run_close_model's elementwise bound
+ * fails. A value within a rounding of a quantization boundary moves a
+ * whole step on a last-bit difference, and the step cascades through the
+ * following layers: on the 12-layer QDQ BERT-base the reference's own two
+ * exact forms (the float QDQ graph and its integer-anchor rewrite) differ
+ * by 34.9-36.6 dB, as do OpenCL and the reference on either; a wrong
+ * scale or zero point costs far more. */
+#define KF_RUN_REQUANT_MIN_DB 30.0
+
+/* 10 log10(sum want^2 / sum (got - want)^2) over the elements where both
+ * are finite (+inf when they are equal); NAN when the shapes or dtypes
+ * differ, an operand is not a float tensor, or a non-finite element of one
+ * is not the same in the other. */
+double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want);
+
+/* kf_run_close_model, and when that fails on an output with requant > 0
+ * (kf_run_output_requants) and float elements: close when the SQNR against
+ * want is at least KF_RUN_REQUANT_MIN_DB. *db: that SQNR (NAN when the
+ * elementwise bound held, or when it was not computed); why as
+ * kf_run_close_model's, followed on a pass by SQNR by the count of
+ * elements past the elementwise bound and the SQNR. */
+bool kf_run_close_requant(const kf_tensor *got, const kf_tensor *want, kf_precision p, uint32_t depth, uint32_t requant,
+                          double *db, char *why, size_t whylen);
+
 #endif

@@ -137,6 +137,77 @@ kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth) {
     return KF_OK;
 }
 
+kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant) {
+    const kf_graph *g = m->graph;
+    kf_id *order = NULL;
+    uint32_t count = 0;
+    KF_TRY(kf_graph_topo(g, &order, &count));
+    uint32_t *q = kf_calloc((size_t)g->nvalues + 1, sizeof(uint32_t));
+    if (!q) {
+        kf_free(order);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    /* the most requantizations on any path: enough to tell none from some */
+    for (uint32_t k = 0; k < count; k++) {
+        const kf_node *n = &g->nodes[order[k]];
+        uint32_t qn = 0;
+        for (int i = 0; i < n->nin; i++)
+            if (n->in[i] && q[n->in[i]] > qn) qn = q[n->in[i]];
+        if (n->op == KF_OP_QUANTIZE_LINEAR && n->nin && n->in[0] && g->values[n->in[0]].producer) qn++;
+        for (int j = 0; j < n->nout; j++)
+            if (n->out[j]) q[n->out[j]] = qn;
+    }
+    for (uint32_t o = 0; o < g->noutputs; o++) requant[o] = q[g->outputs[o]];
+    kf_free(q);
+    kf_free(order);
+    return KF_OK;
+}
+
+double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want) {
+    if (got->dtype != want->dtype || got->numel != want->numel || !kf_dtype_is_float(got->dtype)) return NAN;
+    double sig = 0, err = 0;
+    for (int64_t i = 0; i < got->numel; i++) {
+        double a = kf_get_f64(got, i), b = kf_get_f64(want, i);
+        if (!isfinite(a) || !isfinite(b)) {
+            if (!(isnan(a) && isnan(b)) && a != b) return NAN;
+            continue;
+        }
+        sig += b * b;
+        err += (a - b) * (a - b);
+    }
+    if (err == 0) return INFINITY;
+    return 10 * log10(sig / err);
+}
+
+bool kf_run_close_requant(const kf_tensor *got, const kf_tensor *want, kf_precision p, uint32_t depth, uint32_t requant,
+                          double *db, char *why, size_t whylen) {
+    *db = NAN;
+    if (kf_run_close_model(got, want, p, depth, why, whylen)) return true;
+    if (!requant || got->dtype != want->dtype || !kf_dtype_is_float(got->dtype) || got->rank != want->rank)
+        return false;
+    for (int d = 0; d < got->rank; d++)
+        if (got->dims[d] != want->dims[d]) return false;
+    *db = kf_run_sqnr_db(got, want);
+    /* the elements past the elementwise bound, for the message */
+    double atol, rtol;
+    kf_run_tolerance_prec(got->dtype, p, &atol, &rtol);
+    int64_t past = 0;
+    for (int64_t i = 0; i < got->numel; i++) {
+        double a = kf_get_f64(got, i), b = kf_get_f64(want, i);
+        if (isfinite(a) && isfinite(b) && fabs(a - b) > atol + rtol * fabs(b)) past++;
+    }
+    size_t len = strlen(why);
+    if (!(*db >= KF_RUN_REQUANT_MIN_DB)) {
+        snprintf(why + len, whylen > len ? whylen - len : 0, "; SQNR %.1f dB, under the %.0f dB of requantization flips",
+                 *db, KF_RUN_REQUANT_MIN_DB);
+        return false;
+    }
+    snprintf(why, whylen, "%lld of %lld elements past the elementwise bound; SQNR %.1f dB >= %.0f dB (%u requantizations "
+             "upstream: flips of one step cascade)",
+             (long long)past, (long long)got->numel, *db, KF_RUN_REQUANT_MIN_DB, requant);
+    return true;
+}
+
 static bool close_at(const kf_tensor *got, const kf_tensor *want, double atol, double rtol, char *why, size_t whylen) {
     if (got->dtype != want->dtype || got->rank != want->rank || got->numel != want->numel) {
         snprintf(why, whylen, "dtype/shape differ: got dtype %d rank %d numel %lld, want dtype %d rank %d numel %lld",

@@ -7,11 +7,13 @@
  * outputs at the precision's tolerance (random inputs, printed seed).
  */
 #include <criterion/criterion.h>
+#include <math.h>
 #include <string.h>
 
 #include "graph_text.h"
 #include "kf_precision.h"
 #include "kf_run.h"
+#include "test_util.h"
 
 static kf_dtype dtype_of(const kf_model *m, const char *name) {
     kf_id v = kf_graph_find(m->graph, name);
@@ -287,6 +289,68 @@ Test(pass_precision, output_depths) {
     cr_expect_eq(d[1], 1);
     cr_expect_eq(d[2], 1, "an input passed through counts as one");
     kf_model_free(m);
+}
+
+/* Requantizations upstream of each output: a QuantizeLinear of a graph
+ * input does not count (its codes are the same on every backend), one of
+ * a computed value does, and the most on any path is kept. */
+Test(pass_precision, output_requants) {
+    kf_model *m = gt_parse("opset 13\n"
+                           "input x float[2, 4]\n"
+                           "const w float[4, 4] = random\n"
+                           "const s float[] = 0.02\nconst z uint8[] = 128\n"
+                           "xq = QuantizeLinear(x, s, z)\nxd = DequantizeLinear(xq, s, z)\n"
+                           "y = MatMul(xd, w)\n"
+                           "yq = QuantizeLinear(y, s, z)\nyd = DequantizeLinear(yq, s, z)\n"
+                           "r = Relu(yd)\nrq = QuantizeLinear(r, s, z)\nrd = DequantizeLinear(rq, s, z)\n"
+                           "o = Add(rd, xd)\n"
+                           "output o\noutput xd\noutput yd\n");
+    uint32_t q[3];
+    cr_assert_eq(kf_run_output_requants(m, q), KF_OK);
+    cr_expect_eq(q[0], 2);
+    cr_expect_eq(q[1], 0, "the input's own quantization");
+    cr_expect_eq(q[2], 1);
+    kf_model_free(m);
+}
+
+/* The SQNR fallback of the check: an output past the elementwise bound
+ * passes on a model that requantizes when its SQNR is at least
+ * KF_RUN_REQUANT_MIN_DB, and never on one that does not; a scaled output
+ * (a wrong scale: 20 log10(1 / 0.05) = 26 dB) fails, as does a NaN where
+ * the reference has a number. */
+Test(pass_precision, requantized_outputs_are_held_to_an_sqnr) {
+    const int64_t dims[1] = {4096};
+    kf_tensor want = tu_rand(KF_DT_FLOAT, 1, dims, -1, 1), near = {0}, scaled = {0}, nan = {0};
+    cr_assert_eq(kf_tensor_copy(&near, &want), KF_OK);
+    cr_assert_eq(kf_tensor_copy(&scaled, &want), KF_OK);
+    cr_assert_eq(kf_tensor_copy(&nan, &want), KF_OK);
+    for (int64_t i = 0; i < want.numel; i++) {
+        double w = kf_get_f64(&want, i);
+        /* every 16th element a step of 1/127 off: flips, SQNR about 47 dB */
+        kf_set_f64(&near, i, i % 16 ? w : w + 1.0 / 127);
+        kf_set_f64(&scaled, i, w * 1.05);
+    }
+    kf_set_f64(&nan, 7, NAN);
+    char why[640];
+    double db;
+    cr_assert_not(kf_run_close_model(&near, &want, KF_PRECISION_FP32, 10, why, sizeof why), "past the elementwise bound");
+    cr_assert(kf_run_close_requant(&near, &want, KF_PRECISION_FP32, 10, 3, &db, why, sizeof why), "%s", why);
+    cr_expect(db > 40 && db < 55, "%g", db);
+    cr_expect_not_null(strstr(why, "256 of 4096 elements"), "%s", why);
+    cr_assert_not(kf_run_close_requant(&near, &want, KF_PRECISION_FP32, 10, 0, &db, why, sizeof why),
+                  "no requantization: the elementwise bound alone");
+    cr_assert_not(kf_run_close_requant(&scaled, &want, KF_PRECISION_FP32, 10, 3, &db, why, sizeof why));
+    cr_expect(db > 25 && db < 27, "%g", db);
+    cr_expect_not_null(strstr(why, "under the 30 dB"), "%s", why);
+    cr_assert_not(kf_run_close_requant(&nan, &want, KF_PRECISION_FP32, 10, 3, &db, why, sizeof why));
+    cr_expect(isnan(kf_run_sqnr_db(&nan, &want)));
+    cr_expect(isinf(kf_run_sqnr_db(&want, &want)));
+    cr_assert(kf_run_close_requant(&want, &want, KF_PRECISION_FP32, 10, 3, &db, why, sizeof why));
+    cr_expect(isnan(db), "within the elementwise bound: no SQNR taken");
+    kf_tensor_release(&want);
+    kf_tensor_release(&near);
+    kf_tensor_release(&scaled);
+    kf_tensor_release(&nan);
 }
 
 /* Attention rounds each of its steps on a 16-bit type (as the ONNX

@@ -344,9 +344,11 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     for (uint32_t o = 0; !st && o < nout; o++)
         if (!(names[o] = strdup(m->graph->values[m->graph->outputs[o]].name))) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     uint32_t *depth = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
-    if (!st && check && !depth) st = kf_fail(KF_ERR_NOMEM, "out of memory");
+    uint32_t *requant = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
+    if (!st && check && (!depth || !requant)) st = kf_fail(KF_ERR_NOMEM, "out of memory");
     if (!st && check && prec == KF_PRECISION_INT8) st = kf_fuse_int8(m, NULL);
     if (!st && check) st = kf_run_output_depths(m, depth);
+    if (!st && check) st = kf_run_output_requants(m, requant);
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);
     const char *tr = getenv("KFUSE_TRACE");
     kf_run_summary sum;
@@ -358,12 +360,14 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
                 b == KF_EXEC_CUDA ? "CUDA" : b == KF_EXEC_OPENCL ? "OpenCL" : "ref", sum.groups_ref,
                 kf_precision_name(prec));
     for (uint32_t o = 0; !st && check && o < nout; o++) {
-        char why[512];
-        if (!kf_run_close_model(&outs[o], &want[o], prec, depth[o], why, sizeof why)) {
+        char why[640];
+        double db;
+        if (!kf_run_close_requant(&outs[o], &want[o], prec, depth[o], requant[o], &db, why, sizeof why)) {
             fprintf(stderr, "kfuse: check: output '%s' differs from ref: %s\n", names[o], why);
             rc = EXIT_CHECK;
             break;
         }
+        if (!isnan(db)) fprintf(stderr, "kfuse: check: output '%s': %s\n", names[o], why);
     }
     if (!st && check && rc == EXIT_OK)
         fprintf(stderr, "kfuse: check: %u outputs match ref%s\n", nout,
@@ -378,6 +382,7 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     free(want);
     free(names);
     free(depth);
+    free(requant);
     return rc;
 }
 
