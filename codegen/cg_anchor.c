@@ -1193,6 +1193,19 @@ static bool iconv_load(gen *st, const kf_node *n, const conv *cv, bool is_w, int
         }
     }
     bool ok = true;
+    int wp = is_w && K % 4 == 0 ? param_of(st, v) : -1;
+    if (wp >= 0) {
+        /* weights read as they are stored (a kernel parameter, rows of K a
+         * multiple of 4): a word at a time, uint8 moved to int8 lane by lane
+         * (x - 128 is x with its top bit flipped) */
+        kf_cg_printf(b, "                int wv = 0;\n"
+                        "                if (gm < %lld && k0 + word * 4 < %lld) wv = KF_LOAD_W4(in%d, (gm * %lld + k0 + word * 4) / 4)%s;\n"
+                        "                kf_a[lr * %d + word] = wv;\n",
+                     (long long)cv->M, (long long)K, wp, (long long)K, shift ? " ^ (int)0x80808080u" : "", ICONV_LD);
+        if (sum) kf_cg_printf(b, "                %s = KF_DOT4(wv, 0x01010101, %s);\n", sum, sum);
+        kf_cg_puts(b, "            }\n");
+        return true;
+    }
     for (int j = 0; ok && j < 4; j++) {
         kf_cg_printf(b, "                const %s gk%d = k0 + word * 4 + %d;\n", I, j, j);
         iconv_k_split(st, cv, j);

@@ -236,6 +236,8 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                        * B[bo + col * ldb + word], 8 words per row or column; C's fragment
                        * as KF_MMA_F's. Tensor cores (mma.sync m16n8k32 s8, sm_80+):
                        * its A and B fragments hold the same bytes as m16n8k16's halves */
+                      /* four 8-bit values as one word (4-byte aligned: buffers are 256-byte aligned) */
+                      "#define KF_LOAD_W4(p, q) (((const int *)(p))[q])\n"
                       "#define KF_MMA_I8(c, A, ao, lda, B, bo, ldb, lane) { \\\n"
                       "    const int *a_ = (A) + (ao) + ((lane) >> 2) * (lda) + ((lane) & 3); \\\n"
                       "    const int *b_ = (B) + (bo) + ((lane) >> 2) * (ldb) + ((lane) & 3); \\\n"
@@ -381,6 +383,7 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       /* integer tile products: the twin of the CUDA prelude's (each lane's
                        * four C elements by dot products of four 8-bit lanes; the sums are
                        * exact, so the result is the tensor cores' bit for bit) */
+                      "#define KF_LOAD_W4(p, q) as_int(vload4((q), (const __global char *)(p)))\n"
                       "#define KF_MMA_I8(c, A, ao, lda, B, bo, ldb, lane) { \\\n"
                       "    const int g_ = (lane) >> 2, t_ = ((lane) & 3) * 2; \\\n"
                       "    for (int w_ = 0; w_ < 8; w_++) { \\\n"
