@@ -857,8 +857,22 @@ static kf_status check_bodies(const kf_node *n, const Onnx__NodeProto *np, const
     const char *const *names = kf_control_bodies(n);
     for (int k = 0; names[k]; k++) {
         const Onnx__GraphProto *gp = NULL;
-        for (size_t i = 0; i < np->n_attribute; i++)
-            if (np->attribute[i]->name && !strcmp(np->attribute[i]->name, names[k])) gp = np->attribute[i]->g;
+        int declared = 0;
+        for (size_t i = 0; i < np->n_attribute; i++) {
+            const Onnx__AttributeProto *ap = np->attribute[i];
+            if (!ap->name || strcmp(ap->name, names[k])) continue;
+            /* the declared type says which field is in use (attr_from_proto
+             * reads that one): a graph under another type is not the body */
+            declared = ap->has_type ? (int)ap->type : 0;
+            gp = !declared || declared == ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH ? ap->g : NULL;
+        }
+        if (!gp && declared && declared != ONNX__ATTRIBUTE_PROTO__ATTRIBUTE_TYPE__GRAPH) {
+            static const char *const tn[] = {"UNDEFINED", "FLOAT", "INT", "STRING", "TENSOR", "GRAPH", "FLOATS", "INTS",
+                                             "STRINGS", "TENSORS", "GRAPHS", "SPARSE_TENSOR", "SPARSE_TENSORS",
+                                             "TYPE_PROTO", "TYPE_PROTOS"};
+            return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): attribute '%s' is declared %s, not GRAPH", kf_node_label(n),
+                           n->op_type, names[k], declared > 0 && declared < 15 ? tn[declared] : "of an unknown type");
+        }
         if (!gp)
             return kf_fail(KF_ERR_BAD_MODEL, "node '%s' (%s): graph attribute '%s' is missing", kf_node_label(n),
                            n->op_type, names[k]);

@@ -1417,3 +1417,15 @@ Test(bad_, committed_hostile_files, .timeout = 300) {
     cr_assert_geq(files, 10, "only %d hostile files listed", files);
     if (!cli_ok) printf("bad_::committed_hostile_files: CLI part skipped, no kfuse binary\n");
 }
+
+/* A Scan whose body attribute is declared INTS while its graph field is
+ * set (a fuzzer's find): the declared type says which field is in use, so
+ * there is no body, and the load says so. It used to load through the
+ * graph field and save as an empty INTS attribute that did not load. */
+Test(bad_, graph_attribute_declared_of_another_type) {
+    kf_model *m = NULL;
+    kf_status st = kf_model_load(KF_SOURCE_DIR "/tests/fuzz/corpus/fuzz_load/scan_body_declared_ints.onnx", &m);
+    snprintf(msg, sizeof msg, "%s", st ? kf_last_error() : "");
+    cr_assert_null(m);
+    EXPECT(st, KF_ERR_BAD_MODEL, "Scan", "'body'", "declared INTS, not GRAPH");
+}
