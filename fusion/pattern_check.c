@@ -636,8 +636,15 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
                 ok = false;
                 fprintf(out, "FAIL %s (%s:%d): source and replacement disagree\n", r->name, r->file, r->line);
                 fprintf(out, "  instance: %s; values: %s\n", inst.desc, regime_name(k));
+                bool shape = !s1 && !s2 && (got.dtype != want.dtype || got.rank != want.rank || got.numel != want.numel);
+                for (int d = 0; !s1 && !s2 && !shape && d < want.rank; d++) shape = got.dims[d] != want.dims[d];
                 if (s1 || s2)
                     fprintf(out, "  source: %s; replacement: %s\n", s1 ? e1 : "ok", s2 ? kf_last_error() : "ok");
+                else if (shape)
+                    fprintf(out, "  the outputs differ in type or shape: source %s of rank %d (%lld elements), replacement "
+                                 "%s of rank %d (%lld elements)\n",
+                            kf_dtype_name(want.dtype), want.rank, (long long)want.numel, kf_dtype_name(got.dtype), got.rank,
+                            (long long)got.numel);
                 else
                     fprintf(out, "  element %lld: source %.9g, replacement %.9g\n", (long long)bad,
                             bad < want.numel ? kf_get_f64(&want, bad) : 0.0, bad < got.numel ? kf_get_f64(&got, bad) : 0.0);
