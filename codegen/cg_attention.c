@@ -294,6 +294,26 @@ static void att_row_max(gen *st, int64_t nt) {
                  (long long)nt);
 }
 
+/* Each row's sum of e^(s - u) over this key tile added to l0/l1 (rescaled
+ * by c0/c1 first); with store_p, each e^(s - u) also goes to the P tile. */
+static void att_row_sums(gen *st, const attn *a, int64_t nt, bool store_p) {
+    kf_cg_printf(st->s, "            float p0 = 0.0f, p1 = 0.0f;\n"
+                        "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
+                        "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
+                        "                if (e %% 4 >= 2) p1 += pv;\n"
+                        "                else p0 += pv;\n",
+                 (long long)(4 * nt));
+    if (store_p) {
+        kf_cg_printf(st->s, "                const int pi = (warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0)) * %lld + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n",
+                     (long long)a->ldp);
+        st->ind = "                ";
+        att_put(st, a, "kf_p", "pi", "pv");
+    }
+    kf_cg_puts(st->s, "            }\n"
+                      "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
+                      "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n");
+}
+
 static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node *n2, const gemm *gm1, const gemm *gm2,
                           const attn *a) {
     const char *I = st->ity;
@@ -340,35 +360,16 @@ static bool gen_attention(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
         /* pass 1: each row's max and sum of exponentials, nothing else */
         ok = ok && att_scores(st, a, n, gm1, n2, gm2, BQ, false);
         att_row_max(st, nt);
-        kf_cg_printf(&body, "            float p0 = 0.0f, p1 = 0.0f;\n"
-                            "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
-                            "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
-                            "                if (e %% 4 >= 2) p1 += pv;\n"
-                            "                else p0 += pv;\n"
-                            "            }\n"
-                            "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
-                            "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n"
-                            "        }\n"
-                            "        const float u0 = m0 == -KF_INF ? 0.0f : m0, u1 = m1 == -KF_INF ? 0.0f : m1;\n",
-                     (long long)(4 * nt));
+        att_row_sums(st, a, nt, false);
+        kf_cg_puts(&body, "        }\n"
+                          "        const float u0 = m0 == -KF_INF ? 0.0f : m0, u1 = m1 == -KF_INF ? 0.0f : m1;\n");
     }
     ok = ok && att_scores(st, a, n, gm1, n2, gm2, BQ, true);
     /* online softmax: rows g (elements 0, 1) and g + 8 (2, 3) of the warp's 16 */
     if (!a->two_pass) {
         att_row_max(st, nt);
-        kf_cg_printf(&body, "            float p0 = 0.0f, p1 = 0.0f;\n"
-                            "            KF_UNROLL for (int e = 0; e < %lld; e++) {\n"
-                            "                const float pv = KF_EXP(sc[e / 4][e %% 4] - (e %% 4 >= 2 ? u1 : u0));\n"
-                            "                if (e %% 4 >= 2) p1 += pv;\n"
-                            "                else p0 += pv;\n"
-                            "                const int pi = (warp * 16 + lane / 4 + (e %% 4 >= 2 ? 8 : 0)) * %lld + e / 4 * 8 + lane %% 4 * 2 + e %% 2;\n",
-                     (long long)(4 * nt), (long long)a->ldp);
-        st->ind = "                ";
-        att_put(st, a, "kf_p", "pi", "pv");
-        kf_cg_printf(&body, "            }\n"
-                            "            l0 = l0 * c0 + KF_QUAD_SUM(p0, kf_qr);\n"
-                            "            l1 = l1 * c1 + KF_QUAD_SUM(p1, kf_qr);\n"
-                            "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
+        att_row_sums(st, a, nt, true);
+        kf_cg_printf(&body, "            KF_UNROLL for (int j = 0; j < %lld; j++) {\n"
                             "                oc[j][0] *= c0;\n"
                             "                oc[j][1] *= c0;\n"
                             "                oc[j][2] *= c1;\n"

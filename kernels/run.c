@@ -111,7 +111,9 @@ bool kf_run_close_model(const kf_tensor *got, const kf_tensor *want, kf_precisio
     return close_at(got, want, atol, rtol, why, whylen);
 }
 
-kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth) {
+/* The heaviest path to each graph output, a node adding weight(g, n) to
+ * the heaviest of its inputs (graph inputs and constants weigh 0). */
+static kf_status heaviest_paths(const kf_model *m, uint32_t (*weight)(const kf_graph *, const kf_node *), uint32_t *out) {
     const kf_graph *g = m->graph;
     kf_id *order = NULL;
     uint32_t count = 0;
@@ -126,41 +128,37 @@ kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth) {
         uint32_t dn = 0;
         for (int i = 0; i < n->nin; i++)
             if (n->in[i] && d[n->in[i]] > dn) dn = d[n->in[i]];
-        const kf_op_info *info = kf_node_op(n);
-        uint32_t layers = info && (info->flags & KF_F_ROUNDS_STEPS) ? KF_OP_STEP_ROUNDINGS : 1;
+        dn += weight(g, n);
         for (int j = 0; j < n->nout; j++)
-            if (n->out[j]) d[n->out[j]] = dn + layers;
+            if (n->out[j]) d[n->out[j]] = dn;
     }
-    for (uint32_t o = 0; o < g->noutputs; o++) depth[o] = d[g->outputs[o]] ? d[g->outputs[o]] : 1;
+    for (uint32_t o = 0; o < g->noutputs; o++) out[o] = d[g->outputs[o]];
     kf_free(d);
     kf_free(order);
     return KF_OK;
 }
 
-kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant) {
-    const kf_graph *g = m->graph;
-    kf_id *order = NULL;
-    uint32_t count = 0;
-    KF_TRY(kf_graph_topo(g, &order, &count));
-    uint32_t *q = kf_calloc((size_t)g->nvalues + 1, sizeof(uint32_t));
-    if (!q) {
-        kf_free(order);
-        return kf_fail(KF_ERR_NOMEM, "out of memory");
-    }
-    /* the most requantizations on any path: enough to tell none from some */
-    for (uint32_t k = 0; k < count; k++) {
-        const kf_node *n = &g->nodes[order[k]];
-        uint32_t qn = 0;
-        for (int i = 0; i < n->nin; i++)
-            if (n->in[i] && q[n->in[i]] > qn) qn = q[n->in[i]];
-        if (n->op == KF_OP_QUANTIZE_LINEAR && n->nin && n->in[0] && g->values[n->in[0]].producer) qn++;
-        for (int j = 0; j < n->nout; j++)
-            if (n->out[j]) q[n->out[j]] = qn;
-    }
-    for (uint32_t o = 0; o < g->noutputs; o++) requant[o] = q[g->outputs[o]];
-    kf_free(q);
-    kf_free(order);
+/* A node's roundings: KF_OP_STEP_ROUNDINGS for one that rounds each step. */
+static uint32_t roundings(const kf_graph *g, const kf_node *n) {
+    (void)g;
+    const kf_op_info *info = kf_node_op(n);
+    return info && (info->flags & KF_F_ROUNDS_STEPS) ? KF_OP_STEP_ROUNDINGS : 1;
+}
+
+kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth) {
+    KF_TRY(heaviest_paths(m, roundings, depth));
+    for (uint32_t o = 0; o < m->graph->noutputs; o++)
+        if (!depth[o]) depth[o] = 1; /* an input passed through */
     return KF_OK;
+}
+
+/* 1 for a QuantizeLinear of a computed value, else 0. */
+static uint32_t requantizes(const kf_graph *g, const kf_node *n) {
+    return n->op == KF_OP_QUANTIZE_LINEAR && n->nin && n->in[0] && g->values[n->in[0]].producer;
+}
+
+kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant) {
+    return heaviest_paths(m, requantizes, requant);
 }
 
 double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want) {

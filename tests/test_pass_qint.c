@@ -309,13 +309,19 @@ Test(pass_qint, sibling_products_become_one_integer_product) {
     "p = MatMul(xd, wd)\ny = Add(p, b)\nr = Add(y, res)\n"                                              \
     "n = LayerNormalization(r, sc, sh) {axis=-1}\nq = QuantizeLinear(n, so, zo)\noutput q\n"
 
-Test(pass_qint, integer_product_and_layernorm_rows_in_one_group) {
-    kf_model *a = gt_parse(QDQ_PROJECTION_NORM), *b = int8_of(a, NULL);
+/* m planned on the H200 profile (the cost model's choices). */
+static kf_plan *h200_plan(kf_model *m) {
     kf_plan_options po;
     kf_plan_options_default(&po);
     po.target = "h200";
     kf_plan *p = NULL;
-    cr_assert_eq(kf_plan_build(b, &po, &p), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_plan_build(m, &po, &p), KF_OK, "%s", kf_last_error());
+    return p;
+}
+
+Test(pass_qint, integer_product_and_layernorm_rows_in_one_group) {
+    kf_model *a = gt_parse(QDQ_PROJECTION_NORM), *b = int8_of(a, NULL);
+    kf_plan *p = h200_plan(b);
     uint32_t with_rows = 0;
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         const kf_group *gr = &p->groups[gi];
@@ -356,11 +362,7 @@ Test(pass_qint, integer_product_and_layernorm_rows_in_one_group) {
 Test(pass_qint, the_slices_of_a_merged_product_join_its_group) {
     kf_model *a = gt_parse(QDQ_HEADS), *b = int8_of(a, NULL);
     cr_assert_eq(gt_count(b, "MatMulInteger"), 1);
-    kf_plan_options po;
-    kf_plan_options_default(&po);
-    po.target = "h200";
-    kf_plan *p = NULL;
-    cr_assert_eq(kf_plan_build(b, &po, &p), KF_OK, "%s", kf_last_error());
+    kf_plan *p = h200_plan(b);
     uint32_t gi = 0;
     while (gi < p->ngroups && !(p->groups[gi].anchor && b->graph->nodes[p->groups[gi].anchor].op == KF_OP_MATMUL_INTEGER))
         gi++;

@@ -58,33 +58,21 @@ for m in "$root"/bench/sass/models/*.onnx; do
     regs=$(sed -n 's/.*Used \([0-9]*\) registers.*/\1/p' "$out/$name/$g.sm_90.ptxas" | head -1)
     spill=$(grep -ho '[0-9]* bytes spill [a-z]*' "$out/$name/$g".sm_*.ptxas | awk '{s += $1} END {print s + 0}')
     note=""
-    if grep -q 'kf_attention' "$cu"; then
-      # attention: the tile products on tensor cores (HMMA) for 16-bit data; its
-      # tile loads are element loads (not held to the 128-bit rule yet)
-      hmma=$(grep -c 'HMMA' "$out/$name/$g.sass" || true)
-      [ "$hmma" -gt 0 ] || { note="no HMMA"; bad=1; }
+    # compute kernels: their products must be on the instruction named; their
+    # tile loads are element or byte loads (not held to the 128-bit rule):
+    # attention on tensor cores (HMMA) for 16-bit data, the integer GEMM by
+    # dot products of four 8-bit lanes (IDP.4A), the integer conv on int8
+    # tensor cores (IMMA)
+    form=""
+    for f in "kf_attention:HMMA:attention" "kf_igemm:IDP\.4A:integer GEMM" "kf_iconv:IMMA:integer conv"; do
+      IFS=: read -r entry instr label <<<"$f"
+      grep -q "$entry" "$cu" && { form=$label; break; }
+    done
+    if [ -n "$form" ]; then
+      count=$(grep -c "$instr" "$out/$name/$g.sass" || true)
+      [ "$count" -gt 0 ] || { note="no ${instr//\\/}"; bad=1; }
       [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
-      note="$note attention: $hmma HMMA"
-      printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
-      continue
-    fi
-    if grep -q 'kf_igemm' "$cu"; then
-      # integer GEMM: four 8-bit products per instruction (dp4a); its tile
-      # loads are byte loads (not held to the 128-bit rule)
-      idp=$(grep -c 'IDP\.4A' "$out/$name/$g.sass" || true)
-      [ "$idp" -gt 0 ] || { note="no IDP.4A"; bad=1; }
-      [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
-      note="$note integer GEMM: $idp IDP.4A"
-      printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
-      continue
-    fi
-    if grep -q 'kf_iconv' "$cu"; then
-      # integer convolution: int8 tensor-core fragments (IMMA); its window
-      # gathers are byte loads (not held to the 128-bit rule)
-      imma=$(grep -c 'IMMA' "$out/$name/$g.sass" || true)
-      [ "$imma" -gt 0 ] || { note="no IMMA"; bad=1; }
-      [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
-      note="$note integer conv: $imma IMMA"
+      note="$note $form: $count ${instr//\\/}"
       printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
       continue
     fi
