@@ -1244,6 +1244,9 @@ static bool index_coord(gen *st, const kf_node *n, kf_id ind, const ix *idx_at, 
 static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
     const kf_type *dt = &st->g->values[n->in[0]].type, *it = &st->g->values[n->in[1]].type;
     int r = dt->rank, q = it->rank;
+    if (r < 1 || q < 0 || r + q - 1 > KF_MAX_RANK)
+        return fail(st, "node '%s': %s of data rank %d and indices rank %d is not generated (unknown or too large)",
+                    kf_node_label(n), n->op_type, r, q);
     int64_t axis = kf_attr_i(n, "axis", 0);
     if (axis < 0) axis += r;
     if (axis < 0 || axis >= r) return fail(st, "node '%s': Gather axis out of range", kf_node_label(n));
@@ -1268,6 +1271,9 @@ static bool emit_gather(gen *st, const kf_node *n, const ix *at, char *name) {
 static bool emit_gathernd(gen *st, const kf_node *n, const ix *at, char *name) {
     const kf_type *dt = &st->g->values[n->in[0]].type, *it = &st->g->values[n->in[1]].type;
     int r = dt->rank, q = it->rank;
+    if (r < 1 || q < 0 || r + q - 1 > KF_MAX_RANK)
+        return fail(st, "node '%s': %s of data rank %d and indices rank %d is not generated (unknown or too large)",
+                    kf_node_label(n), n->op_type, r, q);
     int64_t b = kf_attr_i(n, "batch_dims", 0);
     if (it->dtype != KF_DT_INT64) return fail(st, "node '%s': GatherND indices are %s", kf_node_label(n), kf_dtype_name(it->dtype));
     int64_t k = q >= 1 ? it->dims[q - 1] : -1;
