@@ -246,6 +246,7 @@ kf_status kf_cg_batch_kernels(const kf_cg_kernel *members, uint32_t n, kf_cg_ker
             return kf_fail(KF_ERR_UNSUPPORTED, "batch member %u: kernel text is not one kernel function", m);
         if (mk->block > block) block = mk->block;
         if (mk->min_block > k->min_block) k->min_block = mk->min_block; /* <= its block <= the launch's */
+        k->parts |= mk->parts; /* the prelude parts any member uses */
     }
     if (!block) block = KF_CG_BATCH_BLOCK;
     uint32_t nparams = kf_cg_batch_params(members, n);

@@ -445,11 +445,23 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
  * as 16 bits in memory and computed in float (DESIGN numerics: the fp16 and
  * bf16 tolerances cover the unrounded intermediates), bool is one byte,
  * integers compute as they are. */
+/* The format macro of a float8 type (the prelude part KF_CG_PART_F8), NULL
+ * for other types. */
+static const char *f8_format(kf_dtype dt) {
+    switch (dt) {
+    case KF_DT_FLOAT8E4M3FN: return "KF_E4M3FN";
+    case KF_DT_FLOAT8E4M3FNUZ: return "KF_E4M3FNUZ";
+    case KF_DT_FLOAT8E5M2: return "KF_E5M2";
+    case KF_DT_FLOAT8E5M2FNUZ: return "KF_E5M2FNUZ";
+    default: return NULL;
+    }
+}
+
 static bool dtype_ok(kf_dtype dt) {
     return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16 || dt == KF_DT_BOOL ||
-           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8;
+           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8 || f8_format(dt);
 }
-#define DTYPES_OK "float32, float16, bfloat16, int32, int64, int8, uint8 and bool are generated"
+#define DTYPES_OK "float32, float16, bfloat16, the four float8 types, int32, int64, int8, uint8 and bool are generated"
 static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
 
 /* The register type values of dt compute in. */
@@ -474,7 +486,7 @@ static const char *mtype(kf_dtype dt) {
     case KF_DT_UINT8: return "unsigned char";
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
-    default: return "float";
+    default: return f8_format(dt) ? "unsigned char" : "float";
     }
 }
 
@@ -987,9 +999,16 @@ static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
     if ((to == KF_DT_INT8 || to == KF_DT_UINT8) && from != to && from != KF_DT_BOOL)
         return fail(st, "node '%s': Cast to %s from %s is not generated (out-of-range values would wrap)",
                     kf_node_label(n), kf_dtype_name(to), kf_dtype_name(from));
+    bool f8_to = f8_format(to) != NULL, f8_from = f8_format(from) != NULL;
+    if ((f8_to && !is_real(from) && !f8_from) || (f8_from && !is_real(to) && !f8_to))
+        return fail(st, "node '%s': Cast to %s from %s is not generated (float8 converts from and to floats)",
+                    kf_node_label(n), kf_dtype_name(to), kf_dtype_name(from));
     if (!emit(st, n->in[0], at, x)) return false;
     char rhs[96]; /* a cast of one name */
-    if (to == KF_DT_BOOL) snprintf(rhs, sizeof rhs, "(%s != 0)", x);
+    if (f8_to) { /* rounded as stored (Cast's saturate: out-of-range to the largest value, else NaN/Inf) */
+        snprintf(rhs, sizeof rhs, "KF_ROUND_F8(%s, %d, %s)", x, kf_attr_i(n, "saturate", 1) != 0, f8_format(to));
+        st->k->parts |= KF_CG_PART_F8;
+    } else if (to == KF_DT_BOOL) snprintf(rhs, sizeof rhs, "(%s != 0)", x);
     else snprintf(rhs, sizeof rhs, "(%s)%s", ctype(to), x);
     return define(st, v, name, rhs);
 }
@@ -1000,12 +1019,16 @@ static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
  * element. Rounding as the reference evaluator's: DequantizeLinear is
  * (float)(q - z) * s, one rounding of an exact product; QuantizeLinear is
  * rint(x / s) + z in float32 (division correctly rounded: see the OpenCL
- * build options; CUDA's `/` is), saturated to the type, NaN to 0. */
+ * build options; CUDA's `/` is), saturated to the type, NaN to 0. Float8
+ * has no zero point: DequantizeLinear is q * s, QuantizeLinear x / s
+ * rounded to the format (saturating unless saturate=0). */
 static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     const kf_type *xt = &st->g->values[n->in[0]].type;
     char x[NAMELEN], par[2][NAMELEN] = {"", "0"};
+    /* float8: no zero point (the reference ignores it); QuantizeLinear does not round to integers */
+    const char *f8 = f8_format(n->op == KF_OP_DEQUANTIZE_LINEAR ? xt->dtype : st->g->values[v].type.dtype);
     if (!emit(st, n->in[0], at, x)) return false;
-    for (int slot = 1; slot < 3 && slot < n->nin; slot++) {
+    for (int slot = 1; slot < (f8 ? 2 : 3) && slot < n->nin; slot++) {
         kf_id p = n->in[slot];
         if (!p) continue;
         const kf_type *pt = &st->g->values[p].type;
@@ -1022,6 +1045,12 @@ static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
         if (!emit(st, p, &pi, par[slot - 1])) return false;
     }
     char rhs[192]; /* a few names and two bounds */
+    if (f8) {
+        if (n->op == KF_OP_DEQUANTIZE_LINEAR) snprintf(rhs, sizeof rhs, "%s * %s", x, par[0]);
+        else snprintf(rhs, sizeof rhs, "KF_ROUND_F8(%s / %s, %d, %s)", x, par[0], kf_attr_i(n, "saturate", 1) != 0, f8);
+        st->k->parts |= KF_CG_PART_F8;
+        return define(st, v, name, rhs);
+    }
     if (n->op == KF_OP_DEQUANTIZE_LINEAR) {
         snprintf(rhs, sizeof rhs, "(float)(%s - %s) * %s", x, par[1], par[0]);
         return define(st, v, name, rhs);
@@ -1716,6 +1745,10 @@ static bool emit(gen *st, kf_id v, const ix *at, char *name) {
         kf_cg_printf(st->s, "%sconst %s %s = ", st->ind, ctype(dt), name);
         if (dt == KF_DT_FLOAT16) kf_cg_printf(st->s, "KF_LOAD_HALF(in%d, %s);\n", pi, off);
         else if (dt == KF_DT_BFLOAT16) kf_cg_printf(st->s, "KF_LOAD_BF16(in%d, %s);\n", pi, off);
+        else if (f8_format(dt)) {
+            kf_cg_printf(st->s, "KF_LOAD_F8(in%d, %s, %s);\n", pi, off, f8_format(dt));
+            st->k->parts |= KF_CG_PART_F8;
+        }
         else if (dt == KF_DT_BOOL) kf_cg_printf(st->s, "in%d[%s] != 0;\n", pi, off);
         else kf_cg_printf(st->s, "in%d[%s];\n", pi, off);
     }
@@ -1731,7 +1764,10 @@ static bool store(gen *st, uint32_t o, const ix *at) {
     offset_of(st, t, at, off);
     if (t->dtype == KF_DT_FLOAT16) kf_cg_printf(st->s, "%sKF_STORE_HALF(out%u, %s, %s);\n", st->ind, o, off, x);
     else if (t->dtype == KF_DT_BFLOAT16) kf_cg_printf(st->s, "%sKF_STORE_BF16(out%u, %s, %s);\n", st->ind, o, off, x);
-    else if (t->dtype == KF_DT_BOOL) kf_cg_printf(st->s, "%sout%u[%s] = (unsigned char)(%s != 0);\n", st->ind, o, off, x);
+    else if (f8_format(t->dtype)) {
+        kf_cg_printf(st->s, "%sKF_STORE_F8(out%u, %s, %s, %s);\n", st->ind, o, off, x, f8_format(t->dtype));
+        st->k->parts |= KF_CG_PART_F8;
+    } else if (t->dtype == KF_DT_BOOL) kf_cg_printf(st->s, "%sout%u[%s] = (unsigned char)(%s != 0);\n", st->ind, o, off, x);
     else kf_cg_printf(st->s, "%sout%u[%s] = %s;\n", st->ind, o, off, x);
     return true;
 }
@@ -2779,6 +2815,59 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
     return rc;
 }
 
+/* The float8 part (KF_CG_PART_F8). A float8 element is one byte in memory
+ * and a float in registers, which holds every float8 value exactly. A
+ * format is its mantissa bits m, exponent bias b and how it spells its
+ * special values k (0: FN, no Inf, NaN S.1111.111; 1: IEEE, Inf and NaN at
+ * the top exponent; 2: FNUZ, no Inf, no -0, NaN 0x80). kf_f8_enc rounds to
+ * nearest even and saturates (sat) or overflows to NaN/Inf as Cast and
+ * QuantizeLinear specify: the same function as graph/dtype_small.c. */
+static const char f8_part[] =
+    "KF_F8_FUNC float kf_f8_dec(unsigned c, int m, int b, int k) {\n"
+    "    const unsigned s = (c & 128u) << 24, e = (c & 127u) >> m, f = c & ((1u << m) - 1u);\n"
+    "    if (k == 2 && c == 128u) return KF_F8_AS_FLOAT(0x7fc00000u); /* FNUZ's one NaN has no sign */\n"
+    "    if (k == 0 && (c & 127u) == 127u) return KF_F8_AS_FLOAT(s | 0x7fc00000u);\n"
+    "    if (k == 1 && e == 127u >> m) return KF_F8_AS_FLOAT(s | (f ? 0x7fc00000u : 0x7f800000u));\n"
+    "    if (e) return KF_F8_AS_FLOAT(s | (e + 127u - (unsigned)b) << 23 | f << (23 - m));\n"
+    "    return KF_F8_AS_FLOAT(s | KF_F8_AS_UINT((float)f * KF_F8_AS_FLOAT((unsigned)(128 - b - m) << 23)));\n"
+    "}\n"
+    "KF_F8_FUNC unsigned kf_f8_enc(float x, int sat, int m, int b, int k) {\n"
+    "    const unsigned u = KF_F8_AS_UINT(x), s = (u >> 24) & 128u, a = u & 0x7fffffffu, top = 127u >> m << m;\n"
+    "    const unsigned maxc = k == 0 ? 126u : k == 1 ? top - 1u : 127u;\n"
+    "    if (a > 0x7f800000u) return k == 0 ? s | 127u : k == 1 ? s | top | 1u << (m - 1) : 128u;\n"
+    "    unsigned c;\n"
+    "    if (a >= 0x7f800000u) c = 255u;\n"
+    "    else if (a >= (unsigned)(128 - b) << 23) /* normal: the top m mantissa bits, rounded */\n"
+    "        c = ((a + (1u << (22 - m)) - 1u + ((a >> (23 - m)) & 1u)) >> (23 - m)) - ((unsigned)(127 - b) << m);\n"
+    "    else /* subnormal: multiples of 2^(1 - b - m) */\n"
+    "        c = (unsigned)KF_RINT(KF_F8_AS_FLOAT(a) * KF_F8_AS_FLOAT((unsigned)(126 + b + m) << 23));\n"
+    "    if (c > maxc) return sat ? s | maxc : k == 0 ? s | 127u : k == 1 ? s | top : 128u;\n"
+    "    return c == 0u && k == 2 ? 0u : s | c;\n"
+    "}\n"
+    "#define KF_E4M3FN 3, 7, 0\n"
+    "#define KF_E4M3FNUZ 3, 8, 2\n"
+    "#define KF_E5M2 2, 15, 1\n"
+    "#define KF_E5M2FNUZ 2, 16, 2\n"
+    "#define KF_LOAD_F8(p, i, fmt) kf_f8_dec((p)[i], fmt)\n"
+    "#define KF_STORE_F8(p, i, v, fmt) ((p)[i] = (unsigned char)kf_f8_enc((v), 0, fmt))\n"
+    "#define KF_ROUND_F8(x, sat, fmt) kf_f8_dec(kf_f8_enc((x), (sat), fmt), fmt)\n";
+
+static void prelude_parts(kf_cg_target t, uint32_t parts, kf_cg_str *s) {
+    if (parts & KF_CG_PART_F8) {
+        kf_cg_puts(s, "/* kfuse prelude part: float8 storage */\n");
+        if (t == KF_CG_CUDA)
+            kf_cg_puts(s, "#define KF_F8_FUNC __device__ inline\n"
+                          "#define KF_F8_AS_FLOAT(u) __uint_as_float(u)\n"
+                          "#define KF_F8_AS_UINT(f) __float_as_uint(f)\n");
+        else
+            kf_cg_puts(s, "#define KF_F8_FUNC\n"
+                          "#define KF_F8_AS_FLOAT(u) as_float(u)\n"
+                          "#define KF_F8_AS_UINT(f) as_uint(f)\n");
+        kf_cg_puts(s, f8_part);
+        kf_cg_puts(s, "\n");
+    }
+}
+
 const char *kf_cg_unsupported(const kf_model *m, const kf_plan *p, uint32_t gi, char *why, size_t whylen) {
     kf_cg_kernel k;
     char buf[512]; /* a reason names one node or value */
@@ -2802,6 +2891,7 @@ kf_status kf_cg_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_ke
 kf_status kf_cg_source(const kf_cg_kernel *k, kf_cg_target t, char **text) {
     kf_cg_str s = {0};
     kf_cg_prelude(t, &s);
+    prelude_parts(t, k->parts, &s);
     kf_cg_puts(&s, k->body);
     *text = kf_cg_take(&s);
     return *text ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory writing a kernel source");

@@ -17,6 +17,10 @@
 
 /* An 8-bit integer type, as quantised values are stored. */
 static bool int8_type(kf_dtype dt) { return dt == KF_DT_INT8 || dt == KF_DT_UINT8; }
+static bool float8_type(kf_dtype dt) {
+    return dt == KF_DT_FLOAT8E4M3FN || dt == KF_DT_FLOAT8E4M3FNUZ || dt == KF_DT_FLOAT8E5M2 ||
+           dt == KF_DT_FLOAT8E5M2FNUZ;
+}
 
 /* Input `slot` of n is absent or a static tensor of one element, or (when
  * len > 0) a 1-D one of len elements, of dtype dt (0: any). */
@@ -30,8 +34,9 @@ static bool param_in(const kf_graph *g, const kf_node *n, int slot, int64_t len,
 }
 
 /* QuantizeLinear and DequantizeLinear in the form generated kernels
- * compute (codegen.c, emit_qdq): 8-bit integers on one side, float32 on
- * the other, a float32 scale (and zero point of the integer type) per
+ * compute (codegen.c, emit_qdq): 8-bit integers or float8 on one side,
+ * float32, float16 or bfloat16 on the other (fp16/bf16 plans), a scale of
+ * that float type (and a zero point of the quantized type) per
  * tensor or along one axis, no opset-21 blocks, no opset-23 precision or
  * output_dtype. Then they map elements one to one: elementwise. */
 static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
@@ -40,8 +45,9 @@ static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
     kf_dtype q = n->op == KF_OP_QUANTIZE_LINEAR ? yt->dtype : xt->dtype;
     kf_dtype f = n->op == KF_OP_QUANTIZE_LINEAR ? xt->dtype : yt->dtype;
     int64_t od = kf_attr_i(n, "output_dtype", 0);
-    if (!int8_type(q) || f != KF_DT_FLOAT || kf_attr_i(n, "block_size", 0) != 0 || kf_attr_i(n, "precision", 0) != 0 ||
-        (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : KF_DT_FLOAT)))
+    bool real = f == KF_DT_FLOAT || f == KF_DT_FLOAT16 || f == KF_DT_BFLOAT16;
+    if (!(int8_type(q) || float8_type(q)) || !real || kf_attr_i(n, "block_size", 0) != 0 ||
+        kf_attr_i(n, "precision", 0) != 0 || (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : f)))
         return false;
     int64_t along = -1;
     if (xt->rank > 0 && kf_type_is_static(xt)) {
@@ -49,7 +55,7 @@ static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
         if (axis < 0) axis += xt->rank;
         if (axis >= 0 && axis < xt->rank) along = xt->dims[axis];
     }
-    return param_in(g, n, 1, along, KF_DT_FLOAT) && param_in(g, n, 2, along, q);
+    return param_in(g, n, 1, along, f) && param_in(g, n, 2, along, q);
 }
 
 /* MatMulInteger and ConvInteger over 8-bit operands with zero points per
@@ -554,10 +560,9 @@ static bool moves_rows(const pl_state *s, const kf_node *n) {
     return false;
 }
 
-/* Legality of a union holding at least one anchor: the anchor group shapes
- * of kf_plan.h, checked node by node over the members in topological
- * order (groups stay small: the register cap bounds them). */
-static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
+/* The members of the union of groups ra and rb in s->ubuf, in
+ * topological (position) order; returns their count. */
+static uint32_t union_members(pl_state *s, uint32_t ra, uint32_t rb) {
     uint32_t n = 0;
     /* merge the two position-sorted member lists */
     uint32_t x = s->gs[ra].head, y = s->gs[rb].head;
@@ -565,6 +570,61 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
         if (!y || (x && s->pos[x] < s->pos[y])) s->ubuf[n++] = x, x = s->next[x];
         else s->ubuf[n++] = y, y = s->next[y];
     }
+    return n;
+}
+
+static bool same_dims(const kf_type *a, const kf_type *b) {
+    if (a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank; d++)
+        if (a->dims[d] != b->dims[d]) return false;
+    return true;
+}
+
+#define PL_M_AFTER_R 8 /* downstream of the row reduction (row_epilogue_reason) */
+#define PL_M_MOVED 16  /* ... through a view that changes the dims */
+
+/* A reduction kernel (no anchor) whose result lies on its input's rows
+ * (LayerNormalization, Softmax...: same dims) writes its epilogue on those
+ * rows, its outputs there or views of them (codegen.c, gen_reduction and
+ * view_chain): after it, data movement is a view (Reshape family,
+ * Transpose), and nothing computes on a view that changed the dims. (An
+ * anchor's row epilogue takes a select: cg_anchor.c.) Members of the union
+ * in s->ubuf[0..n), R the reduction. */
+static const char *row_epilogue_reason(pl_state *s, uint32_t n, uint32_t ra, uint32_t rb, kf_id R) {
+    const kf_graph *g = s->g;
+    const kf_node *rn = &g->nodes[R];
+    if (rn->nin < 1 || !rn->in[0] || !rn->out[0] ||
+        !same_dims(&g->values[rn->in[0]].type, &g->values[rn->out[0]].type))
+        return NULL; /* statistics on their own space: written at their linear index */
+    for (uint32_t i = 0; i < n; i++) {
+        kf_id id = s->ubuf[i];
+        const kf_node *nd = &g->nodes[id];
+        uint8_t f = 0;
+        for (int k = 0; k < nd->nin; k++) {
+            kf_id pr = nd->in[k] ? g->values[nd->in[k]].producer : 0;
+            if (pr == R) f |= PL_M_AFTER_R;
+            else if (pr != id && in_union(s, pr, ra, rb)) f |= s->up[pr] & (PL_M_AFTER_R | PL_M_MOVED);
+        }
+        if (id != R && (f & PL_M_AFTER_R)) {
+            if (pl_layout_op(g, nd)) {
+                bool view = nd->op == KF_OP_RESHAPE || nd->op == KF_OP_FLATTEN || nd->op == KF_OP_SQUEEZE ||
+                            nd->op == KF_OP_UNSQUEEZE || nd->op == KF_OP_IDENTITY || nd->op == KF_OP_TRANSPOSE;
+                if (!view) return KF_REASON_SPACE;
+                if (!nd->out[0] || !same_dims(&g->values[nd->in[0]].type, &g->values[nd->out[0]].type)) f |= PL_M_MOVED;
+            } else if (f & PL_M_MOVED) {
+                return KF_REASON_SPACE;
+            }
+        }
+        s->up[id] = (uint8_t)((s->up[id] & PL_M_X) | (s->up[id] & PL_M_R) | f);
+    }
+    return NULL;
+}
+
+/* Legality of a union holding at least one anchor: the anchor group shapes
+ * of kf_plan.h, checked node by node over the members in topological
+ * order (groups stay small: the register cap bounds them). */
+static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
+    uint32_t n = union_members(s, ra, rb);
     kf_id X[2] = {0, 0}, R = 0;
     int nx = 0;
     for (uint32_t i = 0; i < n; i++) {
@@ -676,6 +736,8 @@ const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
             const pl_group *E = M == A ? B : A; /* pure elementwise */
             pl_same a = pl_space_cmp(s, E->space, M->space), b = pl_space_cmp(s, E->space, M->red_out);
             if (a != PL_SAME && b != PL_SAME) return (a == PL_UNKNOWN || b == PL_UNKNOWN) ? KF_REASON_SHAPES_RED : KF_REASON_SPACE;
+            const char *why = row_epilogue_reason(s, union_members(s, ra, rb), ra, rb, M->red);
+            if (why) return why;
         } else {
             pl_same c = pl_space_cmp(s, A->space, B->space);
             if (c == PL_UNKNOWN) return KF_REASON_SHAPES;

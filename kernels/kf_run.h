@@ -119,12 +119,12 @@ kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant);
 
 /* 10 log10(sum want^2 / sum (got - want)^2) over the elements where both
  * are finite (+inf when they are equal); NAN when the shapes or dtypes
- * differ, an operand is not a float tensor, or a non-finite element of one
+ * differ, an operand is not a float tensor (float8/6/4 included), or a non-finite element of one
  * is not the same in the other. */
 double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want);
 
 /* kf_run_close_model, and when that fails on an output with requant > 0
- * (kf_run_output_requants) and float elements: close when the SQNR against
+ * (kf_run_output_requants) and float elements (float8 too): close when the SQNR against
  * want is at least KF_RUN_REQUANT_MIN_DB. *db: that SQNR (NAN when the
  * elementwise bound held, or when it was not computed); why as
  * kf_run_close_model's, followed on a pass by SQNR by the count of

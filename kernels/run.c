@@ -162,7 +162,9 @@ kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant) {
 }
 
 double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want) {
-    if (got->dtype != want->dtype || got->numel != want->numel || !kf_dtype_is_float(got->dtype)) return NAN;
+    if (got->dtype != want->dtype || got->numel != want->numel ||
+        !(kf_dtype_is_float(got->dtype) || kf_dtype_is_small_float(got->dtype)))
+        return NAN;
     double sig = 0, err = 0;
     for (int64_t i = 0; i < got->numel; i++) {
         double a = kf_get_f64(got, i), b = kf_get_f64(want, i);
@@ -181,7 +183,8 @@ bool kf_run_close_requant(const kf_tensor *got, const kf_tensor *want, kf_precis
                           double *db, char *why, size_t whylen) {
     *db = NAN;
     if (kf_run_close_model(got, want, p, depth, why, whylen)) return true;
-    if (!requant || got->dtype != want->dtype || !kf_dtype_is_float(got->dtype) || got->rank != want->rank)
+    if (!requant || got->dtype != want->dtype || !(kf_dtype_is_float(got->dtype) || kf_dtype_is_small_float(got->dtype)) ||
+        got->rank != want->rank)
         return false;
     for (int d = 0; d < got->rank; d++)
         if (got->dims[d] != want->dims[d]) return false;
@@ -233,6 +236,12 @@ static bool close_at(const kf_tensor *got, const kf_tensor *want, double atol, d
             if (!ok) {
                 snprintf(why, whylen, "element %lld: got %.9g, want %.9g (atol %g rtol %g)", (long long)i, a, b,
                          atol, rtol);
+                return false;
+            }
+        } else if (kf_dtype_is_small_float(dt)) { /* float8/6/4 codes: the same value, as integers are */
+            double a = kf_get_f64(got, i), b = kf_get_f64(want, i);
+            if (!(a == b || (isnan(a) && isnan(b)))) {
+                snprintf(why, whylen, "element %lld: got %.9g, want %.9g (%s)", (long long)i, a, b, kf_dtype_name(dt));
                 return false;
             }
         } else if (dt == KF_DT_UINT64) {

@@ -2060,8 +2060,9 @@ static kf_id qconst(gen *G, kf_dtype dt, int rank, const int64_t *dims, int64_t 
     return id;
 }
 
-/* What QDQ models hold: an activation quantised per tensor to uint8 and
- * dequantised, times weights quantised per output column to int8 and
+/* What QDQ models hold: an activation quantised per tensor to uint8 (or a
+ * float8 format) and dequantised, times weights quantised per output
+ * column to int8 (the same float8 format) and
  * dequantised (the optimizer folds the weights' QuantizeLinear, and int8
  * plans keep their DequantizeLinear), one product or two sibling ones
  * (which the sibling merge makes one). The activation is a fresh graph
@@ -2079,8 +2080,13 @@ static bool motif_qdq(gen *G) {
     int64_t K = dims[r - 1], N = rdim(G), wdims[2] = {K, N};
     double bound = (double)K * 2 * 1;
     if (!bounded(G, -bound, bound)) return false;
-    /* a zero point off the middle: int8 plans move it out of the product */
-    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, KF_DT_UINT8, 0, &one, 100 + irand(&G->r, 57));
+    /* a zero point off the middle: int8 plans move it out of the product.
+     * Sometimes float8 codes instead (opset 19+; zero point 0, which the
+     * reference ignores): generated kernels round into and read them */
+    static const kf_dtype f8[] = {KF_DT_FLOAT8E4M3FN, KF_DT_FLOAT8E4M3FNUZ, KF_DT_FLOAT8E5M2, KF_DT_FLOAT8E5M2FNUZ};
+    kf_dtype at = KF_DT_UINT8, wt = KF_DT_INT8;
+    if (G->opset >= 19 && chance(&G->r, 0.3)) at = wt = f8[irand(&G->r, 4)];
+    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, at, 0, &one, at == KF_DT_UINT8 ? 100 + irand(&G->r, 57) : 0);
     kf_id qin[3] = {x.id, sx, zx}, q, d;
     mk(G, "QuantizeLinear", qin, 3, &q);
     kf_id din[3] = {q, sx, zx};
@@ -2091,7 +2097,7 @@ static bool motif_qdq(gen *G) {
     for (int p = 0; p < products; p++) {
         if (p) N = rdim(G), wdims[1] = N;
         kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / 127, 1.5 / 127, false)->id;
-        kf_id zw = qconst(G, KF_DT_INT8, 1, &N, 0), wq, wd;
+        kf_id zw = qconst(G, wt, 1, &N, 0), wq, wd;
         kf_id wqin[3] = {w, sw, zw};
         attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 1);
         kf_id wdin[3] = {wq, sw, zw};

@@ -47,6 +47,13 @@
     "ya = Neg(a)\nyb = Sqrt(b)\nyc = Softmax(c) {axis=-1}\nyd = Abs(d)\n"                               \
     "output ya\noutput yb\noutput yc\noutput yd\n"
 
+/* independent groups reading and writing float8 beside a float one: the
+ * batch takes the members' prelude part */
+#define FLOAT8_MEMBERS                                                                                \
+    "opset 21\ninput a float[40]\ninput b float8e4m3fn[30]\ninput c float[7, 3]\nconst s float[] = 0.01\n" \
+    "ya = QuantizeLinear(a, s) {output_dtype=18}\nyb = Cast(b) {to=1}\nyc = Relu(c)\n"                  \
+    "output ya\noutput yb\noutput yc\n"
+
 /* ---- helpers -------------------------------------------------------------- */
 
 /* The group of the node that writes value `name`. */
@@ -169,6 +176,23 @@ Test(cg_batch, siblings_sharing_an_input_read_it_once) {
     cr_assert_eq(f.batches, 1);
     cr_assert_geq(f.most, 4, "a softmax, two reductions and the rest: %u members", f.most);
     cr_assert_geq(f.shared, f.most - 1, "x must be passed once, saved %u parameters", f.shared);
+}
+
+Test(cg_batch, float8_members_bring_their_prelude_part) {
+    cgu_need_opencl();
+    tu_seed();
+    kf_model *m = gt_parse(FLOAT8_MEMBERS);
+    kf_plan *p = cgu_plan(m);
+    uint32_t gs[3] = {group_of(m, p, "ya"), group_of(m, p, "yb"), group_of(m, p, "yc")};
+    kf_cg_kernel k;
+    cr_assert_eq(kf_cg_batch(m, p, gs, 3, &k), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(k.parts, KF_CG_PART_F8);
+    cgu_refvals r = cgu_reference(m);
+    run_against_ref(&k, &r);
+    cgu_refvals_free(&r);
+    kf_cg_kernel_release(&k);
+    kf_plan_free(p);
+    kf_model_free(m);
 }
 
 Test(cg_batch, eight_independent_groups_of_mixed_dtypes_and_sizes) {

@@ -33,6 +33,22 @@
     "y = Mul(e, f)\n"                                                                                  \
     "output q\noutput p\noutput y\n"
 
+/* The same forms on float16 and bfloat16 (what fp16/bf16 plans of a QDQ
+ * model hold, opset 19+): the scale of the float type, int8/uint8 and
+ * float8 codes. */
+#define QDQ_ELEMENTWISE_16                                                                             \
+    "opset 21\ninput x float16[2, 3, 5, 7]\ninput b bfloat16[3, 5]\n"                                  \
+    "const s float16[] = 0.005\nconst z uint8[] = 128\nconst s3 float16[3] = 0.01 0.03 0.002\n"          \
+    "const z3 int8[3] = -3 0 5\nconst t bfloat16[5] = 0.01 0.02 0.004 0.5 0.001\n"                      \
+    "q = QuantizeLinear(x, s, z)\n"                                                                    \
+    "d = DequantizeLinear(q, s, z)\n"                                                                  \
+    "r = Relu(d)\n"                                                                                    \
+    "p = QuantizeLinear(r, s3, z3) {axis=1}\n"                                                         \
+    "e = DequantizeLinear(p, s3, z3) {axis=1}\n"                                                       \
+    "u = QuantizeLinear(b, t) {axis=1, output_dtype=17}\n"                                             \
+    "f = DequantizeLinear(u, t) {axis=1}\n"                                                            \
+    "output q\noutput p\noutput e\noutput u\noutput f\n"
+
 /* A QDQ convolution at float32: the dequantised input and per-channel
  * weights are the operands, quantised again after the Relu. */
 #define QDQ_CONV_FLOAT                                                                                 \
@@ -171,6 +187,17 @@ Test(cg_quant, quantize_dequantize_elementwise_bit_for_bit_on_opencl) {
     cr_assert_eq(run_kinds(QDQ_ELEMENTWISE, EW, 0), 1);
 }
 
+Test(cg_quant, quantize_dequantize_on_16_bit_floats_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QDQ_ELEMENTWISE_16);
+    kf_plan *p = cgu_plan(m);
+    for (uint32_t gi = 0; gi < p->ngroups; gi++)
+        cr_assert_eq(p->groups[gi].kind, KF_GROUP_ELEMWISE, "group %u is not elementwise", gi);
+    kf_plan_free(p);
+    kf_model_free(m);
+    cr_assert_geq(run_kinds(QDQ_ELEMENTWISE_16, EW, 0), 1);
+}
+
 /* The float anchor reads int8 weights and uint8 inputs and dequantises
  * them as its tiles load; its sums are float (the reference's double). */
 Test(cg_quant, dequantized_operands_feed_a_float_conv_on_opencl) {
@@ -253,6 +280,39 @@ Test(cg_quant, integer_anchor_groups_hold_the_requantize_and_nothing_runs_on_the
     kf_model_free(m);
 }
 
+/* A pooler's select of the first token after the last LayerNorm, at one
+ * token per sequence (the Gather keeps the element count) and then
+ * quantized: the planner keeps the Gather and what computes on it out of
+ * a reduction kernel's group (an anchor's row epilogue takes it), and
+ * every group generates. */
+Test(cg_quant, a_select_after_a_row_normalization_leaves_its_group) {
+    static const char *texts[] = {
+        "opset 17\ninput x float[1, 1, 16]\nconst g float[16] = random\nconst i int64[] = 0\n"
+        "const s float[] = 0.01\nconst z uint8[] = 128\n"
+        "n = LayerNormalization(x, g)\nt = Gather(n, i) {axis=1}\nq = QuantizeLinear(t, s, z)\n"
+        "output n\noutput q\n",
+        "opset 17\ninput x float[1, 1, 16]\nconst w float[16, 16] = random\nconst g float[16] = random\n"
+        "const i int64[] = 0\nconst s float[] = 0.01\nconst z uint8[] = 128\n"
+        "m = MatMul(x, w)\nn = LayerNormalization(m, g)\nt = Gather(n, i) {axis=1}\nq = QuantizeLinear(t, s, z)\n"
+        "output n\noutput q\n",
+    };
+    for (int c = 0; c < 2; c++) {
+        kf_model *m = gt_parse(texts[c]);
+        kf_plan *p = cgu_plan(m);
+        const kf_graph *g = m->graph;
+        uint32_t gn = p->group_of[g->values[kf_graph_find(g, "n")].producer];
+        if (c == 0)
+            cr_assert_neq(p->group_of[g->values[kf_graph_find(g, "q")].producer], gn, "the quantize joined the norm");
+        for (uint32_t gi = 0; gi < p->ngroups; gi++) {
+            char why[512];
+            if (p->groups[gi].kind == KF_GROUP_CONST) continue;
+            cr_assert_null(kf_cg_unsupported(m, p, gi, why, sizeof why), "case %d group %u: %s", c, gi, why);
+        }
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
 /* Forms the kernels do not compute stay opaque host steps with the
  * reference's semantics: blocked scales, 16-bit integers. */
 Test(cg_quant, blocked_and_16_bit_quantization_stay_opaque) {
@@ -278,6 +338,7 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
         return;
     }
     cr_assert_eq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE, EW), 1);
+    cr_assert_geq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE_16, EW), 1);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
