@@ -54,7 +54,9 @@ enum {
                                     * (kf_control_run), and the loader checks the bodies */
     KF_F_ROUNDS_STEPS = 1 << 7     /* on a 16-bit type rounds each step to it, as the
                                     * ONNX reference does (Attention: scaled query,
-                                    * scores, biased scores, probabilities, result):
+                                    * scores, biased scores, probabilities, result;
+                                    * Softmax: its function body, max, difference,
+                                    * exp, sum, quotient):
                                     * tolerances count it as KF_OP_STEP_ROUNDINGS layers */
 };
 
