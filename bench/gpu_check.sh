@@ -98,7 +98,7 @@ note() { echo "$*" | tee -a "$summary" >>"$log"; }
 # (bundled models --check in each precision), node (ONNX node tests), kernels (bandwidth,
 # compile, bench of the small models), peers (BERT-base/ResNet-50 against PyTorch, full-size
 # --check, Nsight Compute), int8 (BERT-base/ResNet-50 quantized by kfuse quantize, --precision
-# int8 against fp16; not in the default list: run it on its own); a part left out is noted as
+# int8 and int8-fp16 against fp16; not in the default list: run it on its own); a part left out is noted as
 # skipped
 parts=${GPU_CHECK_PARTS:-tests,models,node,kernels,peers}
 want() { case ",$parts," in *",$1,"*) return 0 ;; *) note "SKIP  $2 (not in GPU_CHECK_PARTS)"; return 1 ;; esac; }
@@ -439,7 +439,7 @@ else
   note "SKIP  PyTorch comparison: python3 lacks torch/torchvision/transformers or a CUDA device"
 fi
 
-# ---- int8: BERT-base and ResNet-50 quantized, integer anchors against fp16 ------------------
+# ---- int8: BERT-base and ResNet-50 quantized, integer anchors (int8, int8-fp16) against fp16 ---
 int8_latency() {
   OUT="$OUT" python3 "$root/bench/gpu_torch_latency.py" --kfuse "$kfuse" --out "$OUT" --iters 30 --no-compile \
     --fp16 --int8 --calib 2

@@ -9,7 +9,8 @@ the module in float16, are timed with CUDA events, median (p50) and p99 of --ite
 --backend cuda` times it the same way (its own p50/p99 line), in fp32 and, with --fp16, with
 `--precision fp16`. With --int8 the export is also quantized by `kfuse quantize --per-channel
 --random N` (static QDQ, int8 weights per channel) and timed with `--precision int8` (integer
-anchors), a column beside kfuse fp16, and checked with `kfuse run --check --precision int8`.
+anchors, the rest float32) and `--precision int8-fp16` (the rest float16), columns beside kfuse
+fp16, and checked with `kfuse run --check` at both.
 With --check each export also runs `kfuse run --check` on CUDA in every precision kfuse takes. One table on stdout (and --out DIR/torch_latency.md). Used by
 bench/gpu_check.sh; a CPU dry run (no GPU) is `--device cpu --no-compile --backend ref`.
 
@@ -93,10 +94,10 @@ def main():
     if a.fp16:
         cols += ["eager fp16", "torch.compile fp16", "compile fp16 reduce-overhead", "kfuse fp16"]
     if a.int8:
-        cols += ["kfuse int8"]
+        cols += ["kfuse int8", "kfuse int8-fp16"]
     rows = ["| model | " + " | ".join(c + " p50 / p99" for c in cols) + " | kfuse ÷ compile | kfuse fp16 ÷ reduce-overhead |"
-            + (" kfuse int8 ÷ kfuse fp16 |" if a.int8 else ""),
-            "|---|" + "---:|" * (len(cols) + 2 + (1 if a.int8 else 0))]
+            + (" kfuse int8 ÷ kfuse fp16 | kfuse int8-fp16 ÷ kfuse fp16 |" if a.int8 else ""),
+            "|---|" + "---:|" * (len(cols) + 2 + (2 if a.int8 else 0))]
     fmt = lambda p: "—" if p is None or p[0] is None else f"{p[0]:.3f} / {p[1]:.3f} ms"
     ratio = lambda x, y: "—" if x is None or y is None or x[0] is None or y[0] is None else f"{x[0] / y[0]:.2f}x"
     for name in a.models.split(","):
@@ -143,15 +144,15 @@ def main():
                                 "--seed", "1"], capture_output=True, text=True, timeout=600)
             tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
             print(f"quantize {name}: exit {r.returncode} in {time.perf_counter() - t0:.0f} s: {tail[0]}", flush=True)
-            if r.returncode == 0:
-                q50, q99, qlast = kfuse_bench(a.kfuse, qpath, a.backend, a.warmup, a.iters, "int8")
-                res["kfuse int8"] = (q50, q99)
+            for prec in ("int8", "int8-fp16") if r.returncode == 0 else ():
+                q50, q99, qlast = kfuse_bench(a.kfuse, qpath, a.backend, a.warmup, a.iters, prec)
+                res["kfuse " + prec] = (q50, q99)
                 if q50 is None:
-                    print(f"{name}: kfuse int8: {qlast}", file=sys.stderr)
-                r = subprocess.run([a.kfuse, "run", qpath, "--backend", a.backend, "--check", "--precision", "int8"],
+                    print(f"{name}: kfuse {prec}: {qlast}", file=sys.stderr)
+                c = subprocess.run([a.kfuse, "run", qpath, "--backend", a.backend, "--check", "--precision", prec],
                                    capture_output=True, text=True, timeout=300)
-                tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
-                print(f"check {name} int8: exit {r.returncode}: {tail[0]}", flush=True)
+                tail = (c.stdout + c.stderr).strip().splitlines()[-1:] or [""]
+                print(f"check {name} {prec}: exit {c.returncode}: {tail[0]}", flush=True)
         if k50 is None:
             print(f"{name}: kfuse: {last}", file=sys.stderr)
         if a.check:
@@ -162,7 +163,8 @@ def main():
                 print(f"check {name} {prec}: exit {r.returncode}: {tail[0]}", flush=True)
         rows.append(f"| {name} | " + " | ".join(fmt(res.get(c)) for c in cols) + f" | {ratio(res.get('kfuse'), res.get('torch.compile'))} | "
                     f"{ratio(res.get('kfuse fp16'), res.get('compile fp16 reduce-overhead'))} |"
-                    + (f" {ratio(res.get('kfuse int8'), res.get('kfuse fp16'))} |" if a.int8 else ""))
+                    + (f" {ratio(res.get('kfuse int8'), res.get('kfuse fp16'))} | "
+                       f"{ratio(res.get('kfuse int8-fp16'), res.get('kfuse fp16'))} |" if a.int8 else ""))
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(table)

@@ -20,7 +20,9 @@
  * a value computed low), and its shape function accepts its float32
  * operands retyped to the low type and gives the low type for every
  * float32 result (the same function is what the evaluator and codegen
- * check dtypes against).
+ * check dtypes against). At float16, a Cast of a wide integer and the Mul
+ * by a constant scale after it stay float32 (keeps_range): an integer
+ * product's sums pass float16's range until they are scaled.
  */
 #include <math.h>
 #include <stdio.h>
@@ -59,6 +61,28 @@ typedef struct ctx {
     kf_precision_stats st;
 } ctx;
 
+/* A Cast to float32 of an integer wider than 16 bits (the int32 sums of
+ * an integer product, an int64 index): its values may pass float16's
+ * range (65504). */
+static bool wide_int_cast(const kf_graph *g, kf_id id) {
+    const kf_node *n = id ? &g->nodes[id] : NULL;
+    if (!n || n->op != KF_OP_CAST || n->nin < 1 || !n->in[0]) return false;
+    kf_dtype dt = g->values[n->in[0]].type.dtype;
+    return dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_UINT32 || dt == KF_DT_UINT64;
+}
+
+/* At float16, such a Cast stays float32, and so does a Mul of its result
+ * by a constant (the scale that dequantizes an integer product, which
+ * brings the values back into range: kf_fuse_int8's Cast and Mul). */
+static bool keeps_range(const ctx *c, const kf_node *n, kf_id id) {
+    if (c->low != KF_DT_FLOAT16) return false;
+    if (wide_int_cast(c->g, id)) return true;
+    if (n->op != KF_OP_MUL || n->nin != 2 || !n->in[0] || !n->in[1]) return false;
+    for (int i = 0; i < 2; i++)
+        if (wide_int_cast(c->g, c->g->values[n->in[i]].producer) && kf_value_is_constant(c->m, n->in[1 - i])) return true;
+    return false;
+}
+
 /* Whether node id computes on the low type (see the file comment). An
  * out-of-memory in its shape function is the pass's failure (*nomem), not
  * a refusal: a run must not silently differ for want of memory. */
@@ -71,6 +95,7 @@ static bool goes_low(ctx *c, kf_id id, bool *nomem) {
     /* the bodies of If, Loop and Scan declare their own float32 types and
      * constants: the node keeps float32 and Casts meet it */
     if (info->flags & KF_F_SUBGRAPHS) return false;
+    if (keeps_range(c, n, id)) return false;
     bool f32_out = false, low_in = false, f32_in = false;
     for (int j = 0; j < n->nout; j++)
         if (n->out[j] && c->f32[n->out[j]]) {

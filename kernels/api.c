@@ -60,7 +60,7 @@ static kf_status fuse(kf_model *m, const kf_exec_options *o, char **report) {
     sum.nodes_before = kf_graph_live_nodes(m->graph);
     kf_opt_options oo;
     kf_opt_options_default(&oo);
-    oo.keep_quantized = o->precision == KF_PRECISION_INT8;
+    oo.keep_quantized = kf_precision_keeps_quantized(o->precision);
     oo.pattern_files = o->pattern_files;
     oo.npattern_files = o->npattern_files;
     kf_opt_result res;
@@ -68,9 +68,7 @@ static kf_status fuse(kf_model *m, const kf_exec_options *o, char **report) {
     kf_status st = kf_optimize(m, &oo, &res);
     kf_rules_free(&res.rules);
     KF_TRY(st);
-    if (o->precision == KF_PRECISION_FP16 || o->precision == KF_PRECISION_BF16)
-        KF_TRY(kf_fuse_precision(m, o->precision == KF_PRECISION_FP16 ? KF_DT_FLOAT16 : KF_DT_BFLOAT16, NULL));
-    if (o->precision == KF_PRECISION_INT8) KF_TRY(kf_fuse_int8(m, NULL));
+    KF_TRY(kf_precision_passes(m, o->precision, NULL));
     sum.nodes_after = kf_graph_live_nodes(m->graph);
     kf_plan_options po;
     kf_plan_options_default(&po);

@@ -145,9 +145,30 @@ static kf_status host_sync(kf_dev *d, void *stream, const char *what) {
     return d->sync(d, stream);
 }
 
-static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16", "int8"};
+static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16"};
 
 const char *kf_precision_name(kf_precision p) { return (unsigned)p < KF_PRECISION_COUNT ? prec_names[p] : "?"; }
+
+bool kf_precision_keeps_quantized(kf_precision p) { return p == KF_PRECISION_INT8 || p == KF_PRECISION_INT8_FP16; }
+
+kf_status kf_precision_passes(kf_model *m, kf_precision p, FILE *trace) {
+    if (kf_precision_keeps_quantized(p)) {
+        kf_int8_stats is;
+        KF_TRY(kf_fuse_int8(m, &is));
+        if (trace) fprintf(trace, "kfuse: backend: %s: %u integer anchors\n", kf_precision_name(p), is.anchors);
+    }
+    if (p == KF_PRECISION_FP16 || p == KF_PRECISION_BF16 || p == KF_PRECISION_INT8_FP16) {
+        /* after optimizing (rules see the float32 graph they were written
+         * for), before planning: the planner and codegen see 16-bit values */
+        kf_dtype low = p == KF_PRECISION_BF16 ? KF_DT_BFLOAT16 : KF_DT_FLOAT16;
+        kf_precision_stats ps;
+        KF_TRY(kf_fuse_precision(m, low, &ps));
+        if (trace)
+            fprintf(trace, "kfuse: backend: %s: %u nodes on %s, %u kept float32, %u casts, %u weights converted\n",
+                    kf_precision_name(p), ps.nodes_low, kf_dtype_name(low), ps.nodes_kept, ps.casts, ps.weights_converted);
+    }
+    return KF_OK;
+}
 
 bool kf_precision_parse(const char *s, kf_precision *p) {
     for (int i = 0; s && i < KF_PRECISION_COUNT; i++)
@@ -861,7 +882,7 @@ static kf_status specialise(const kf_exec *e, const kf_type *t, kf_model **out) 
         kf_opt_options oo;
         kf_opt_options_default(&oo);
         oo.fold_cap_bytes = KF_EXEC_FOLD_CAP_BYTES;
-        oo.keep_quantized = e->o.precision == KF_PRECISION_INT8;
+        oo.keep_quantized = kf_precision_keeps_quantized(e->o.precision);
         oo.pattern_files = (const char *const *)e->patterns;
         oo.npattern_files = e->o.npattern_files;
         kf_opt_result res;
@@ -897,22 +918,7 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
             s->in_ids[i] = v && !g->values[v].init ? v : 0;
         }
     }
-    if (!st && (e->o.precision == KF_PRECISION_FP16 || e->o.precision == KF_PRECISION_BF16)) {
-        /* after optimizing (rules see the float32 graph they were written
-         * for), before planning: the planner and codegen see 16-bit values */
-        kf_precision_stats ps;
-        st = kf_fuse_precision(s->m, e->o.precision == KF_PRECISION_FP16 ? KF_DT_FLOAT16 : KF_DT_BFLOAT16, &ps);
-        if (!st && e->o.trace)
-            fprintf(e->o.trace, "kfuse: backend: %s: %u nodes on %s, %u kept float32, %u casts, %u weights converted\n",
-                    kf_precision_name(e->o.precision), ps.nodes_low,
-                    e->o.precision == KF_PRECISION_FP16 ? "float16" : "bfloat16", ps.nodes_kept, ps.casts,
-                    ps.weights_converted);
-    }
-    if (!st && e->o.precision == KF_PRECISION_INT8) {
-        kf_int8_stats is;
-        st = kf_fuse_int8(s->m, &is);
-        if (!st && e->o.trace) fprintf(e->o.trace, "kfuse: backend: int8: %u integer anchors\n", is.anchors);
-    }
+    if (!st) st = kf_precision_passes(s->m, e->o.precision, e->o.trace);
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);

@@ -25,12 +25,25 @@ typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA
  *   TF32  float32 tensors; cuBLASLt and cuDNN may round operands to TF32
  *         on tensor cores; generated kernels as FP32
  *   FP16, BF16  float32 weights and activations become float16/bfloat16
- *         (kf_fuse_precision) before planning; accumulation stays float32 */
-#define KF_PRECISION_COUNT 5
+ *         (kf_fuse_precision) before planning; accumulation stays float32
+ *   INT8  integer anchors where the model carries QDQ (kf_fuse_int8), the
+ *         rest as FP32
+ *   INT8_FP16  integer anchors, the rest as FP16 */
+#define KF_PRECISION_COUNT 6
 
-/* Parses "fp32", "tf32", "fp16" or "bf16" into *p; false (and *p
- * unchanged) otherwise. */
+/* Parses a name kf_precision_name gives into *p; false (and *p unchanged)
+ * otherwise. */
 bool kf_precision_parse(const char *s, kf_precision *p);
+
+/* Whether constant folding keeps DequantizeLinear of constants at p (the
+ * integer anchors read the 8-bit weights: INT8, INT8_FP16). */
+bool kf_precision_keeps_quantized(kf_precision p);
+
+/* The passes precision p runs on an optimized model before planning: the
+ * integer anchors (kf_fuse_int8: INT8, INT8_FP16), then the 16-bit values
+ * (kf_fuse_precision: FP16, BF16, INT8_FP16); none at FP32 and TF32. trace
+ * (NULL: none) gets a line per pass. Errors: the passes'. */
+kf_status kf_precision_passes(kf_model *m, kf_precision p, FILE *trace);
 
 /* The precision KFUSE_PRECISION names: FP32 when it is unset or empty,
  * KF_ERR_INVALID_ARG naming the value when it is none of the names. */

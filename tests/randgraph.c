@@ -3143,6 +3143,23 @@ static bool int8_paths(ctx *x, const rg_check_opts *o, rg_stats *st) {
         if (ok && st) st->int8_cl++;
         if (c2) kf_model_free(c2);
     }
+    /* INT8_FP16 (o->low float16): the same integer products, the rest in
+     * float16, against ref on the original at the float16 bound, where that
+     * bound can hold (well_conditioned; values past float16's range skip) */
+    if (ok && is.anchors && (o->paths & RG_P_CL) && o->low == KF_DT_FLOAT16 && !kf_cl_unavailable() &&
+        well_conditioned(x, KF_PRECISION_FP16, depth)) {
+        kf_model *c3 = NULL;
+        bool skip = false;
+        s = rg_copy(x->m, &c3);
+        if (!s) s = kf_run_backend(c3, KF_EXEC_OPENCL, KF_PRECISION_INT8_FP16, x->ins, x->nins, got, NULL, NULL);
+        if (s) ok = failed(x, "int8-fp16-opencl", "%s: %s", kf_status_name(s), kf_last_error());
+        else if (!close_low(x, got, x->nwant, KF_PRECISION_FP16, depth, &skip, w, sizeof w))
+            ok = failed(x, "int8-fp16-opencl", "%s", w);
+        else if (st && !skip)
+            st->int8_fp16_cl++;
+        if (!s) release_all(got, x->nwant);
+        if (c3) kf_model_free(c3);
+    }
     if (is.anchors) release_all(want8, x->nwant);
     free(want8);
     free(got);

@@ -71,6 +71,7 @@ typedef struct rg_stats {
                                            * float32 graph itself moves past the tolerance when
                                            * inputs and constants move by one rounding) */
     uint64_t int8, int8_cl;  /* RG_P_INT8: graphs with integer products agreed on ref / OpenCL */
+    uint64_t int8_fp16_cl;   /* ... and at INT8_FP16 on OpenCL (o->low float16, well conditioned) */
     uint64_t fail;
     double slowest_s;
     uint64_t slowest_seed;

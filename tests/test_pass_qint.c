@@ -406,6 +406,56 @@ Test(pass_qint, int8_plan_on_opencl_equals_the_integer_reference) {
     int8_plan_matches_ref(QDQ_NET);
 }
 
+/* INT8_FP16: integer sums far past float16's 65504 (K 256 of codes up to
+ * 127 against weights of 114), scaled by 1/127^2 into range. The Cast of
+ * the sums and the Mul by the scale stay float32, the rest is float16; the
+ * OpenCL plan matches the reference on the integer graph at the float16
+ * tolerance, nothing on the host. */
+#define QDQ_WIDE_SUMS                                                                                  \
+    "opset 13\ninput x float[4, 256]\n"                                                                \
+    "const w float[256, 8] = 0.9\nconst b float[8] = random\n"                                         \
+    "const sx float[] = 0.007874016\nconst zx int8[] = 0\nconst sw float[8] = 0.007874016\nconst zw int8[8] = 0\n" \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                              \
+    "wq = QuantizeLinear(w, sw, zw) {axis=1}\nwd = DequantizeLinear(wq, sw, zw) {axis=1}\n"            \
+    "y = MatMul(xd, wd)\na = Add(y, b)\nr = Relu(a)\n"                                                   \
+    "output r\n"
+
+Test(pass_qint, int8_fp16_scales_the_sums_in_float32_before_float16) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QDQ_WIDE_SUMS), *want = int8_of(m, NULL), *low = int8_of(m, NULL);
+    cr_assert_eq(kf_fuse_precision(low, KF_DT_FLOAT16, NULL), KF_OK, "%s", kf_last_error());
+    const kf_graph *g = low->graph;
+    int kept = 0;
+    for (kf_id id = 1; id < g->nnodes; id++) {
+        const kf_node *n = &g->nodes[id];
+        if (n->dead || n->op != KF_OP_CAST || g->values[n->in[0]].type.dtype != KF_DT_INT32) continue;
+        const kf_value *c = &g->values[n->out[0]];
+        cr_assert_eq(c->type.dtype, KF_DT_FLOAT, "the Cast of the sums went to %s", kf_dtype_name(c->type.dtype));
+        cr_assert_eq(c->nusers, 1);
+        const kf_node *mul = &g->nodes[c->users[0]];
+        cr_assert_eq(mul->op, KF_OP_MUL);
+        cr_assert_eq(g->values[mul->out[0]].type.dtype, KF_DT_FLOAT, "the scaled sums went to %s",
+                     kf_dtype_name(g->values[mul->out[0]].type.dtype));
+        kept++;
+    }
+    cr_assert_eq(kept, 1);
+    cr_assert_eq(gt_count(low, "Relu"), 1);
+    kf_model_free(low);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_INT8_FP16;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref_model(x, want, 2, KF_PRECISION_INT8_FP16);
+    kf_exec_stats s;
+    kf_exec_get_stats(x, &s);
+    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
+    kf_exec_free(x);
+    kf_model_free(m);
+    kf_model_free(want);
+}
+
 /* The CLI on a model `kfuse quantize` wrote: an int8 plan passes --check
  * against the integer graph with nothing on the host; `fuse` writes it. */
 static char bin[512], dir[256], out[8192];
@@ -421,4 +471,6 @@ Test(pass_qint, cli_run_int8_check_on_a_quantized_model, .init = cli_setup, .fin
     cr_assert_not_null(strstr(out, "0 on the reference evaluator (int8)"), "%s", out);
     cr_assert_not_null(strstr(out, "match ref (ref on the graph with integer anchors)"), "%s", out);
     cr_assert_eq(kfuse("fuse %s/q.onnx --precision int8 --dim batch=1 --json -o %s/f.onnx", dir, dir), 0, "%s", out);
+    cr_assert_eq(kfuse("run %s/q.onnx --backend opencl --check --precision int8-fp16 --dim batch=1", dir), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "0 on the reference evaluator (int8-fp16)"), "%s", out);
 }

@@ -13,6 +13,7 @@
 
 #include "kf_codegen.h"
 #include "kf_cost.h"
+#include "kf_exec.h"
 #include "kf_precision.h"
 #include "kf_fuse.h"
 #include "kf_memplan.h"
@@ -26,7 +27,7 @@ enum { EXIT_OK = 0, EXIT_USAGE = 2, EXIT_INPUT = 3 };
 
 static void fuse_usage(FILE *f) {
     fprintf(f, "usage: kfuse fuse M.onnx -o OUT.onnx [--report] [--json] [--dot F] [--emit DIR] [--no-opt] [--dim NAME=N]...\n"
-               "                 [--target NAME|FILE] [--precision fp32|tf32|fp16|bf16|int8] [--legal-only] [--plan-dim NAME=N]...\n"
+               "                 [--target NAME|FILE] [--precision P] [--legal-only] [--plan-dim NAME=N]...\n"
                "  --dim     fix a symbolic dimension (batch, sequence) so byte figures are known\n"
                "  --plan-dim  plan (legality, cost-model decisions, figures) as if NAME were N, keeping it\n"
                "            symbolic in the file: the groups a static copy at that size gets\n"
@@ -35,7 +36,8 @@ static void fuse_usage(FILE *f) {
                "            cost model estimates them faster, and each group gets an estimated time (est_us)\n"
                "  --precision  fp32 (strict FMA) or tf32 (the libraries' tensor cores) for float32 math in the\n"
                "            estimates; fp16/bf16 first convert the model's float32 values (as a compiled plan\n"
-               "            at that precision does), so the plan and the file are the 16-bit ones\n"
+               "            at that precision does), so the plan and the file are the 16-bit ones; int8 makes\n"
+               "            the integer anchors of a QDQ model, int8-fp16 those and fp16 for the rest\n"
                "  --legal-only  make every legal merge (the bytes-only planner) and estimate that plan\n"
                "  --report  table of groups and boundary reasons (stderr with --json)\n"
                "  --json    one JSON object on stdout\n"
@@ -159,9 +161,8 @@ static kf_status emit_kernels(const char *dir, const kf_model *m, const kf_plan 
 /* What `fuse` does to a model before its plan is written: the choices of
  * the command line. */
 typedef struct fuse_flow {
-    bool opt, int8;
-    kf_dtype low;
-    int math;
+    bool opt;
+    kf_precision prec;
     bool legal_only;
     const char *target;
 } fuse_flow;
@@ -175,7 +176,7 @@ static kf_status prepare(kf_model *m, const fuse_flow *fl, const kfuse_tool_dims
     if (fl->opt) {
         kf_opt_options o;
         kf_opt_options_default(&o);
-        o.keep_quantized = fl->int8;
+        o.keep_quantized = kf_precision_keeps_quantized(fl->prec);
         kf_opt_result res;
         kf_status st = kf_optimize(m, &o, &res);
         kf_rules_free(&res.rules);
@@ -183,10 +184,9 @@ static kf_status prepare(kf_model *m, const fuse_flow *fl, const kfuse_tool_dims
     } else {
         KF_TRY(kf_infer_shapes(m)); /* the cost model reads shapes */
     }
-    if (fl->low != KF_DT_UNDEFINED) KF_TRY(kf_fuse_precision(m, fl->low, NULL));
-    if (fl->int8) KF_TRY(kf_fuse_int8(m, NULL));
+    KF_TRY(kf_precision_passes(m, fl->prec, NULL));
     sum->nodes_after = kf_graph_live_nodes(m->graph);
-    return make_plan(m, fl->target, fl->math, fl->legal_only, at, p);
+    return make_plan(m, fl->target, fl->prec == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32, fl->legal_only, at, p);
 }
 
 /* --emit with --plan-dim: the kernels a run at the --plan-dim sizes compiles
@@ -217,9 +217,7 @@ static kf_status emit_at(const char *dir, const char *path, const fuse_flow *fl,
 int kfuse_cmd_fuse(int argc, char **argv) {
     const char *model = NULL, *out = NULL, *dot = NULL, *emit = NULL, *target = NULL;
     bool report = false, json = false, opt = true, legal_only = false;
-    int math = KF_MATH_FP32;
-    kf_dtype low = KF_DT_UNDEFINED; /* fp16/bf16: the precision pass before planning */
-    bool int8 = false;              /* int8: integer anchors (pass_qint.c) before planning */
+    kf_precision prec = KF_PRECISION_FP32; /* the passes before planning: kf_precision_passes */
     kfuse_tool_dims dims = {0}, plan_at = {0};
     for (int i = 0; i < argc; i++) {
         if (!strcmp(argv[i], "-o") && i + 1 < argc) out = argv[++i];
@@ -236,14 +234,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         else if (!strcmp(argv[i], "--no-opt")) opt = false;
         else if (!strcmp(argv[i], "--target") && i + 1 < argc) target = argv[++i];
         else if (!strcmp(argv[i], "--legal-only")) legal_only = true;
-        else if (!strcmp(argv[i], "--precision") && i + 1 < argc &&
-                 (!strcmp(argv[i + 1], "fp32") || !strcmp(argv[i + 1], "tf32") || !strcmp(argv[i + 1], "fp16") ||
-                  !strcmp(argv[i + 1], "bf16") || !strcmp(argv[i + 1], "int8"))) {
-            i++;
-            int8 = !strcmp(argv[i], "int8");
-            math = !strcmp(argv[i], "tf32") ? KF_MATH_TF32 : KF_MATH_FP32;
-            low = !strcmp(argv[i], "fp16") ? KF_DT_FLOAT16 : !strcmp(argv[i], "bf16") ? KF_DT_BFLOAT16 : KF_DT_UNDEFINED;
-        }
+        else if (!strcmp(argv[i], "--precision") && i + 1 < argc && kf_precision_parse(argv[i + 1], &prec)) i++;
         else if (argv[i][0] != '-' && !model) model = argv[i];
         else {
             fuse_usage(stderr);
@@ -254,7 +245,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         fuse_usage(stderr);
         return EXIT_USAGE;
     }
-    fuse_flow fl = {opt, int8, low, math, legal_only, target};
+    fuse_flow fl = {opt, prec, legal_only, target};
     kf_model *m;
     kf_status st = kfuse_tool_load(model, &m);
     if (st) return fail(st);

@@ -113,6 +113,10 @@ KF_API const char *kf_backend_name(kf_backend b);
  *         8-bit values runs on those values (int32 sums) and is scaled
  *         back to float32 once; the QuantizeLinear after it is its
  *         epilogue. Everything else as FP32.
+ *   INT8_FP16  INT8's integer anchors, and FP16 for everything else
+ *         (attention, norms, activations, the float GEMMs); the sums of
+ *         an integer product are scaled in float32 before they meet
+ *         float16 (they pass its range).
  * Results differ from FP32 by about the type's rounding (INT8: float
  * rounding, so a quantised value on a rounding boundary may move by one
  * step; DESIGN.md, Numerics). */
@@ -121,9 +125,10 @@ typedef enum kf_precision {
     KF_PRECISION_TF32 = 1,
     KF_PRECISION_FP16 = 2,
     KF_PRECISION_BF16 = 3,
-    KF_PRECISION_INT8 = 4
+    KF_PRECISION_INT8 = 4,
+    KF_PRECISION_INT8_FP16 = 5
 } kf_precision;
-/* "fp32", "tf32", "fp16", "bf16", "int8"; "?" for other numbers. Static storage. */
+/* "fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16"; "?" for other numbers. Static storage. */
 KF_API const char *kf_precision_name(kf_precision p);
 
 /* Rewrites m in place with the built-in rules (what `kfuse opt` does);

@@ -98,7 +98,9 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kf_status st = KF_OK;
     for (uint32_t i = 1; !st && i < m->graph->nsyms; i++)
         st = checked(kf_graph_bind_sym(m->graph, m->graph->syms[i], FUZZ_SYM_VALUE), "bind");
-    bool int8 = data[size - 1] & 2; /* precision INT8, as kernels/exec.c runs it */
+    /* the precision passes as kernels/exec.c runs them (kf_precision_passes):
+     * INT8, FP16, or both (INT8_FP16), by the input's last byte */
+    bool int8 = data[size - 1] & 2, fp16 = data[size - 1] & 4;
     if (!st) {
         kf_opt_options o;
         kf_opt_options_default(&o);
@@ -108,6 +110,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kf_rules_free(&res.rules);
     }
     if (!st && int8) st = checked(kf_fuse_int8(m, NULL), "int8");
+    if (!st && fp16) st = checked(kf_fuse_precision(m, KF_DT_FLOAT16, NULL), "fp16");
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);
