@@ -441,10 +441,6 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
 
 /* ---- dtypes ------------------------------------------------------------------ */
 
-/* Storage types this slice reads and writes: float16 and bfloat16 are kept
- * as 16 bits in memory and computed in float (DESIGN numerics: the fp16 and
- * bf16 tolerances cover the unrounded intermediates), bool is one byte,
- * integers compute as they are. */
 /* The format macro of a float8 type (the prelude part KF_CG_PART_F8), NULL
  * for other types. */
 static const char *f8_format(kf_dtype dt) {
@@ -457,6 +453,11 @@ static const char *f8_format(kf_dtype dt) {
     }
 }
 
+/* Storage types this slice reads and writes: float16 and bfloat16 are kept
+ * as 16 bits in memory and computed in float (DESIGN numerics: the fp16 and
+ * bf16 tolerances cover the unrounded intermediates), float8 is one byte
+ * computed in float and rounded where the graph has a float8 value, bool
+ * is one byte, integers compute as they are. */
 static bool dtype_ok(kf_dtype dt) {
     return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16 || dt == KF_DT_BOOL ||
            dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8 || f8_format(dt);

@@ -17,6 +17,7 @@
 
 /* An 8-bit integer type, as quantised values are stored. */
 static bool int8_type(kf_dtype dt) { return dt == KF_DT_INT8 || dt == KF_DT_UINT8; }
+/* A float8 format generated kernels store (codegen.c, KF_CG_PART_F8). */
 static bool float8_type(kf_dtype dt) {
     return dt == KF_DT_FLOAT8E4M3FN || dt == KF_DT_FLOAT8E4M3FNUZ || dt == KF_DT_FLOAT8E5M2 ||
            dt == KF_DT_FLOAT8E5M2FNUZ;
@@ -615,7 +616,7 @@ static const char *row_epilogue_reason(pl_state *s, uint32_t n, uint32_t ra, uin
                 return KF_REASON_SPACE;
             }
         }
-        s->up[id] = (uint8_t)((s->up[id] & PL_M_X) | (s->up[id] & PL_M_R) | f);
+        s->up[id] = (uint8_t)((s->up[id] & (PL_M_X | PL_M_R)) | f);
     }
     return NULL;
 }
