@@ -68,7 +68,7 @@ static kf_status fuse(kf_model *m, const kf_exec_options *o, char **report) {
     kf_status st = kf_optimize(m, &oo, &res);
     kf_rules_free(&res.rules);
     KF_TRY(st);
-    KF_TRY(kf_precision_passes(m, o->precision, NULL));
+    KF_TRY(kf_precision_passes(m, o->precision, 0, NULL));
     sum.nodes_after = kf_graph_live_nodes(m->graph);
     kf_plan_options po;
     kf_plan_options_default(&po);

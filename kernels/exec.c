@@ -151,11 +151,17 @@ const char *kf_precision_name(kf_precision p) { return (unsigned)p < KF_PRECISIO
 
 bool kf_precision_keeps_quantized(kf_precision p) { return p == KF_PRECISION_INT8 || p == KF_PRECISION_INT8_FP16; }
 
-kf_status kf_precision_passes(kf_model *m, kf_precision p, FILE *trace) {
+kf_status kf_precision_passes(kf_model *m, kf_precision p, int64_t fold_cap_bytes, FILE *trace) {
     if (kf_precision_keeps_quantized(p)) {
         kf_int8_stats is;
         KF_TRY(kf_fuse_int8(m, &is));
-        if (trace) fprintf(trace, "kfuse: backend: %s: %u integer anchors\n", kf_precision_name(p), is.anchors);
+        /* what no integer anchor took would dequantize on every run */
+        kf_pass_ctx fc = {.fuel = -1, .fold_cap_bytes = fold_cap_bytes};
+        KF_TRY(kf_pass_fold(m, &fc));
+        if (fc.changes) KF_TRY(kf_graph_dce(m->graph, NULL));
+        if (trace)
+            fprintf(trace, "kfuse: backend: %s: %u integer anchors, %llu constants folded after\n", kf_precision_name(p),
+                    is.anchors, (unsigned long long)fc.changes);
     }
     if (p == KF_PRECISION_FP16 || p == KF_PRECISION_BF16 || p == KF_PRECISION_INT8_FP16) {
         /* after optimizing (rules see the float32 graph they were written
@@ -918,7 +924,7 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
             s->in_ids[i] = v && !g->values[v].init ? v : 0;
         }
     }
-    if (!st) st = kf_precision_passes(s->m, e->o.precision, e->o.trace);
+    if (!st) st = kf_precision_passes(s->m, e->o.precision, KF_EXEC_FOLD_CAP_BYTES, e->o.trace);
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);

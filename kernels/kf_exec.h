@@ -40,10 +40,14 @@ bool kf_precision_parse(const char *s, kf_precision *p);
 bool kf_precision_keeps_quantized(kf_precision p);
 
 /* The passes precision p runs on an optimized model before planning: the
- * integer anchors (kf_fuse_int8: INT8, INT8_FP16), then the 16-bit values
- * (kf_fuse_precision: FP16, BF16, INT8_FP16); none at FP32 and TF32. trace
- * (NULL: none) gets a line per pass. Errors: the passes'. */
-kf_status kf_precision_passes(kf_model *m, kf_precision p, FILE *trace);
+ * integer anchors (kf_fuse_int8: INT8, INT8_FP16), after which the
+ * DequantizeLinear of constants no integer anchor took (weights a float op
+ * reads, float8 weights) fold as the optimizer folds them, up to
+ * fold_cap_bytes a node (kf_pass_ctx: 0 keeps a saved model from growing);
+ * then the 16-bit values (kf_fuse_precision: FP16, BF16, INT8_FP16); none
+ * at FP32 and TF32. trace (NULL: none) gets a line per pass. Errors: the
+ * passes'. */
+kf_status kf_precision_passes(kf_model *m, kf_precision p, int64_t fold_cap_bytes, FILE *trace);
 
 /* The precision KFUSE_PRECISION names: FP32 when it is unset or empty,
  * KF_ERR_INVALID_ARG naming the value when it is none of the names. */

@@ -456,6 +456,42 @@ Test(pass_qint, int8_fp16_scales_the_sums_in_float32_before_float16) {
     kf_model_free(want);
 }
 
+/* Weights no integer anchor takes (float8 here) fold after the int8 pass,
+ * at the executor's cap, instead of dequantizing on every run; the int8
+ * product beside them keeps its 8-bit weights; the plan matches the
+ * integer reference with nothing on the host. */
+#define QDQ_MIXED_WEIGHTS                                                                              \
+    "opset 21\ninput x float[6, 40]\n"                                                                 \
+    "const w float[40, 24] = random\nconst v float[40, 24] = random\nconst s float[24] = 0.01\n"        \
+    "const sx float[] = 0.01\nconst zx int8[] = 0\nconst zw int8[24] = 0\n"                             \
+    "xq = QuantizeLinear(x, sx, zx)\nxd = DequantizeLinear(xq, sx, zx)\n"                              \
+    "wq = QuantizeLinear(w, s, zw) {axis=1}\nwd = DequantizeLinear(wq, s, zw) {axis=1}\n"              \
+    "vq = QuantizeLinear(v, s) {axis=1, output_dtype=17}\nvd = DequantizeLinear(vq, s) {axis=1}\n"     \
+    "a = MatMul(xd, wd)\nb = MatMul(x, vd)\n"                                                          \
+    "output a\noutput b\n"
+
+Test(pass_qint, weights_no_integer_anchor_takes_fold_after_the_pass) {
+    kf_model *m = gt_parse(QDQ_MIXED_WEIGHTS), *c = gt_copy(m);
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.keep_quantized = true;
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(c, &o, &res), KF_OK, "%s", kf_last_error());
+    kf_rules_free(&res.rules);
+    cr_assert_eq(gt_count(c, "DequantizeLinear"), 3, "the optimizer kept the weights' DequantizeLinear");
+    cr_assert_eq(kf_precision_passes(c, KF_PRECISION_INT8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(gt_count(c, "MatMulInteger"), 1);
+    const kf_graph *g = c->graph;
+    for (kf_id id = 1; id < g->nnodes; id++) {
+        const kf_node *n = &g->nodes[id];
+        if (n->dead || n->op != KF_OP_DEQUANTIZE_LINEAR) continue;
+        cr_assert(!kf_value_is_constant(c, n->in[0]), "a DequantizeLinear of a constant is left");
+    }
+    kf_model_free(c);
+    int8_plan_matches_ref(QDQ_MIXED_WEIGHTS);
+    kf_model_free(m);
+}
+
 /* The CLI on a model `kfuse quantize` wrote: an int8 plan passes --check
  * against the integer graph with nothing on the host; `fuse` writes it. */
 static char bin[512], dir[256], out[8192];

@@ -184,7 +184,7 @@ static kf_status prepare(kf_model *m, const fuse_flow *fl, const kfuse_tool_dims
     } else {
         KF_TRY(kf_infer_shapes(m)); /* the cost model reads shapes */
     }
-    KF_TRY(kf_precision_passes(m, fl->prec, NULL));
+    KF_TRY(kf_precision_passes(m, fl->prec, 0, NULL));
     sum->nodes_after = kf_graph_live_nodes(m->graph);
     return make_plan(m, fl->target, fl->prec == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32, fl->legal_only, at, p);
 }
