@@ -114,6 +114,22 @@ def test_output_info_before_run(rng):
     assert dtype == np.int64 and shape == (None, None)
 
 
+def test_every_precision_name_compiles(rng):
+    # each name maps to the library's number: the float model runs at each
+    # (the int8 modes find no QDQ here: fp32 and fp16) near its fp32 result
+    path = os.path.join(ROOT, "bench", "models", "tiny_cnn.onnx")
+    x = rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)
+    want = kfuse.compile(path, backend="ref", dims={"N": 2}).run([x])[0]
+    assert set(kfuse.PRECISIONS) == {"fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16"}
+    for p in kfuse.PRECISIONS:
+        got = kfuse.compile(path, backend="ref", dims={"N": 2}, precision=p).run([x])[0]
+        assert got.dtype == want.dtype and got.shape == want.shape, p
+        tol = 5e-2 if p == "bf16" else 1e-2
+        assert np.allclose(got, want, atol=tol, rtol=tol), (p, float(np.abs(got - want).max()))
+    with pytest.raises(kfuse.Error):
+        kfuse.compile(path, backend="ref", precision="int4")
+
+
 def test_compile_options_reach_the_library(rng, cache, tmp_path):
     path = os.path.join(ROOT, "bench", "models", "tiny_cnn.onnx")
     c = kfuse.compile(path, backend="ref", dims={"N": 4}, target="none", fusion=False, batching=False)
