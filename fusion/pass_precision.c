@@ -20,8 +20,8 @@
  * a value computed low), and its shape function accepts its float32
  * operands retyped to the low type and gives the low type for every
  * float32 result (the same function is what the evaluator and codegen
- * check dtypes against). At float16, a Cast of a wide integer and the Mul
- * by a constant scale after it stay float32 (keeps_range): an integer
+ * check dtypes against). At float16, a Cast of int32 and the Mul by a
+ * constant scale after it stay float32 (keeps_range): an integer
  * product's sums pass float16's range until they are scaled.
  */
 #include <math.h>
@@ -61,14 +61,14 @@ typedef struct ctx {
     kf_precision_stats st;
 } ctx;
 
-/* A Cast to float32 of an integer wider than 16 bits (the int32 sums of
- * an integer product, an int64 index): its values may pass float16's
- * range (65504). */
+/* A Cast to float32 of int32, the type of an integer product's sums
+ * (MatMulInteger, ConvInteger): its values pass float16's range (65504).
+ * (int64 is left alone: in float models it holds ids, masks and positions,
+ * which fit.) */
 static bool wide_int_cast(const kf_graph *g, kf_id id) {
     const kf_node *n = id ? &g->nodes[id] : NULL;
     if (!n || n->op != KF_OP_CAST || n->nin < 1 || !n->in[0]) return false;
-    kf_dtype dt = g->values[n->in[0]].type.dtype;
-    return dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_UINT32 || dt == KF_DT_UINT64;
+    return g->values[n->in[0]].type.dtype == KF_DT_INT32;
 }
 
 /* At float16, such a Cast stays float32, and so does a Mul of its result
