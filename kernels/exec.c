@@ -189,7 +189,7 @@ kf_status kf_precision_from_env(kf_precision *p) {
     const char *v = getenv("KFUSE_PRECISION");
     *p = KF_PRECISION_FP32;
     if (!v || !v[0] || kf_precision_parse(v, p)) return KF_OK;
-    return kf_fail(KF_ERR_INVALID_ARG, "KFUSE_PRECISION='%s': not a precision (fp32, tf32, fp16, bf16)", v);
+    return kf_fail(KF_ERR_INVALID_ARG, "KFUSE_PRECISION='%s': not a precision (fp32, tf32, fp16, bf16, int8, int8-fp16)", v);
 }
 
 void kf_exec_options_default(kf_exec_options *o) {
@@ -1091,7 +1091,7 @@ static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e)
     if ((unsigned)o->precision >= KF_PRECISION_COUNT) {
         kf_precision p;
         KF_TRY(kf_precision_from_env(&p)); /* the environment's bad value, named */
-        return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16)", (int)o->precision);
+        return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16, int8, int8-fp16)", (int)o->precision);
     }
     if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(o->device, &e->dev));
     else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, o->device, &e->dev));
