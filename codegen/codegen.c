@@ -460,9 +460,10 @@ static const char *f8_format(kf_dtype dt) {
  * is one byte, integers compute as they are. */
 static bool dtype_ok(kf_dtype dt) {
     return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16 || dt == KF_DT_BOOL ||
-           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8 || f8_format(dt);
+           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8 || dt == KF_DT_INT4 ||
+           dt == KF_DT_UINT4 || f8_format(dt);
 }
-#define DTYPES_OK "float32, float16, bfloat16, the four float8 types, int32, int64, int8, uint8 and bool are generated"
+#define DTYPES_OK "float32, float16, bfloat16, the four float8 types, int32, int64, int8, uint8, int4, uint4 and bool are generated"
 static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
 
 /* The register type values of dt compute in. */
@@ -471,6 +472,8 @@ static const char *ctype(kf_dtype dt) {
     case KF_DT_BOOL:
     case KF_DT_INT8:
     case KF_DT_UINT8:
+    case KF_DT_INT4:
+    case KF_DT_UINT4:
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
     default: return "float";
@@ -483,8 +486,10 @@ static const char *mtype(kf_dtype dt) {
     case KF_DT_BOOL: return "unsigned char";
     case KF_DT_FLOAT16: return "KF_HALF";
     case KF_DT_BFLOAT16: return "KF_BF16";
-    case KF_DT_INT8: return "signed char";
-    case KF_DT_UINT8: return "unsigned char";
+    case KF_DT_INT8:
+    case KF_DT_INT4: return "signed char"; /* a 4-bit value a byte, sign-extended (graph/dtype_small.c) */
+    case KF_DT_UINT8:
+    case KF_DT_UINT4: return "unsigned char";
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
     default: return f8_format(dt) ? "unsigned char" : "float";
@@ -997,7 +1002,8 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
 static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     char x[NAMELEN];
     kf_dtype to = st->g->values[v].type.dtype, from = st->g->values[n->in[0]].type.dtype;
-    if ((to == KF_DT_INT8 || to == KF_DT_UINT8) && from != to && from != KF_DT_BOOL)
+    if ((to == KF_DT_INT8 || to == KF_DT_UINT8 || to == KF_DT_INT4 || to == KF_DT_UINT4) && from != to &&
+        from != KF_DT_BOOL)
         return fail(st, "node '%s': Cast to %s from %s is not generated (out-of-range values would wrap)",
                     kf_node_label(n), kf_dtype_name(to), kf_dtype_name(from));
     bool f8_to = f8_format(to) != NULL, f8_from = f8_format(from) != NULL;
@@ -1020,7 +1026,10 @@ static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
  * element. Rounding as the reference evaluator's: DequantizeLinear is
  * (float)(q - z) * s, one rounding of an exact product; QuantizeLinear is
  * rint(x / s) + z in float32 (division correctly rounded: see the OpenCL
- * build options; CUDA's `/` is), saturated to the type, NaN to 0. Float8
+ * build options; CUDA's `/` is), saturated to the type (8 or 4 bits), NaN
+ * to 0. With block_size, the parameters are read at the element's block
+ * along axis (x's index there divided by the block) and its own index
+ * elsewhere. Float8
  * has no zero point: DequantizeLinear is q * s, QuantizeLinear x / s
  * rounded to the format (saturating unless saturate=0). */
 static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
@@ -1035,9 +1044,20 @@ static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
         const kf_type *pt = &st->g->values[p].type;
         ix pi = {.rank = pt->rank};
         for (int d = 0; d < pt->rank; d++) snprintf(pi.c[d], NAMELEN, "0");
-        if (numel_of(pt) != 1) {
-            int64_t axis = kf_attr_i(n, "axis", 1);
-            if (axis < 0) axis += xt->rank;
+        int64_t axis = kf_attr_i(n, "axis", 1), block = kf_attr_i(n, "block_size", 0);
+        if (axis < 0) axis += xt->rank;
+        if (numel_of(pt) != 1 && block > 0) { /* one value per block of `block` along axis (opset 21) */
+            if (pt->rank != xt->rank || axis < 0 || axis >= xt->rank)
+                return fail(st, "node '%s': %s block parameters are not of x's rank (not generated)", kf_node_label(n),
+                            n->op_type);
+            for (int d = 0; d < pt->rank; d++)
+                if (pt->dims[d] != 1) snprintf(pi.c[d], NAMELEN, "%s", at->c[d]);
+            if (pt->dims[axis] != 1) {
+                snprintf(pi.c[axis], NAMELEN, "qb%d", st->ntemp++);
+                kf_cg_printf(st->s, "%sconst %s %s = %s / %lld;\n", st->ind, st->ity, pi.c[axis], at->c[axis],
+                             (long long)block);
+            }
+        } else if (numel_of(pt) != 1) {
             if (pt->rank != 1 || axis < 0 || axis >= xt->rank || pt->dims[0] != xt->dims[axis])
                 return fail(st, "node '%s': %s parameters are neither per tensor nor along one axis (not generated)",
                             kf_node_label(n), n->op_type);
@@ -1056,8 +1076,9 @@ static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
         snprintf(rhs, sizeof rhs, "(float)(%s - %s) * %s", x, par[1], par[0]);
         return define(st, v, name, rhs);
     }
-    bool u8 = st->g->values[v].type.dtype == KF_DT_UINT8;
-    int lo = u8 ? 0 : -128, hi = u8 ? 255 : 127;
+    kf_dtype qt = st->g->values[v].type.dtype;
+    int lo = qt == KF_DT_UINT8 || qt == KF_DT_UINT4 ? 0 : qt == KF_DT_INT4 ? -8 : -128;
+    int hi = qt == KF_DT_UINT8 ? 255 : qt == KF_DT_UINT4 ? 15 : qt == KF_DT_INT4 ? 7 : 127;
     char t[NAMELEN];
     snprintf(t, NAMELEN, "t%d", st->ntemp++);
     kf_cg_printf(st->s, "%sconst float %s = KF_RINT(%s / %s) + (float)%s;\n", st->ind, t, x, par[0], par[1]);

@@ -17,6 +17,8 @@
 
 /* An 8-bit integer type, as quantised values are stored. */
 static bool int8_type(kf_dtype dt) { return dt == KF_DT_INT8 || dt == KF_DT_UINT8; }
+/* 4-bit integers: one byte a value in memory (graph/dtype_small.c). */
+static bool int4_type(kf_dtype dt) { return dt == KF_DT_INT4 || dt == KF_DT_UINT4; }
 /* A float8 format generated kernels store (codegen.c, KF_CG_PART_F8). */
 static bool float8_type(kf_dtype dt) {
     return dt == KF_DT_FLOAT8E4M3FN || dt == KF_DT_FLOAT8E4M3FNUZ || dt == KF_DT_FLOAT8E5M2 ||
@@ -34,12 +36,26 @@ static bool param_in(const kf_graph *g, const kf_node *n, int slot, int64_t len,
     return e == 1 || (len > 0 && t->rank == 1 && t->dims[0] == len);
 }
 
+/* Input `slot` of n is absent or a static tensor of dtype dt shaped as
+ * x's blocks of `block` along `axis` (opset 21: x's dims, that one divided
+ * rounding up). */
+static bool param_blocked(const kf_graph *g, const kf_node *n, int slot, const kf_type *xt, int64_t axis,
+                          int64_t block, kf_dtype dt) {
+    if (slot >= n->nin || !n->in[slot]) return true;
+    const kf_type *t = &g->values[n->in[slot]].type;
+    if (!kf_type_is_static(t) || t->dtype != dt || t->rank != xt->rank) return false;
+    for (int d = 0; d < t->rank; d++)
+        if (t->dims[d] != (d == axis ? xt->dims[d] / block + (xt->dims[d] % block != 0) : xt->dims[d])) return false;
+    return true;
+}
+
 /* QuantizeLinear and DequantizeLinear in the form generated kernels
- * compute (codegen.c, emit_qdq): 8-bit integers or float8 on one side,
- * float32, float16 or bfloat16 on the other (fp16/bf16 plans), a scale of
- * that float type (and a zero point of the quantized type) per
- * tensor or along one axis, no opset-21 blocks, no opset-23 precision or
- * output_dtype. Then they map elements one to one: elementwise. */
+ * compute (codegen.c, emit_qdq): 8-bit or 4-bit integers or float8 on one
+ * side, float32, float16 or bfloat16 on the other (fp16/bf16 plans), a
+ * scale of that float type (and a zero point of the quantized type) per
+ * tensor, along one axis or per block of an axis (opset 21), no opset-23
+ * precision or output_dtype. Then they map elements one to one:
+ * elementwise. */
 static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
     if (n->nin < 2 || !n->in[0] || !n->in[1] || n->nout < 1 || !n->out[0]) return false;
     const kf_type *xt = &g->values[n->in[0]].type, *yt = &g->values[n->out[0]].type;
@@ -47,15 +63,17 @@ static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
     kf_dtype f = n->op == KF_OP_QUANTIZE_LINEAR ? xt->dtype : yt->dtype;
     int64_t od = kf_attr_i(n, "output_dtype", 0);
     bool real = f == KF_DT_FLOAT || f == KF_DT_FLOAT16 || f == KF_DT_BFLOAT16;
-    if (!(int8_type(q) || float8_type(q)) || !real || kf_attr_i(n, "block_size", 0) != 0 ||
-        kf_attr_i(n, "precision", 0) != 0 || (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : f)))
+    int64_t block = kf_attr_i(n, "block_size", 0);
+    if (!(int8_type(q) || int4_type(q) || float8_type(q)) || !real || block < 0 || kf_attr_i(n, "precision", 0) != 0 ||
+        (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : f)))
         return false;
-    int64_t along = -1;
+    int64_t along = -1, axis = kf_attr_i(n, "axis", 1);
     if (xt->rank > 0 && kf_type_is_static(xt)) {
-        int64_t axis = kf_attr_i(n, "axis", 1);
         if (axis < 0) axis += xt->rank;
         if (axis >= 0 && axis < xt->rank) along = xt->dims[axis];
     }
+    if (block)
+        return along > 0 && param_blocked(g, n, 1, xt, axis, block, f) && param_blocked(g, n, 2, xt, axis, block, q);
     return param_in(g, n, 1, along, f) && param_in(g, n, 2, along, q);
 }
 

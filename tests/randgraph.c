@@ -2061,8 +2061,8 @@ static kf_id qconst(gen *G, kf_dtype dt, int rank, const int64_t *dims, int64_t 
 }
 
 /* What QDQ models hold: an activation quantised per tensor to uint8 (or a
- * float8 format) and dequantised, times weights quantised per output
- * column to int8 (the same float8 format) and
+ * float8 format, or uint4) and dequantised, times weights quantised per
+ * output column to int8 (the same float8 format, or int4) and
  * dequantised (the optimizer folds the weights' QuantizeLinear, and int8
  * plans keep their DequantizeLinear), one product or two sibling ones
  * (which the sibling merge makes one). The activation is a fresh graph
@@ -2085,8 +2085,11 @@ static bool motif_qdq(gen *G) {
      * reference ignores): generated kernels round into and read them */
     static const kf_dtype f8[] = {KF_DT_FLOAT8E4M3FN, KF_DT_FLOAT8E4M3FNUZ, KF_DT_FLOAT8E5M2, KF_DT_FLOAT8E5M2FNUZ};
     kf_dtype at = KF_DT_UINT8, wt = KF_DT_INT8;
+    double half = 127; /* the codes' half range: scales of 2/half and 1/half */
     if (G->opset >= 19 && chance(&G->r, 0.3)) at = wt = f8[irand(&G->r, 4)];
-    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, at, 0, &one, at == KF_DT_UINT8 ? 100 + irand(&G->r, 57) : 0);
+    else if (G->opset >= 21 && chance(&G->r, 0.2)) at = KF_DT_UINT4, wt = KF_DT_INT4, half = 7; /* 4-bit, opset 21 */
+    int64_t zv = at == KF_DT_UINT8 ? 100 + irand(&G->r, 57) : at == KF_DT_UINT4 ? 6 + irand(&G->r, 4) : 0;
+    kf_id sx = fscalar(G, 2.0 / half, false), zx = qconst(G, at, 0, &one, zv);
     kf_id qin[3] = {x.id, sx, zx}, q, d;
     mk(G, "QuantizeLinear", qin, 3, &q);
     kf_id din[3] = {q, sx, zx};
@@ -2096,7 +2099,7 @@ static bool motif_qdq(gen *G) {
     int products = G->nodes + 9 <= G->target && irand(&G->r, 2) ? 2 : 1;
     for (int p = 0; p < products; p++) {
         if (p) N = rdim(G), wdims[1] = N;
-        kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / 127, 1.5 / 127, false)->id;
+        kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / half, 1.5 / half, false)->id;
         kf_id zw = qconst(G, wt, 1, &N, 0), wq, wd;
         kf_id wqin[3] = {w, sw, zw};
         attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 1);

@@ -314,11 +314,11 @@ Test(cg_quant, a_select_after_a_row_normalization_leaves_its_group) {
 }
 
 /* Forms the kernels do not compute stay opaque host steps with the
- * reference's semantics: blocked scales, 16-bit integers. */
-Test(cg_quant, blocked_and_16_bit_quantization_stay_opaque) {
-    kf_model *m = gt_parse("opset 21\ninput x float[4, 6]\n"
-                           "const s float[4, 2] = 0.1\nconst z int16[] = 0\nconst t float[] = 0.1\n"
-                           "q = QuantizeLinear(x, s) {axis=1, block_size=3}\n"
+ * reference's semantics: 16-bit integers, an opset-23 precision. */
+Test(cg_quant, sixteen_bit_and_reduced_precision_quantization_stay_opaque) {
+    kf_model *m = gt_parse("opset 23\ninput x float[4, 6]\n"
+                           "const z int16[] = 0\nconst t float[] = 0.1\n"
+                           "q = QuantizeLinear(x, t) {precision=10}\n"
                            "r = QuantizeLinear(x, t, z)\n"
                            "output q\noutput r\n");
     kf_plan *p = cgu_plan(m);
@@ -331,6 +331,36 @@ Test(cg_quant, blocked_and_16_bit_quantization_stay_opaque) {
     kf_model_free(m);
 }
 
+/* 4-bit integers and blocked scales (opset 21): int4 with blocks of 3 along
+ * axis 1 (6 -> 2 blocks) and zero points per block, uint4 per channel,
+ * float8 in blocks of 4 along the last axis (10 -> 3, the last one short);
+ * saturating (|x| / 0.05 reaches 20, past int4's 7). One elementwise group,
+ * bit for bit. */
+#define QDQ_4BIT_BLOCKED                                                                               \
+    "opset 21\ninput x float[4, 6, 10]\n"                                                              \
+    "const s float[4, 2, 10] = 0.05 0.2 0.1 0.3\nconst z int4[4, 2, 10] = 0 -1 2 3 -4\n"                \
+    "const t float[10] = 0.1 0.15 0.2 0.25 0.3\nconst u uint4[10] = 8 7 9\n"                           \
+    "const b float[4, 6, 3] = 0.01 0.02 0.005\n"                                                       \
+    "q = QuantizeLinear(x, s, z) {axis=1, block_size=3}\n"                                             \
+    "d = DequantizeLinear(q, s, z) {axis=1, block_size=3}\n"                                           \
+    "p = QuantizeLinear(d, t, u) {axis=-1}\n"                                                          \
+    "e = DequantizeLinear(p, t, u) {axis=2}\n"                                                         \
+    "f = QuantizeLinear(x, b) {axis=2, block_size=4, output_dtype=17}\n"                               \
+    "h = DequantizeLinear(f, b) {axis=2, block_size=4}\n"                                              \
+    "y = Add(e, h)\n"                                                                                  \
+    "output q\noutput p\noutput f\noutput y\n"
+
+Test(cg_quant, four_bit_and_blocked_quantization_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QDQ_4BIT_BLOCKED);
+    kf_plan *p = cgu_plan(m);
+    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
+    cr_assert_eq(p->groups[0].kind, KF_GROUP_ELEMWISE);
+    kf_plan_free(p);
+    kf_model_free(m);
+    cr_assert_eq(run_kinds(QDQ_4BIT_BLOCKED, EW, 0), 1);
+}
+
 Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     const char *why = kf_nvrtc_unavailable();
     if (why) {
@@ -339,6 +369,7 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     }
     cr_assert_eq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE, EW), 1);
     cr_assert_geq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE_16, EW), 1);
+    cr_assert_eq(cgu_nvrtc_check_text(QDQ_4BIT_BLOCKED, EW), 1);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
