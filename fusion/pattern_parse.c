@@ -22,6 +22,7 @@ typedef struct tok {
     char text[256];
     double num;
     bool is_int;
+    bool too_big;   /* an integer past int64 (ival holds the saturated value) */
     int64_t ival;
 } tok;
 
@@ -71,7 +72,9 @@ static void next(lexer *lx) {
         t->is_int = true;
         for (const char *q = num; q < e; q++)
             if (*q == '.' || *q == 'e' || *q == 'E' || *q == 'n' || *q == 'i') t->is_int = false;
+        errno = 0;
         t->ival = t->is_int ? strtoll(num, NULL, 10) : 0;
+        t->too_big = t->is_int && errno == ERANGE;
         lx->p = e > num ? s + (e - num) : s + 1;
         t->kind = T_NUM;
     } else if (*s == '"') {
@@ -140,6 +143,7 @@ static kf_status parse_attr_value(lexer *lx, const char *name, kf_attr *a) {
     memset(a, 0, sizeof *a);
     a->name = kf_strdup(name);
     if (!a->name) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (lx->t.kind == T_NUM && lx->t.too_big) return perr(lx, "integer of attribute '%s' is past int64", name);
     if (lx->t.kind == T_NUM) {
         if (lx->t.is_int) {
             a->type = KF_ATTR_INT;
@@ -161,10 +165,13 @@ static kf_status parse_attr_value(lexer *lx, const char *name, kf_attr *a) {
     if (is(lx, "[")) {
         next(lx);
         double vals[64];
+        int64_t ivals[64];
         bool all_int = true;
         int n = 0;
         while (!is(lx, "]")) {
             if (lx->t.kind != T_NUM || n >= 64) return perr(lx, "expected a number in the list for '%s'", name);
+            if (lx->t.too_big) return perr(lx, "integer in the list for '%s' is past int64", name);
+            ivals[n] = lx->t.ival;
             vals[n++] = lx->t.num;
             all_int &= lx->t.is_int;
             next(lx);
@@ -177,7 +184,7 @@ static kf_status parse_attr_value(lexer *lx, const char *name, kf_attr *a) {
             a->type = KF_ATTR_INTS;
             a->ints = kf_calloc((size_t)n, sizeof(int64_t));
             if (!a->ints) return kf_fail(KF_ERR_NOMEM, "out of memory");
-            for (int i = 0; i < n; i++) a->ints[i] = (int64_t)vals[i];
+            memcpy(a->ints, ivals, (size_t)n * sizeof(int64_t));
         } else {
             a->type = KF_ATTR_FLOATS;
             a->floats = kf_calloc((size_t)n, sizeof(float));

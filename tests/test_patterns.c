@@ -326,8 +326,11 @@ Test(patterns, qdq_syntax_errors_name_the_line) {
         "rule r\n  match\n    y = Neg(x)\n  where\n    same_attr y x.axis\n  replace\n    y = x\nend\n",
         /* an attribute example that is not a list of name=value */
         "rule r\n  match\n    y = Neg(x)\n  replace\n    y = x\n  example y {axis}\nend\n",
+        /* integers past int64, in a list and alone (a float cast to int64 there was undefined) */
+        "rule r\n  match\n    y = Neg(x)\n  replace\n    y = x\n  example y {pads=[1, 177777777777777777777777777]}\nend\n",
+        "rule r\n  match\n    y = Neg(x)\n  replace\n    y = x\n  example y {axis=99999999999999999999}\nend\n",
     };
-    const int line[] = {6, 5, 5, 6};
+    const int line[] = {6, 5, 5, 6, 6, 6};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         kf_ruleset rs = {0};
         cr_assert_eq(kf_rules_parse(&rs, bad[i], strlen(bad[i]), "q.kfp"), KF_ERR_BAD_MODEL, "case %zu", i);
