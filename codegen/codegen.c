@@ -2089,9 +2089,7 @@ static int view_chain(const gen *st, kf_id v, const kf_type *xt, const kf_node *
         kf_id pn = st->g->values[v].producer;
         if (!pn || st->p->group_of[pn] != st->gi) return 0;
         const kf_node *n = &st->g->nodes[pn];
-        if (n->op != KF_OP_RESHAPE && n->op != KF_OP_FLATTEN && n->op != KF_OP_SQUEEZE && n->op != KF_OP_UNSQUEEZE &&
-            n->op != KF_OP_IDENTITY && n->op != KF_OP_TRANSPOSE)
-            return 0;
+        if (!kf_plan_is_view(n)) return 0;
         chain[depth] = n;
         v = n->in[0];
     }

@@ -175,6 +175,12 @@ kf_status kf_plan_build_at(kf_model *m, const kf_plan_options *o, const char *co
  * KF_PLAN_CYCLE_BUDGET. */
 const char *kf_plan_merge_reason(const kf_plan *p, uint32_t a, uint32_t b, bool horizontal);
 
+/* Is n a view: data movement that keeps every element (Reshape, Flatten,
+ * Squeeze, Unsqueeze, Identity, Transpose)? What a reduction kernel may
+ * write after its rows (codegen.c view_chain; the planner's
+ * row_epilogue_reason). */
+bool kf_plan_is_view(const kf_node *n);
+
 /* Frees a plan (NULL is fine). */
 void kf_plan_free(kf_plan *p);
 

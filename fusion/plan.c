@@ -579,6 +579,11 @@ static bool moves_rows(const pl_state *s, const kf_node *n) {
     return false;
 }
 
+bool kf_plan_is_view(const kf_node *n) {
+    return n->op == KF_OP_RESHAPE || n->op == KF_OP_FLATTEN || n->op == KF_OP_SQUEEZE || n->op == KF_OP_UNSQUEEZE ||
+           n->op == KF_OP_IDENTITY || n->op == KF_OP_TRANSPOSE;
+}
+
 /* The members of the union of groups ra and rb in s->ubuf, in
  * topological (position) order; returns their count. */
 static uint32_t union_members(pl_state *s, uint32_t ra, uint32_t rb) {
@@ -626,9 +631,7 @@ static const char *row_epilogue_reason(pl_state *s, uint32_t n, uint32_t ra, uin
         }
         if (id != R && (f & PL_M_AFTER_R)) {
             if (pl_layout_op(g, nd)) {
-                bool view = nd->op == KF_OP_RESHAPE || nd->op == KF_OP_FLATTEN || nd->op == KF_OP_SQUEEZE ||
-                            nd->op == KF_OP_UNSQUEEZE || nd->op == KF_OP_IDENTITY || nd->op == KF_OP_TRANSPOSE;
-                if (!view) return KF_REASON_SPACE;
+                if (!kf_plan_is_view(nd)) return KF_REASON_SPACE;
                 if (!nd->out[0] || !same_dims(&g->values[nd->in[0]].type, &g->values[nd->out[0]].type)) f |= PL_M_MOVED;
             } else if (f & PL_M_MOVED) {
                 return KF_REASON_SPACE;

@@ -23,6 +23,12 @@ static void keep(void *user, const kf_graph *g, kf_id node, const kf_tensor *out
         if (n->out[j]) cr_assert_eq(kf_tensor_copy(&r->t[n->out[j]], &outs[j]), KF_OK);
 }
 
+uint32_t cgu_group_of(const kf_model *m, const kf_plan *p, const char *name) {
+    kf_id v = kf_graph_find(m->graph, name);
+    cr_assert(v && m->graph->values[v].producer, "no produced value '%s'", name);
+    return p->group_of[m->graph->values[v].producer];
+}
+
 cgu_refvals cgu_reference(const kf_model *m) {
     const kf_graph *g = m->graph;
     cgu_refvals r = {calloc(g->nvalues + 1, sizeof(kf_tensor)), g->nvalues};

@@ -14,6 +14,10 @@
 /* The default plan of m (fusion on, no fuel limit); asserts it builds. */
 kf_plan *cgu_plan(kf_model *m);
 
+/* The group of plan p holding the node that writes value `name` of m
+ * (asserts there is one). */
+uint32_t cgu_group_of(const kf_model *m, const kf_plan *p, const char *name);
+
 /* Every value's reference tensor by value id (t[v], v <= n), from one run
  * of the reference evaluator on random inputs (seed printed by tu_seed). */
 typedef struct cgu_refvals {

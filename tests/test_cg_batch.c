@@ -56,13 +56,6 @@
 
 /* ---- helpers -------------------------------------------------------------- */
 
-/* The group of the node that writes value `name`. */
-static uint32_t group_of(const kf_model *m, const kf_plan *p, const char *name) {
-    kf_id v = kf_graph_find(m->graph, name);
-    cr_assert(v && m->graph->values[v].producer, "no value '%s'", name);
-    return p->group_of[m->graph->values[v].producer];
-}
-
 /* Is group `to` reachable from group `from` in p's group DAG? */
 static bool reaches(const kf_model *m, const kf_plan *p, uint32_t from, uint32_t to) {
     const kf_graph *g = m->graph;
@@ -105,6 +98,13 @@ static void run_against_ref(const kf_cg_kernel *k, const cgu_refvals *r) {
         cr_assert(kf_run_close(&out[o], &r->t[k->outs[o].value], why, sizeof why), "output %u: %s\n%s", o, why, k->body);
         kf_tensor_release(&out[o]);
     }
+}
+
+/* run_against_ref on the reference of m's own random inputs. */
+static void run_against_model(const kf_cg_kernel *k, const kf_model *m) {
+    cgu_refvals r = cgu_reference(m);
+    run_against_ref(k, &r);
+    cgu_refvals_free(&r);
 }
 
 typedef struct batch_figures {
@@ -183,13 +183,11 @@ Test(cg_batch, float8_members_bring_their_prelude_part) {
     tu_seed();
     kf_model *m = gt_parse(FLOAT8_MEMBERS);
     kf_plan *p = cgu_plan(m);
-    uint32_t gs[3] = {group_of(m, p, "ya"), group_of(m, p, "yb"), group_of(m, p, "yc")};
+    uint32_t gs[3] = {cgu_group_of(m, p, "ya"), cgu_group_of(m, p, "yb"), cgu_group_of(m, p, "yc")};
     kf_cg_kernel k;
     cr_assert_eq(kf_cg_batch(m, p, gs, 3, &k), KF_OK, "%s", kf_last_error());
     cr_assert_eq(k.parts, KF_CG_PART_F8);
-    cgu_refvals r = cgu_reference(m);
-    run_against_ref(&k, &r);
-    cgu_refvals_free(&r);
+    run_against_model(&k, m);
     kf_cg_kernel_release(&k);
     kf_plan_free(p);
     kf_model_free(m);
@@ -208,7 +206,7 @@ Test(cg_batch, members_past_the_launch_cap_share_it_out) {
     tu_seed();
     kf_model *m = gt_parse(CAPPED);
     kf_plan *p = cgu_plan(m);
-    uint32_t gs[4] = {group_of(m, p, "ya"), group_of(m, p, "yb"), group_of(m, p, "yc"), group_of(m, p, "yd")};
+    uint32_t gs[4] = {cgu_group_of(m, p, "ya"), cgu_group_of(m, p, "yb"), cgu_group_of(m, p, "yc"), cgu_group_of(m, p, "yd")};
     kf_cg_kernel k;
     cr_assert_eq(kf_cg_batch(m, p, gs, 4, &k), KF_OK, "%s", kf_last_error());
     int64_t want = 0;
@@ -220,9 +218,7 @@ Test(cg_batch, members_past_the_launch_cap_share_it_out) {
     }
     cr_assert_gt(want * k.block, KF_CG_BATCH_MAX_ITEMS, "the members must ask for more than the cap (%lld groups)", (long long)want);
     cr_assert_eq(k.numel, KF_CG_BATCH_MAX_ITEMS / k.block * k.block, "the cap is used, not passed: %lld", (long long)k.numel);
-    cgu_refvals r = cgu_reference(m);
-    run_against_ref(&k, &r);
-    cgu_refvals_free(&r);
+    run_against_model(&k, m);
     kf_cg_kernel_release(&k);
     kf_plan_free(p);
     kf_model_free(m);
@@ -235,7 +231,7 @@ Test(cg_batch, declines_anchors_dependent_groups_and_too_many_parameters) {
                            "a = MatMul(x, w)\nb = Softmax(x) {axis=-1}\nd = Softmax(b) {axis=0}\n"
                            "output a\noutput d\n");
     kf_plan *p = cgu_plan(m);
-    uint32_t ga = group_of(m, p, "a"), gb = group_of(m, p, "b"), gd = group_of(m, p, "d");
+    uint32_t ga = cgu_group_of(m, p, "a"), gb = cgu_group_of(m, p, "b"), gd = cgu_group_of(m, p, "d");
     cr_assert_neq(gb, gd, "two reductions are two groups");
     kf_cg_kernel k;
     uint32_t anchor[2] = {ga, gb}, chain[2] = {gb, gd};
@@ -263,7 +259,7 @@ Test(cg_batch, declines_anchors_dependent_groups_and_too_many_parameters) {
                  "t = Sum(x12, x13, x14, x15, x16, x17, x18, x19, x20, x21, x22, x23)\noutput s\noutput t\n");
     m = gt_parse(text);
     p = cgu_plan(m);
-    uint32_t two[2] = {group_of(m, p, "s"), group_of(m, p, "t")};
+    uint32_t two[2] = {cgu_group_of(m, p, "s"), cgu_group_of(m, p, "t")};
     cr_assert_eq(p->groups[two[0]].launch, p->groups[two[1]].launch, "the planner batches them");
     cr_assert_eq(kf_cg_batch(m, p, two, 2, &k), KF_ERR_UNSUPPORTED);
     cr_assert_not_null(strstr(kf_last_error(), "parameters"), "%s", kf_last_error());

@@ -204,11 +204,10 @@ Test(cg_float8, float8_qdq_matmul_runs_on_the_device_and_matches_the_reference) 
     cgu_need_opencl();
     kf_model *m = gt_parse(F8_MATMUL);
     kf_plan *p = cgu_plan(m);
-    const kf_graph *g = m->graph;
-    uint32_t ga = p->group_of[g->values[kf_graph_find(g, "m")].producer];
+    uint32_t ga = cgu_group_of(m, p, "m");
     cr_assert_eq(p->groups[ga].kind, KF_GROUP_ANCHOR);
-    cr_assert_eq(p->group_of[g->values[kf_graph_find(g, "xd")].producer], ga, "the dequantize is not the anchor's prologue");
-    cr_assert_eq(p->group_of[g->values[kf_graph_find(g, "o")].producer], ga, "the quantize is not the anchor's epilogue");
+    cr_assert_eq(cgu_group_of(m, p, "xd"), ga, "the dequantize is not the anchor's prologue");
+    cr_assert_eq(cgu_group_of(m, p, "o"), ga, "the quantize is not the anchor's epilogue");
     kf_plan_free(p);
     kf_exec_stats s = cgu_opencl_matches_ref(m, 2);
     cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);

@@ -270,10 +270,9 @@ Test(cg_quant, integer_anchor_groups_hold_the_requantize_and_nothing_runs_on_the
     cgu_need_opencl();
     kf_model *m = gt_parse(CONV_INTEGER);
     kf_plan *p = cgu_plan(m);
-    const kf_graph *g = m->graph;
-    uint32_t ga = p->group_of[g->values[kf_graph_find(g, "acc")].producer];
+    uint32_t ga = cgu_group_of(m, p, "acc");
     cr_assert_eq(p->groups[ga].kind, KF_GROUP_ANCHOR);
-    cr_assert_eq(p->group_of[g->values[kf_graph_find(g, "o")].producer], ga, "the requantize is a group of its own");
+    cr_assert_eq(cgu_group_of(m, p, "o"), ga, "the requantize is a group of its own");
     kf_plan_free(p);
     kf_exec_stats s = cgu_opencl_matches_ref(m, 2);
     cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
@@ -299,10 +298,7 @@ Test(cg_quant, a_select_after_a_row_normalization_leaves_its_group) {
     for (int c = 0; c < 2; c++) {
         kf_model *m = gt_parse(texts[c]);
         kf_plan *p = cgu_plan(m);
-        const kf_graph *g = m->graph;
-        uint32_t gn = p->group_of[g->values[kf_graph_find(g, "n")].producer];
-        if (c == 0)
-            cr_assert_neq(p->group_of[g->values[kf_graph_find(g, "q")].producer], gn, "the quantize joined the norm");
+        if (c == 0) cr_assert_neq(cgu_group_of(m, p, "q"), cgu_group_of(m, p, "n"), "the quantize joined the norm");
         for (uint32_t gi = 0; gi < p->ngroups; gi++) {
             char why[512];
             if (p->groups[gi].kind == KF_GROUP_CONST) continue;

@@ -44,10 +44,9 @@
     "output q\noutput z\noutput g\noutput hz\n"
 
 /* A copy of m optimized as an int8 plan is (weights quantised once by
- * folding, their DequantizeLinear kept) and rewritten for INT8 (graph
- * text draws its random constants anew at each parse: compare copies,
- * never two parses). */
-static kf_model *int8_of(const kf_model *m, kf_int8_stats *st) {
+ * folding, their DequantizeLinear kept; graph text draws its random
+ * constants anew at each parse: compare copies, never two parses). */
+static kf_model *optimized_quantized(const kf_model *m) {
     kf_model *c = gt_copy(m);
     kf_opt_options o;
     kf_opt_options_default(&o);
@@ -55,27 +54,40 @@ static kf_model *int8_of(const kf_model *m, kf_int8_stats *st) {
     kf_opt_result res;
     cr_assert_eq(kf_optimize(c, &o, &res), KF_OK, "%s", kf_last_error());
     kf_rules_free(&res.rules);
+    return c;
+}
+
+/* optimized_quantized, then rewritten for INT8. */
+static kf_model *int8_of(const kf_model *m, kf_int8_stats *st) {
+    kf_model *c = optimized_quantized(m);
     cr_assert_eq(kf_fuse_int8(c, st), KF_OK, "%s", kf_last_error());
     return c;
 }
 
-/* The int8 plan of graph text on OpenCL: nothing on the host, outputs
- * equal to the reference on the rewritten graph (the quantised ones bit
- * for bit: kf_run_close holds integers exact). */
-static void int8_plan_matches_ref(const char *text) {
-    cgu_need_opencl();
-    kf_model *m = gt_parse(text), *want = int8_of(m, NULL);
+/* m's plan at precision p (INT8 or INT8_FP16) on OpenCL: nothing on the
+ * host, outputs equal to the reference on want, m's integer graph, at p's
+ * whole-model bound (at INT8 the quantised ones bit for bit: kf_run_close
+ * holds integers exact), `runs` times. */
+static void plan_matches_integer_ref(const kf_model *m, const kf_model *want, kf_precision p, int runs) {
     kf_exec_options o;
     kf_exec_options_default(&o);
     o.backend = KF_EXEC_OPENCL;
-    o.precision = KF_PRECISION_INT8;
+    o.precision = p;
     kf_exec *x = NULL;
     cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref_model(x, want, 3, KF_PRECISION_INT8); /* the float Gemm's 256-term sums may cancel */
+    cgu_exec_matches_ref_model(x, want, runs, p);
     kf_exec_stats s;
     kf_exec_get_stats(x, &s);
     cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
     kf_exec_free(x);
+}
+
+/* The int8 plan of graph text on OpenCL against the reference on its
+ * integer graph (3 runs: a float Gemm's 256-term sums may cancel). */
+static void int8_plan_matches_ref(const char *text) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(text), *want = int8_of(m, NULL);
+    plan_matches_integer_ref(m, want, KF_PRECISION_INT8, 3);
     kf_model_free(m);
     kf_model_free(want);
 }
@@ -441,17 +453,7 @@ Test(pass_qint, int8_fp16_scales_the_sums_in_float32_before_float16) {
     cr_assert_eq(kept, 1);
     cr_assert_eq(gt_count(low, "Relu"), 1);
     kf_model_free(low);
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    o.precision = KF_PRECISION_INT8_FP16;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref_model(x, want, 2, KF_PRECISION_INT8_FP16);
-    kf_exec_stats s;
-    kf_exec_get_stats(x, &s);
-    cr_assert_eq(s.groups_ref, 0, "%u groups ran on the host", s.groups_ref);
-    kf_exec_free(x);
+    plan_matches_integer_ref(m, want, KF_PRECISION_INT8_FP16, 2);
     kf_model_free(m);
     kf_model_free(want);
 }
@@ -471,13 +473,7 @@ Test(pass_qint, int8_fp16_scales_the_sums_in_float32_before_float16) {
     "output a\noutput b\n"
 
 Test(pass_qint, weights_no_integer_anchor_takes_fold_after_the_pass) {
-    kf_model *m = gt_parse(QDQ_MIXED_WEIGHTS), *c = gt_copy(m);
-    kf_opt_options o;
-    kf_opt_options_default(&o);
-    o.keep_quantized = true;
-    kf_opt_result res;
-    cr_assert_eq(kf_optimize(c, &o, &res), KF_OK, "%s", kf_last_error());
-    kf_rules_free(&res.rules);
+    kf_model *m = gt_parse(QDQ_MIXED_WEIGHTS), *c = optimized_quantized(m);
     cr_assert_eq(gt_count(c, "DequantizeLinear"), 3, "the optimizer kept the weights' DequantizeLinear");
     cr_assert_eq(kf_precision_passes(c, KF_PRECISION_INT8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
     cr_assert_eq(gt_count(c, "MatMulInteger"), 1);
