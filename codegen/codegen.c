@@ -441,14 +441,25 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
 
 /* ---- dtypes ------------------------------------------------------------------ */
 
-/* The format macro of a float8 type (the prelude part KF_CG_PART_F8), NULL
- * for other types. */
-static const char *f8_format(kf_dtype dt) {
+/* A small float type generated kernels keep a byte a value (float8, and
+ * float4 in the low four bits): the optional prelude part that holds its
+ * conversions, the suffix of its macros (KF_LOAD_<sfx>, KF_STORE_<sfx>,
+ * KF_ROUND_<sfx>) and its format argument. NULL for other types. */
+typedef struct small_float {
+    uint32_t part;
+    const char *sfx, *fmt;
+} small_float;
+
+static const small_float *small_float_of(kf_dtype dt) {
+    static const small_float e4m3fn = {KF_CG_PART_F8, "F8", "KF_E4M3FN"}, e4m3fnuz = {KF_CG_PART_F8, "F8", "KF_E4M3FNUZ"},
+                             e5m2 = {KF_CG_PART_F8, "F8", "KF_E5M2"}, e5m2fnuz = {KF_CG_PART_F8, "F8", "KF_E5M2FNUZ"},
+                             e2m1 = {KF_CG_PART_F4, "F4", "KF_E2M1"};
     switch (dt) {
-    case KF_DT_FLOAT8E4M3FN: return "KF_E4M3FN";
-    case KF_DT_FLOAT8E4M3FNUZ: return "KF_E4M3FNUZ";
-    case KF_DT_FLOAT8E5M2: return "KF_E5M2";
-    case KF_DT_FLOAT8E5M2FNUZ: return "KF_E5M2FNUZ";
+    case KF_DT_FLOAT8E4M3FN: return &e4m3fn;
+    case KF_DT_FLOAT8E4M3FNUZ: return &e4m3fnuz;
+    case KF_DT_FLOAT8E5M2: return &e5m2;
+    case KF_DT_FLOAT8E5M2FNUZ: return &e5m2fnuz;
+    case KF_DT_FLOAT4E2M1: return &e2m1;
     default: return NULL;
     }
 }
@@ -460,10 +471,12 @@ static const char *f8_format(kf_dtype dt) {
  * is one byte, integers compute as they are. */
 static bool dtype_ok(kf_dtype dt) {
     return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16 || dt == KF_DT_BOOL ||
-           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT8 || dt == KF_DT_UINT8 || dt == KF_DT_INT4 ||
-           dt == KF_DT_UINT4 || f8_format(dt);
+           dt == KF_DT_INT32 || dt == KF_DT_INT64 || dt == KF_DT_INT16 || dt == KF_DT_UINT16 || dt == KF_DT_INT8 ||
+           dt == KF_DT_UINT8 || dt == KF_DT_INT4 || dt == KF_DT_UINT4 || small_float_of(dt);
 }
-#define DTYPES_OK "float32, float16, bfloat16, the four float8 types, int32, int64, int8, uint8, int4, uint4 and bool are generated"
+#define DTYPES_OK                                                                                                      \
+    "float32, float16, bfloat16, the four float8 types, float4e2m1, int32, int64, int16, uint16, int8, uint8, int4, " \
+    "uint4 and bool are generated"
 static bool is_real(kf_dtype dt) { return dt == KF_DT_FLOAT || dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16; }
 
 /* The register type values of dt compute in. */
@@ -474,7 +487,9 @@ static const char *ctype(kf_dtype dt) {
     case KF_DT_UINT8:
     case KF_DT_INT4:
     case KF_DT_UINT4:
+    case KF_DT_INT16: /* products of two fit */
     case KF_DT_INT32: return "int";
+    case KF_DT_UINT16: /* 65535 * 65535 does not fit an int */
     case KF_DT_INT64: return "kf_i64";
     default: return "float";
     }
@@ -490,9 +505,11 @@ static const char *mtype(kf_dtype dt) {
     case KF_DT_INT4: return "signed char"; /* a 4-bit value a byte, sign-extended (graph/dtype_small.c) */
     case KF_DT_UINT8:
     case KF_DT_UINT4: return "unsigned char";
+    case KF_DT_INT16: return "short";
+    case KF_DT_UINT16: return "unsigned short";
     case KF_DT_INT32: return "int";
     case KF_DT_INT64: return "kf_i64";
-    default: return f8_format(dt) ? "unsigned char" : "float";
+    default: return small_float_of(dt) ? "unsigned char" : "float";
     }
 }
 
@@ -1002,19 +1019,20 @@ static bool emit_expr(gen *st, const kf_node *n, kf_id v, const ix *at, char *na
 static bool emit_cast(gen *st, const kf_node *n, kf_id v, const ix *at, char *name) {
     char x[NAMELEN];
     kf_dtype to = st->g->values[v].type.dtype, from = st->g->values[n->in[0]].type.dtype;
-    if ((to == KF_DT_INT8 || to == KF_DT_UINT8 || to == KF_DT_INT4 || to == KF_DT_UINT4) && from != to &&
-        from != KF_DT_BOOL)
+    if ((to == KF_DT_INT8 || to == KF_DT_UINT8 || to == KF_DT_INT4 || to == KF_DT_UINT4 || to == KF_DT_INT16 ||
+         to == KF_DT_UINT16) &&
+        from != to && from != KF_DT_BOOL)
         return fail(st, "node '%s': Cast to %s from %s is not generated (out-of-range values would wrap)",
                     kf_node_label(n), kf_dtype_name(to), kf_dtype_name(from));
-    bool f8_to = f8_format(to) != NULL, f8_from = f8_format(from) != NULL;
-    if ((f8_to && !is_real(from) && !f8_from) || (f8_from && !is_real(to) && !f8_to))
-        return fail(st, "node '%s': Cast to %s from %s is not generated (float8 converts from and to floats)",
+    const small_float *sf_to = small_float_of(to), *sf_from = small_float_of(from);
+    if ((sf_to && !is_real(from) && !sf_from) || (sf_from && !is_real(to) && !sf_to))
+        return fail(st, "node '%s': Cast to %s from %s is not generated (float8 and float4 convert from and to floats)",
                     kf_node_label(n), kf_dtype_name(to), kf_dtype_name(from));
     if (!emit(st, n->in[0], at, x)) return false;
     char rhs[96]; /* a cast of one name */
-    if (f8_to) { /* rounded as stored (Cast's saturate: out-of-range to the largest value, else NaN/Inf) */
-        snprintf(rhs, sizeof rhs, "KF_ROUND_F8(%s, %d, %s)", x, kf_attr_i(n, "saturate", 1) != 0, f8_format(to));
-        st->k->parts |= KF_CG_PART_F8;
+    if (sf_to) { /* rounded as stored (Cast's saturate: out-of-range to the largest value, else NaN/Inf; float4 always saturates) */
+        snprintf(rhs, sizeof rhs, "KF_ROUND_%s(%s, %d, %s)", sf_to->sfx, x, kf_attr_i(n, "saturate", 1) != 0, sf_to->fmt);
+        st->k->parts |= sf_to->part;
     } else if (to == KF_DT_BOOL) snprintf(rhs, sizeof rhs, "(%s != 0)", x);
     else snprintf(rhs, sizeof rhs, "(%s)%s", ctype(to), x);
     return define(st, v, name, rhs);
@@ -1036,9 +1054,11 @@ static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
     const kf_type *xt = &st->g->values[n->in[0]].type;
     char x[NAMELEN], par[2][NAMELEN] = {"", "0"};
     /* float8: no zero point (the reference ignores it); QuantizeLinear does not round to integers */
-    const char *f8 = f8_format(n->op == KF_OP_DEQUANTIZE_LINEAR ? xt->dtype : st->g->values[v].type.dtype);
+    const small_float *sf = small_float_of(n->op == KF_OP_DEQUANTIZE_LINEAR ? xt->dtype : st->g->values[v].type.dtype);
+    if (sf && sf->part == KF_CG_PART_F4 && n->op == KF_OP_QUANTIZE_LINEAR && n->nin > 2 && n->in[2])
+        return fail(st, "node '%s': QuantizeLinear to float4 with a zero point is not generated", kf_node_label(n));
     if (!emit(st, n->in[0], at, x)) return false;
-    for (int slot = 1; slot < (f8 ? 2 : 3) && slot < n->nin; slot++) {
+    for (int slot = 1; slot < (sf ? 2 : 3) && slot < n->nin; slot++) {
         kf_id p = n->in[slot];
         if (!p) continue;
         const kf_type *pt = &st->g->values[p].type;
@@ -1066,10 +1086,12 @@ static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
         if (!emit(st, p, &pi, par[slot - 1])) return false;
     }
     char rhs[192]; /* a few names and two bounds */
-    if (f8) {
+    if (sf) {
         if (n->op == KF_OP_DEQUANTIZE_LINEAR) snprintf(rhs, sizeof rhs, "%s * %s", x, par[0]);
-        else snprintf(rhs, sizeof rhs, "KF_ROUND_F8(%s / %s, %d, %s)", x, par[0], kf_attr_i(n, "saturate", 1) != 0, f8);
-        st->k->parts |= KF_CG_PART_F8;
+        else
+            snprintf(rhs, sizeof rhs, "KF_ROUND_%s(%s / %s, %d, %s)", sf->sfx, x, par[0], kf_attr_i(n, "saturate", 1) != 0,
+                     sf->fmt);
+        st->k->parts |= sf->part;
         return define(st, v, name, rhs);
     }
     if (n->op == KF_OP_DEQUANTIZE_LINEAR) {
@@ -1077,8 +1099,12 @@ static bool emit_qdq(gen *st, const kf_node *n, kf_id v, const ix *at, char *nam
         return define(st, v, name, rhs);
     }
     kf_dtype qt = st->g->values[v].type.dtype;
-    int lo = qt == KF_DT_UINT8 || qt == KF_DT_UINT4 ? 0 : qt == KF_DT_INT4 ? -8 : -128;
-    int hi = qt == KF_DT_UINT8 ? 255 : qt == KF_DT_UINT4 ? 15 : qt == KF_DT_INT4 ? 7 : 127;
+    int lo = qt == KF_DT_UINT8 || qt == KF_DT_UINT4 || qt == KF_DT_UINT16 ? 0
+             : qt == KF_DT_INT4                                          ? -8
+             : qt == KF_DT_INT16                                         ? -32768
+                                                                         : -128;
+    int hi = qt == KF_DT_UINT8 ? 255 : qt == KF_DT_UINT4 ? 15 : qt == KF_DT_INT4 ? 7 : qt == KF_DT_INT16 ? 32767
+             : qt == KF_DT_UINT16 ? 65535 : 127;
     char t[NAMELEN];
     snprintf(t, NAMELEN, "t%d", st->ntemp++);
     kf_cg_printf(st->s, "%sconst float %s = KF_RINT(%s / %s) + (float)%s;\n", st->ind, t, x, par[0], par[1]);
@@ -1767,9 +1793,10 @@ static bool emit(gen *st, kf_id v, const ix *at, char *name) {
         kf_cg_printf(st->s, "%sconst %s %s = ", st->ind, ctype(dt), name);
         if (dt == KF_DT_FLOAT16) kf_cg_printf(st->s, "KF_LOAD_HALF(in%d, %s);\n", pi, off);
         else if (dt == KF_DT_BFLOAT16) kf_cg_printf(st->s, "KF_LOAD_BF16(in%d, %s);\n", pi, off);
-        else if (f8_format(dt)) {
-            kf_cg_printf(st->s, "KF_LOAD_F8(in%d, %s, %s);\n", pi, off, f8_format(dt));
-            st->k->parts |= KF_CG_PART_F8;
+        else if (small_float_of(dt)) {
+            const small_float *sf = small_float_of(dt);
+            kf_cg_printf(st->s, "KF_LOAD_%s(in%d, %s, %s);\n", sf->sfx, pi, off, sf->fmt);
+            st->k->parts |= sf->part;
         }
         else if (dt == KF_DT_BOOL) kf_cg_printf(st->s, "in%d[%s] != 0;\n", pi, off);
         else kf_cg_printf(st->s, "in%d[%s];\n", pi, off);
@@ -1786,9 +1813,10 @@ static bool store(gen *st, uint32_t o, const ix *at) {
     offset_of(st, t, at, off);
     if (t->dtype == KF_DT_FLOAT16) kf_cg_printf(st->s, "%sKF_STORE_HALF(out%u, %s, %s);\n", st->ind, o, off, x);
     else if (t->dtype == KF_DT_BFLOAT16) kf_cg_printf(st->s, "%sKF_STORE_BF16(out%u, %s, %s);\n", st->ind, o, off, x);
-    else if (f8_format(t->dtype)) {
-        kf_cg_printf(st->s, "%sKF_STORE_F8(out%u, %s, %s, %s);\n", st->ind, o, off, x, f8_format(t->dtype));
-        st->k->parts |= KF_CG_PART_F8;
+    else if (small_float_of(t->dtype)) {
+        const small_float *sf = small_float_of(t->dtype);
+        kf_cg_printf(st->s, "%sKF_STORE_%s(out%u, %s, %s, %s);\n", st->ind, sf->sfx, o, off, x, sf->fmt);
+        st->k->parts |= sf->part;
     } else if (t->dtype == KF_DT_BOOL) kf_cg_printf(st->s, "%sout%u[%s] = (unsigned char)(%s != 0);\n", st->ind, o, off, x);
     else kf_cg_printf(st->s, "%sout%u[%s] = %s;\n", st->ind, o, off, x);
     return true;
@@ -2872,18 +2900,52 @@ static const char f8_part[] =
     "#define KF_STORE_F8(p, i, v, fmt) ((p)[i] = (unsigned char)kf_f8_enc((v), 0, fmt))\n"
     "#define KF_ROUND_F8(x, sat, fmt) kf_f8_dec(kf_f8_enc((x), (sat), fmt), fmt)\n";
 
+/* The float4 part (KF_CG_PART_F4): E2M1, one byte a value holding the code
+ * in its low four bits (graph/dtype_small.c unpacks so), sign in bit 3.
+ * The eight magnitudes are 0, 0.5, 1, 1.5, 2, 3, 4, 6; a float rounds to
+ * the nearest (ties to the even code: each comparison below is strict where
+ * the tie goes down) and saturates at 6 (the format has no Inf and no NaN;
+ * NaN becomes -0 for a positive NaN and +0 for a negative one, as the
+ * reference, which follows ml_dtypes). */
+static const char f4_part[] =
+    "KF_F8_FUNC float kf_f4_dec(unsigned c) {\n"
+    "    const unsigned e = (c >> 1) & 3u, f = c & 1u;\n"
+    "    const float a = e ? (float)(2u + f) * KF_F8_AS_FLOAT((unsigned)(125 + e) << 23) : (float)f * 0.5f;\n"
+    "    return (c & 8u) ? -a : a;\n"
+    "}\n"
+    "KF_F8_FUNC unsigned kf_f4_enc(float x) {\n"
+    "    const unsigned s = (KF_F8_AS_UINT(x) >> 28) & 8u;\n"
+    "    if (KF_ISNAN(x)) return s ^ 8u;\n"
+    "    const float a = KF_F8_AS_FLOAT(KF_F8_AS_UINT(x) & 0x7fffffffu);\n"
+    "    return s | (unsigned)((a > 0.25f) + (a >= 0.75f) + (a > 1.25f) + (a >= 1.75f) + (a > 2.5f) + (a >= 3.5f) +\n"
+    "                          (a > 5.0f));\n"
+    "}\n"
+    "#define KF_E2M1 0\n"
+    "#define KF_LOAD_F4(p, i, fmt) kf_f4_dec((p)[i])\n"
+    "#define KF_STORE_F4(p, i, v, fmt) ((p)[i] = (unsigned char)kf_f4_enc(v))\n"
+    "#define KF_ROUND_F4(x, sat, fmt) kf_f4_dec(kf_f4_enc(x))\n";
+
+/* The optional parts a kernel uses, after the prelude. The float8 part
+ * comes first, its text the same whether float4 follows or not. */
 static void prelude_parts(kf_cg_target t, uint32_t parts, kf_cg_str *s) {
-    if (parts & KF_CG_PART_F8) {
-        kf_cg_puts(s, "/* kfuse prelude part: float8 storage */\n");
-        if (t == KF_CG_CUDA)
+    static const struct {
+        uint32_t bit;
+        const char *title, *text;
+    } table[] = {{KF_CG_PART_F8, "float8", f8_part}, {KF_CG_PART_F4, "float4", f4_part}};
+    bool helpers = false; /* KF_F8_FUNC and the bit casts, which both parts use */
+    for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
+        if (!(parts & table[i].bit)) continue;
+        kf_cg_printf(s, "/* kfuse prelude part: %s storage */\n", table[i].title);
+        if (!helpers && t == KF_CG_CUDA)
             kf_cg_puts(s, "#define KF_F8_FUNC __device__ inline\n"
                           "#define KF_F8_AS_FLOAT(u) __uint_as_float(u)\n"
                           "#define KF_F8_AS_UINT(f) __float_as_uint(f)\n");
-        else
+        else if (!helpers)
             kf_cg_puts(s, "#define KF_F8_FUNC\n"
                           "#define KF_F8_AS_FLOAT(u) as_float(u)\n"
                           "#define KF_F8_AS_UINT(f) as_uint(f)\n");
-        kf_cg_puts(s, f8_part);
+        helpers = true;
+        kf_cg_puts(s, table[i].text);
         kf_cg_puts(s, "\n");
     }
 }

@@ -17,12 +17,16 @@
 
 /* An 8-bit integer type, as quantised values are stored. */
 static bool int8_type(kf_dtype dt) { return dt == KF_DT_INT8 || dt == KF_DT_UINT8; }
-/* 4-bit integers: one byte a value in memory (graph/dtype_small.c). */
-static bool int4_type(kf_dtype dt) { return dt == KF_DT_INT4 || dt == KF_DT_UINT4; }
-/* A float8 format generated kernels store (codegen.c, KF_CG_PART_F8). */
-static bool float8_type(kf_dtype dt) {
+/* Integers a quantized value is held in, other than 8 bits: 4 bits (one
+ * byte a value in memory, graph/dtype_small.c) and 16. */
+static bool int_type_4_16(kf_dtype dt) {
+    return dt == KF_DT_INT4 || dt == KF_DT_UINT4 || dt == KF_DT_INT16 || dt == KF_DT_UINT16;
+}
+/* A small float format generated kernels store a byte a value (codegen.c,
+ * KF_CG_PART_F8 and KF_CG_PART_F4). */
+static bool small_float_type(kf_dtype dt) {
     return dt == KF_DT_FLOAT8E4M3FN || dt == KF_DT_FLOAT8E4M3FNUZ || dt == KF_DT_FLOAT8E5M2 ||
-           dt == KF_DT_FLOAT8E5M2FNUZ;
+           dt == KF_DT_FLOAT8E5M2FNUZ || dt == KF_DT_FLOAT4E2M1;
 }
 
 /* Input `slot` of n is absent or a static tensor of one element, or (when
@@ -50,12 +54,13 @@ static bool param_blocked(const kf_graph *g, const kf_node *n, int slot, const k
 }
 
 /* QuantizeLinear and DequantizeLinear in the form generated kernels
- * compute (codegen.c, emit_qdq): 8-bit or 4-bit integers or float8 on one
- * side, float32, float16 or bfloat16 on the other (fp16/bf16 plans), a
- * scale of that float type (and a zero point of the quantized type) per
- * tensor, along one axis or per block of an axis (opset 21), no opset-23
- * precision or output_dtype. Then they map elements one to one:
- * elementwise. */
+ * compute (codegen.c, emit_qdq): 4-, 8- or 16-bit integers, float8 or
+ * float4 on one side, float32, float16 or bfloat16 on the other (fp16/bf16
+ * plans), a scale of that float type (and a zero point of the quantized
+ * type) per tensor, along one axis or per block of an axis (opset 21), no
+ * opset-23 precision or output_dtype. A QuantizeLinear to float4 has no
+ * zero point (the reference adds one as a value in double). Then they map
+ * elements one to one: elementwise. */
 static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
     if (n->nin < 2 || !n->in[0] || !n->in[1] || n->nout < 1 || !n->out[0]) return false;
     const kf_type *xt = &g->values[n->in[0]].type, *yt = &g->values[n->out[0]].type;
@@ -64,9 +69,10 @@ static bool qdq_elementwise(const kf_graph *g, const kf_node *n) {
     int64_t od = kf_attr_i(n, "output_dtype", 0);
     bool real = f == KF_DT_FLOAT || f == KF_DT_FLOAT16 || f == KF_DT_BFLOAT16;
     int64_t block = kf_attr_i(n, "block_size", 0);
-    if (!(int8_type(q) || int4_type(q) || float8_type(q)) || !real || block < 0 || kf_attr_i(n, "precision", 0) != 0 ||
-        (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : f)))
+    if (!(int8_type(q) || int_type_4_16(q) || small_float_type(q)) || !real || block < 0 ||
+        kf_attr_i(n, "precision", 0) != 0 || (od && od != (int64_t)(n->op == KF_OP_QUANTIZE_LINEAR ? q : f)))
         return false;
+    if (q == KF_DT_FLOAT4E2M1 && n->op == KF_OP_QUANTIZE_LINEAR && n->nin > 2 && n->in[2]) return false;
     int64_t along = -1, axis = kf_attr_i(n, "axis", 1);
     if (xt->rank > 0 && kf_type_is_static(xt)) {
         if (axis < 0) axis += xt->rank;

@@ -2061,8 +2061,9 @@ static kf_id qconst(gen *G, kf_dtype dt, int rank, const int64_t *dims, int64_t 
 }
 
 /* What QDQ models hold: an activation quantised per tensor to uint8 (or a
- * float8 format, or uint4) and dequantised, times weights quantised per
- * output column to int8 (the same float8 format, or int4) and
+ * float8 format, uint4, uint16 or float4) and dequantised, times weights
+ * quantised per output column to int8 (the same float8 format, int4, int16
+ * or float4) and
  * dequantised (the optimizer folds the weights' QuantizeLinear, and int8
  * plans keep their DequantizeLinear), one product or two sibling ones
  * (which the sibling merge makes one). The activation is a fresh graph
@@ -2088,23 +2089,34 @@ static bool motif_qdq(gen *G) {
     double half = 127; /* the codes' half range: scales of 2/half and 1/half */
     if (G->opset >= 19 && chance(&G->r, 0.3)) at = wt = f8[irand(&G->r, 4)];
     else if (G->opset >= 21 && chance(&G->r, 0.2)) at = KF_DT_UINT4, wt = KF_DT_INT4, half = 7; /* 4-bit, opset 21 */
-    int64_t zv = at == KF_DT_UINT8 ? 100 + irand(&G->r, 57) : at == KF_DT_UINT4 ? 6 + irand(&G->r, 4) : 0;
-    kf_id sx = fscalar(G, 2.0 / half, false), zx = qconst(G, at, 0, &one, zv);
+    else if (G->opset >= 21 && chance(&G->r, 0.15)) at = KF_DT_UINT16, wt = KF_DT_INT16, half = 32767;
+    else if (G->opset >= 23 && chance(&G->r, 0.15)) at = wt = KF_DT_FLOAT4E2M1, half = 6; /* E2M1's largest value */
+    int64_t zv = at == KF_DT_UINT8    ? 100 + irand(&G->r, 57)
+                 : at == KF_DT_UINT4  ? 6 + irand(&G->r, 4)
+                 : at == KF_DT_UINT16 ? 30000 + irand(&G->r, 5000)
+                                      : 0;
+    /* float4 without zero points: a QuantizeLinear to float4 adds one as a
+     * value, which generated kernels leave to the host */
+    int nz = at == KF_DT_FLOAT4E2M1 ? 2 : 3;
+    kf_id sx = fscalar(G, 2.0 / half, false), zx = nz == 3 ? qconst(G, at, 0, &one, zv) : 0;
     kf_id qin[3] = {x.id, sx, zx}, q, d;
-    mk(G, "QuantizeLinear", qin, 3, &q);
+    kf_node *qn = mk(G, "QuantizeLinear", qin, nz, &q);
+    if (nz == 2) attr_i(qn, "output_dtype", at);
     kf_id din[3] = {q, sx, zx};
-    mk(G, "DequantizeLinear", din, 3, &d);
+    mk(G, "DequantizeLinear", din, nz, &d);
     /* sometimes a sibling product of the same activation (Q/K/V-like): the
      * sibling merge concatenates dequantized weights and their scales */
     int products = G->nodes + 9 <= G->target && irand(&G->r, 2) ? 2 : 1;
     for (int p = 0; p < products; p++) {
         if (p) N = rdim(G), wdims[1] = N;
         kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / half, 1.5 / half, false)->id;
-        kf_id zw = qconst(G, wt, 1, &N, 0), wq, wd;
+        kf_id zw = nz == 3 ? qconst(G, wt, 1, &N, 0) : 0, wq, wd;
         kf_id wqin[3] = {w, sw, zw};
-        attr_i(mk(G, "QuantizeLinear", wqin, 3, &wq), "axis", 1);
+        kf_node *wqn = mk(G, "QuantizeLinear", wqin, nz, &wq);
+        attr_i(wqn, "axis", 1);
+        if (nz == 2) attr_i(wqn, "output_dtype", wt);
         kf_id wdin[3] = {wq, sw, zw};
-        attr_i(mk(G, "DequantizeLinear", wdin, 3, &wd), "axis", 1);
+        attr_i(mk(G, "DequantizeLinear", wdin, nz, &wd), "axis", 1);
         kf_id y = bin(G, "MatMul", d, wd, false);
         dims[r - 1] = N;
         push(G, y, r, dims, -bound, bound, false);

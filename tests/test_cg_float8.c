@@ -6,7 +6,9 @@
  * neighbour of a tie; QuantizeLinear and DequantizeLinear to and from
  * float8 fuse into elementwise groups and into a float anchor's prologue
  * and epilogue; all on OpenCL (PoCL) against the reference, byte for byte;
- * the CUDA text compiles with NVRTC.
+ * the CUDA text compiles with NVRTC. Float4 (E2M1, the prelude part
+ * KF_CG_PART_F4) the same way: every code, every value, tie and neighbour,
+ * and its QuantizeLinear/DequantizeLinear.
  */
 #include <criterion/criterion.h>
 #include <float.h>
@@ -214,9 +216,106 @@ Test(cg_float8, float8_qdq_matmul_runs_on_the_device_and_matches_the_reference) 
     kf_model_free(m);
 }
 
+/* ---- float4 (E2M1) ---- */
+
+/* Every code (the low four bits of a byte), to float32, float16, bfloat16
+ * and E4M3FN, and a float8 value to float4, in one kernel that takes both
+ * parts. */
+Test(cg_float8, every_float4_code_decodes_as_the_reference_on_opencl) {
+    cgu_need_opencl();
+    int64_t n = 16;
+    kf_tensor x = {0};
+    cr_assert_eq(kf_tensor_alloc(&x, KF_DT_FLOAT4E2M1, 1, &n), KF_OK);
+    for (int c = 0; c < 16; c++) ((uint8_t *)x.data)[c] = (uint8_t)c;
+    const char *text = "opset 23\ninput x float4e2m1[16]\n"
+                       "a = Cast(x) {to=1}\nb = Cast(x) {to=10}\nc = Cast(x) {to=16}\nd = Cast(x) {to=17}\n"
+                       "e = Cast(d) {to=23}\n"
+                       "output a\noutput b\noutput c\noutput d\noutput e\n";
+    cr_assert_eq(run_one_group(text, &x, 1), KF_CG_PART_F8 | KF_CG_PART_F4);
+    kf_tensor_release(&x);
+}
+
+/* float32 into float4 (Cast, saturate 0 and 1: float4 saturates either
+ * way) on each value, tie and neighbour of a tie, both signs, past the
+ * largest value, zeros, infinities and NaNs of both signs; back to float. */
+Test(cg_float8, floats_round_into_float4_as_the_reference_on_opencl) {
+    cgu_need_opencl();
+    float v[256];
+    int64_t n = 0;
+    double prev = NAN;
+    for (int c = 0; c < 8; c++) {
+        double x = kf_small_to_f64(KF_DT_FLOAT4E2M1, (uint8_t)c);
+        float cand[4] = {(float)x, NAN, NAN, NAN};
+        if (c) {
+            float mid = (float)((x + prev) / 2);
+            cand[1] = mid, cand[2] = nextafterf(mid, 0), cand[3] = nextafterf(mid, INFINITY);
+        }
+        for (int i = 0; i < 4; i++)
+            if (!isnan(cand[i])) v[n++] = cand[i], v[n++] = -cand[i];
+        prev = x;
+    }
+    float more[] = {7.0f, nextafterf(7.0f, 0), nextafterf(7.0f, INFINITY), 8.0f, 6000.0f, 0.0f, -0.0f, INFINITY,
+                    -INFINITY, NAN, -NAN, 1e-40f, -1e-40f, FLT_MAX, -FLT_MAX, 0.1f, -0.2f};
+    for (size_t i = 0; i < sizeof more / sizeof more[0]; i++) v[n++] = more[i];
+    kf_tensor x = {0};
+    cr_assert_eq(kf_tensor_alloc(&x, KF_DT_FLOAT, 1, &n), KF_OK);
+    memcpy(x.data, v, (size_t)n * sizeof(float));
+    char text[512];
+    snprintf(text, sizeof text,
+             "opset 23\ninput x float[%lld]\n"
+             "q0 = Cast(x) {to=23, saturate=0}\nr0 = Cast(q0) {to=1}\n"
+             "q1 = Cast(x) {to=23}\nr1 = Cast(q1) {to=10}\n"
+             "output q0\noutput r0\noutput q1\noutput r1\n",
+             (long long)n);
+    cr_assert_eq(run_one_group(text, &x, 1), KF_CG_PART_F4);
+    kf_tensor_release(&x);
+}
+
+/* QuantizeLinear to float4 per tensor, per channel and in blocks (no zero
+ * point), DequantizeLinear back (a zero point there, which the reference
+ * ignores for float4), a float op between: one elementwise group. */
+#define F4_QDQ                                                                                         \
+    "opset 23\ninput x float[2, 3, 8]\n"                                                               \
+    "const s float[] = 0.3\nconst s3 float[3] = 0.1 0.5 2\nconst sb float[2, 3, 2] = 0.2 0.7 1.1\n"     \
+    "const z float4e2m1[] = 0\n"                                                                       \
+    "q = QuantizeLinear(x, s) {output_dtype=23}\n"                                                     \
+    "d = DequantizeLinear(q, s, z)\n"                                                                  \
+    "r = Relu(d)\n"                                                                                    \
+    "p = QuantizeLinear(r, s3) {axis=1, output_dtype=23}\n"                                            \
+    "e = DequantizeLinear(p, s3) {axis=1}\n"                                                           \
+    "u = QuantizeLinear(x, sb) {axis=2, block_size=4, output_dtype=23}\n"                              \
+    "f = DequantizeLinear(u, sb) {axis=2, block_size=4}\n"                                             \
+    "y = Mul(e, f)\n"                                                                                  \
+    "output q\noutput p\noutput u\noutput y\n"
+
+Test(cg_float8, quantize_dequantize_float4_elementwise_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(F4_QDQ);
+    kf_plan *p = cgu_plan(m);
+    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
+    cr_assert_eq(p->groups[0].kind, KF_GROUP_ELEMWISE);
+    kf_plan_free(p);
+    kf_model_free(m);
+    cgu_run_opts o = {EW, NULL, 0, 0, 0, 0, NULL, NULL};
+    cr_assert_eq(cgu_run_groups(F4_QDQ, &o), 1);
+}
+
+/* A zero point on a QuantizeLinear to float4 (the reference adds it as a
+ * value): not generated, and the planner leaves it to the host. */
+Test(cg_float8, float4_quantize_with_a_zero_point_stays_on_the_host) {
+    kf_model *m = gt_parse("opset 23\ninput x float[8]\nconst s float[] = 0.5\nconst z float4e2m1[] = 1\n"
+                           "q = QuantizeLinear(x, s, z)\nd = DequantizeLinear(q, s)\ny = Relu(d)\noutput y\n");
+    kf_plan *p = cgu_plan(m);
+    cr_assert_eq(p->groups[cgu_group_of(m, p, "q")].kind, KF_GROUP_OPAQUE);
+    cr_assert_neq(p->groups[cgu_group_of(m, p, "d")].kind, KF_GROUP_OPAQUE);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(cg_float8, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     const char *why = kf_nvrtc_unavailable();
     if (why) cr_skip_test("NVRTC: %s", why);
     cr_assert_eq(cgu_nvrtc_check_text(F8_QDQ, EW), 1);
     cr_assert_geq(cgu_nvrtc_check_text(F8_MATMUL, ANCHOR), 1);
+    cr_assert_eq(cgu_nvrtc_check_text(F4_QDQ, EW), 1);
 }

@@ -310,19 +310,14 @@ Test(cg_quant, a_select_after_a_row_normalization_leaves_its_group) {
 }
 
 /* Forms the kernels do not compute stay opaque host steps with the
- * reference's semantics: 16-bit integers, an opset-23 precision. */
-Test(cg_quant, sixteen_bit_and_reduced_precision_quantization_stay_opaque) {
+ * reference's semantics: an opset-23 precision. */
+Test(cg_quant, reduced_precision_quantization_stays_opaque) {
     kf_model *m = gt_parse("opset 23\ninput x float[4, 6]\n"
-                           "const z int16[] = 0\nconst t float[] = 0.1\n"
+                           "const t float[] = 0.1\n"
                            "q = QuantizeLinear(x, t) {precision=10}\n"
-                           "r = QuantizeLinear(x, t, z)\n"
-                           "output q\noutput r\n");
+                           "output q\n");
     kf_plan *p = cgu_plan(m);
-    const kf_graph *g = m->graph;
-    for (int i = 0; i < 2; i++) {
-        kf_id v = kf_graph_find(g, i ? "r" : "q");
-        cr_assert_eq(p->groups[p->group_of[g->values[v].producer]].kind, KF_GROUP_OPAQUE);
-    }
+    cr_assert_eq(p->groups[cgu_group_of(m, p, "q")].kind, KF_GROUP_OPAQUE);
     kf_plan_free(p);
     kf_model_free(m);
 }
@@ -357,6 +352,31 @@ Test(cg_quant, four_bit_and_blocked_quantization_bit_for_bit_on_opencl) {
     cr_assert_eq(run_kinds(QDQ_4BIT_BLOCKED, EW, 0), 1);
 }
 
+/* 16-bit integers (opset 21): int16 per channel with zero points off the
+ * middle, uint16 per tensor, both saturating (inputs in [-2, 2]:
+ * 2 / 0.00005 - 1200 passes -32768, 2 / 0.0001 + 31000 passes 32767,
+ * 2 / 0.00003 + 30000 passes 65535); one elementwise group, bit for bit. */
+#define QDQ_16BIT                                                                                      \
+    "opset 21\ninput x float[3, 40]\n"                                                                 \
+    "const s float[3] = 0.00005 0.002 0.0001\nconst z int16[3] = -1200 0 31000\n"                      \
+    "const t float[] = 0.00003\nconst u uint16[] = 30000\n"                                             \
+    "q = QuantizeLinear(x, s, z) {axis=0}\n"                                                           \
+    "d = DequantizeLinear(q, s, z) {axis=0}\n"                                                         \
+    "p = QuantizeLinear(d, t, u)\n"                                                                    \
+    "e = DequantizeLinear(p, t, u)\n"                                                                  \
+    "output q\noutput p\noutput e\n"
+
+Test(cg_quant, sixteen_bit_quantization_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QDQ_16BIT);
+    kf_plan *p = cgu_plan(m);
+    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
+    cr_assert_eq(p->groups[0].kind, KF_GROUP_ELEMWISE);
+    kf_plan_free(p);
+    kf_model_free(m);
+    cr_assert_eq(run_kinds(QDQ_16BIT, EW, 0), 1);
+}
+
 Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     const char *why = kf_nvrtc_unavailable();
     if (why) {
@@ -366,6 +386,7 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     cr_assert_eq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE, EW), 1);
     cr_assert_geq(cgu_nvrtc_check_text(QDQ_ELEMENTWISE_16, EW), 1);
     cr_assert_eq(cgu_nvrtc_check_text(QDQ_4BIT_BLOCKED, EW), 1);
+    cr_assert_eq(cgu_nvrtc_check_text(QDQ_16BIT, EW), 1);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
