@@ -103,8 +103,9 @@ kf_status kf_run_output_depths(const kf_model *m, uint32_t *depth);
 
 /* requant[o] for every graph output o of m: how many QuantizeLinear nodes
  * of computed values (not of a graph input or a constant, whose codes are
- * the same on every backend) lie upstream of it. KF_ERR_BAD_MODEL on a
- * cycle. */
+ * the same on every backend) lie upstream of it, on the heaviest path;
+ * KF_RUN_REQUANT_SMALL_FLOAT (below) set when one upstream writes a float8
+ * or float4 type. KF_ERR_BAD_MODEL on a cycle. */
 kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant);
 
 /* The SQNR an output of a model that requantizes computed values must
@@ -116,6 +117,17 @@ kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant);
  * by 34.9-36.6 dB, as do OpenCL and the reference on either; a wrong
  * scale or zero point costs far more. */
 #define KF_RUN_REQUANT_MIN_DB 30.0
+/* The same where a requantization upstream writes float8 (or float4):
+ * one step of E4M3 is up to an eighth of the value, and a flip costs that
+ * much more. Measured on BERT-base quantized by `kfuse quantize --type
+ * fp8` (batch 1, 16 tokens, last_hidden_state / pooler_output): the fp16
+ * plan on OpenCL against the reference on the same float8 QDQ graph
+ * 25.2 / 22.9 dB, the fp8 plan 25.0 / 23.7 dB. A scale 10% off costs
+ * 20 dB by itself. */
+#define KF_RUN_REQUANT_SMALL_FLOAT_MIN_DB 20.0
+/* Set in kf_run_output_requants' count when one of the requantizations
+ * writes a small float. */
+#define KF_RUN_REQUANT_SMALL_FLOAT (1u << 31)
 
 /* 10 log10(sum want^2 / sum (got - want)^2) over the elements where both
  * are finite (+inf when they are equal); NAN when the shapes or dtypes
@@ -125,7 +137,8 @@ double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want);
 
 /* kf_run_close_model, and when that fails on an output with requant > 0
  * (kf_run_output_requants) and float elements (float8 too): close when the SQNR against
- * want is at least KF_RUN_REQUANT_MIN_DB. *db: that SQNR (NAN when the
+ * want is at least KF_RUN_REQUANT_MIN_DB (KF_RUN_REQUANT_SMALL_FLOAT_MIN_DB
+ * with KF_RUN_REQUANT_SMALL_FLOAT). *db: that SQNR (NAN when the
  * elementwise bound held, or when it was not computed); why as
  * kf_run_close_model's, followed on a pass by SQNR by the count of
  * elements past the elementwise bound and the SQNR. */

@@ -157,8 +157,26 @@ static uint32_t requantizes(const kf_graph *g, const kf_node *n) {
     return n->op == KF_OP_QUANTIZE_LINEAR && n->nin && n->in[0] && g->values[n->in[0]].producer;
 }
 
+/* 1 for a QuantizeLinear of a computed value to a small float, else 0.
+ * The type as ONNX gives it (the value's may not be inferred yet): the
+ * output_dtype attribute, else the zero point's type. */
+static uint32_t requantizes_small_float(const kf_graph *g, const kf_node *n) {
+    if (!requantizes(g, n)) return 0;
+    kf_dtype dt = (kf_dtype)kf_attr_i(n, "output_dtype", 0);
+    if (!dt && n->nin > 2 && n->in[2]) dt = g->values[n->in[2]].type.dtype;
+    return kf_dtype_is_small_float(dt);
+}
+
 kf_status kf_run_output_requants(const kf_model *m, uint32_t *requant) {
-    return heaviest_paths(m, requantizes, requant);
+    KF_TRY(heaviest_paths(m, requantizes, requant));
+    uint32_t n = m->graph->noutputs;
+    uint32_t *sf = kf_calloc((size_t)n + 1, sizeof *sf);
+    if (!sf) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = heaviest_paths(m, requantizes_small_float, sf);
+    for (uint32_t o = 0; !st && o < n; o++)
+        if (sf[o]) requant[o] |= KF_RUN_REQUANT_SMALL_FLOAT;
+    kf_free(sf);
+    return st;
 }
 
 double kf_run_sqnr_db(const kf_tensor *got, const kf_tensor *want) {
@@ -198,14 +216,16 @@ bool kf_run_close_requant(const kf_tensor *got, const kf_tensor *want, kf_precis
         if (isfinite(a) && isfinite(b) && fabs(a - b) > atol + rtol * fabs(b)) past++;
     }
     size_t len = strlen(why);
-    if (!(*db >= KF_RUN_REQUANT_MIN_DB)) {
-        snprintf(why + len, whylen > len ? whylen - len : 0, "; SQNR %.1f dB, under the %.0f dB of requantization flips",
-                 *db, KF_RUN_REQUANT_MIN_DB);
+    bool sf = (requant & KF_RUN_REQUANT_SMALL_FLOAT) != 0;
+    double floor_db = sf ? KF_RUN_REQUANT_SMALL_FLOAT_MIN_DB : KF_RUN_REQUANT_MIN_DB;
+    if (!(*db >= floor_db)) {
+        snprintf(why + len, whylen > len ? whylen - len : 0, "; SQNR %.1f dB, under the %.0f dB of %srequantization flips",
+                 *db, floor_db, sf ? "float8 " : "");
         return false;
     }
-    snprintf(why, whylen, "%lld of %lld elements past the elementwise bound; SQNR %.1f dB >= %.0f dB (%u requantizations "
+    snprintf(why, whylen, "%lld of %lld elements past the elementwise bound; SQNR %.1f dB >= %.0f dB (%u %srequantizations "
              "upstream: flips of one step cascade)",
-             (long long)past, (long long)got->numel, *db, KF_RUN_REQUANT_MIN_DB, requant);
+             (long long)past, (long long)got->numel, *db, floor_db, requant & ~KF_RUN_REQUANT_SMALL_FLOAT, sf ? "float8 " : "");
     return true;
 }
 

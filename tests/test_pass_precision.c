@@ -311,6 +311,17 @@ Test(pass_precision, output_requants) {
     cr_expect_eq(q[1], 0, "the input's own quantization");
     cr_expect_eq(q[2], 1);
     kf_model_free(m);
+    /* a float8 requantization upstream marks the count */
+    m = gt_parse("opset 21\ninput x float[2, 4]\nconst s float[] = 0.02\n"
+                 "y = Relu(x)\nyq = QuantizeLinear(y, s) {output_dtype=17}\nyd = DequantizeLinear(yq, s)\n"
+                 "const z float8e5m2[] = 0\nv = Abs(x)\nvq = QuantizeLinear(v, s, z)\nvd = DequantizeLinear(vq, s, z)\n"
+                 "xq = QuantizeLinear(x, s) {output_dtype=17}\nxd = DequantizeLinear(xq, s)\n"
+                 "output yd\noutput xd\noutput vd\n");
+    cr_assert_eq(kf_run_output_requants(m, q), KF_OK);
+    cr_expect_eq(q[0], 1u | KF_RUN_REQUANT_SMALL_FLOAT);
+    cr_expect_eq(q[1], 0, "the input's own quantization");
+    cr_expect_eq(q[2], 1u | KF_RUN_REQUANT_SMALL_FLOAT, "float8 by the zero point's type");
+    kf_model_free(m);
 }
 
 /* The SQNR fallback of the check: an output past the elementwise bound
@@ -342,6 +353,15 @@ Test(pass_precision, requantized_outputs_are_held_to_an_sqnr) {
     cr_assert_not(kf_run_close_requant(&scaled, &want, KF_PRECISION_FP32, 10, 3, &db, why, sizeof why));
     cr_expect(db > 25 && db < 27, "%g", db);
     cr_expect_not_null(strstr(why, "under the 30 dB"), "%s", why);
+    /* after a float8 requantization the floor is 20 dB: 5% off passes,
+     * 20% off (14 dB) does not */
+    cr_assert(kf_run_close_requant(&scaled, &want, KF_PRECISION_FP32, 10, 3 | KF_RUN_REQUANT_SMALL_FLOAT, &db, why,
+                                   sizeof why), "%s", why);
+    cr_expect_not_null(strstr(why, "3 float8 requantizations"), "%s", why);
+    for (int64_t i = 0; i < want.numel; i++) kf_set_f64(&scaled, i, kf_get_f64(&want, i) * 1.2);
+    cr_assert_not(kf_run_close_requant(&scaled, &want, KF_PRECISION_FP32, 10, 3 | KF_RUN_REQUANT_SMALL_FLOAT, &db, why,
+                                       sizeof why));
+    cr_expect_not_null(strstr(why, "under the 20 dB of float8 requantization"), "%s", why);
     cr_assert_not(kf_run_close_requant(&nan, &want, KF_PRECISION_FP32, 10, 3, &db, why, sizeof why));
     cr_expect(isnan(kf_run_sqnr_db(&nan, &want)));
     cr_expect(isinf(kf_run_sqnr_db(&want, &want)));
