@@ -98,7 +98,8 @@ note() { echo "$*" | tee -a "$summary" >>"$log"; }
 # (bundled models --check in each precision), node (ONNX node tests), kernels (bandwidth,
 # compile, bench of the small models), peers (BERT-base/ResNet-50 against PyTorch, full-size
 # --check, Nsight Compute), int8 (BERT-base/ResNet-50 quantized by kfuse quantize, --precision
-# int8 and int8-fp16 against fp16; not in the default list: run it on its own); a part left out is noted as
+# int8 and int8-fp16, and --type fp8 at --precision fp8, against fp16; not in the default list:
+# run it on its own); a part left out is noted as
 # skipped
 parts=${GPU_CHECK_PARTS:-tests,models,node,kernels,peers}
 want() { case ",$parts," in *",$1,"*) return 0 ;; *) note "SKIP  $2 (not in GPU_CHECK_PARTS)"; return 1 ;; esac; }
@@ -439,7 +440,7 @@ else
   note "SKIP  PyTorch comparison: python3 lacks torch/torchvision/transformers or a CUDA device"
 fi
 
-# ---- int8: BERT-base and ResNet-50 quantized, integer anchors (int8, int8-fp16) against fp16 ---
+# ---- int8: BERT-base and ResNet-50 quantized, integer anchors (int8, int8-fp16) and float8 products (fp8) against fp16 ---
 int8_latency() {
   OUT="$OUT" python3 "$root/bench/gpu_torch_latency.py" --kfuse "$kfuse" --out "$OUT" --iters 30 --no-compile \
     --fp16 --int8 --calib 2
@@ -447,8 +448,8 @@ int8_latency() {
 export -f int8_latency
 if ! want int8 "int8 against fp16"; then :
 elif python3 -c "import torch, torchvision, transformers; assert torch.cuda.is_available()" >>"$log" 2>&1; then
-  step "BERT-base and ResNet-50: kfuse int8 (kfuse quantize) against kfuse fp16" 400 int8_latency
-  grep -E "^\| (bert|resnet50) |^(quantize|check) " "$log" | grep -E "int8|quantize|\|" | sed 's/^/      /' >>"$summary"
+  step "BERT-base and ResNet-50: kfuse int8 and fp8 (kfuse quantize) against kfuse fp16" 500 int8_latency
+  grep -E "^\| (bert|resnet50) |^(quantize|check) " "$log" | grep -E "int8|fp8|quantize|\|" | sed 's/^/      /' >>"$summary"
 else
   note "SKIP  int8 against fp16: python3 lacks torch/torchvision/transformers or a CUDA device"
 fi

@@ -10,7 +10,9 @@ the module in float16, are timed with CUDA events, median (p50) and p99 of --ite
 `--precision fp16`. With --int8 the export is also quantized by `kfuse quantize --per-channel
 --random N` (static QDQ, int8 weights per channel) and timed with `--precision int8` (integer
 anchors, the rest float32) and `--precision int8-fp16` (the rest float16), columns beside kfuse
-fp16, and checked with `kfuse run --check` at both.
+fp16, and checked with `kfuse run --check` at both; and quantized by `kfuse quantize --type fp8`
+(float8 E4M3, weights per tensor) and timed and checked with `--precision fp8` (float8 products on
+cuBLASLt's float8 GEMM, the rest float16).
 With --check each export also runs `kfuse run --check` on CUDA in every precision kfuse takes. One table on stdout (and --out DIR/torch_latency.md). Used by
 bench/gpu_check.sh; a CPU dry run (no GPU) is `--device cpu --no-compile --backend ref`.
 
@@ -86,7 +88,8 @@ def main():
     ap.add_argument("--out", default=os.environ.get("OUT", "."))
     ap.add_argument("--fp16", action="store_true", help="also the float16 peers and kfuse --precision fp16")
     ap.add_argument("--check", action="store_true", help="kfuse run --check on each export, every precision")
-    ap.add_argument("--int8", action="store_true", help="also kfuse quantize the export and time --precision int8")
+    ap.add_argument("--int8", action="store_true",
+                    help="also kfuse quantize the export and time --precision int8, int8-fp16 and (float8) fp8")
     ap.add_argument("--calib", type=int, default=2, help="--int8: random calibration inputs (kfuse quantize --random)")
     a = ap.parse_args()
     os.makedirs(a.out, exist_ok=True)
@@ -94,10 +97,10 @@ def main():
     if a.fp16:
         cols += ["eager fp16", "torch.compile fp16", "compile fp16 reduce-overhead", "kfuse fp16"]
     if a.int8:
-        cols += ["kfuse int8", "kfuse int8-fp16"]
+        cols += ["kfuse int8", "kfuse int8-fp16", "kfuse fp8"]
     rows = ["| model | " + " | ".join(c + " p50 / p99" for c in cols) + " | kfuse ÷ compile | kfuse fp16 ÷ reduce-overhead |"
-            + (" kfuse int8 ÷ kfuse fp16 | kfuse int8-fp16 ÷ kfuse fp16 |" if a.int8 else ""),
-            "|---|" + "---:|" * (len(cols) + 2 + (2 if a.int8 else 0))]
+            + (" kfuse int8 ÷ kfuse fp16 | kfuse int8-fp16 ÷ kfuse fp16 | kfuse fp8 ÷ kfuse fp16 |" if a.int8 else ""),
+            "|---|" + "---:|" * (len(cols) + 2 + (3 if a.int8 else 0))]
     fmt = lambda p: "—" if p is None or p[0] is None else f"{p[0]:.3f} / {p[1]:.3f} ms"
     ratio = lambda x, y: "—" if x is None or y is None or x[0] is None or y[0] is None else f"{x[0] / y[0]:.2f}x"
     for name in a.models.split(","):
@@ -138,21 +141,23 @@ def main():
                 print(f"{name}: kfuse fp16: {hlast}", file=sys.stderr)
             model.float()
         if a.int8:
-            qpath = os.path.join(a.out, f"{name}_static_int8.onnx")
-            t0 = time.perf_counter()
-            r = subprocess.run([a.kfuse, "quantize", path, "-o", qpath, "--per-channel", "--random", str(a.calib),
-                                "--seed", "1"], capture_output=True, text=True, timeout=600)
-            tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
-            print(f"quantize {name}: exit {r.returncode} in {time.perf_counter() - t0:.0f} s: {tail[0]}", flush=True)
-            for prec in ("int8", "int8-fp16") if r.returncode == 0 else ():
-                q50, q99, qlast = kfuse_bench(a.kfuse, qpath, a.backend, a.warmup, a.iters, prec)
-                res["kfuse " + prec] = (q50, q99)
-                if q50 is None:
-                    print(f"{name}: kfuse {prec}: {qlast}", file=sys.stderr)
-                c = subprocess.run([a.kfuse, "run", qpath, "--backend", a.backend, "--check", "--precision", prec],
-                                   capture_output=True, text=True, timeout=300)
-                tail = (c.stdout + c.stderr).strip().splitlines()[-1:] or [""]
-                print(f"check {name} {prec}: exit {c.returncode}: {tail[0]}", flush=True)
+            for kind, qargs, precs in (("int8", ["--per-channel"], ("int8", "int8-fp16")),
+                                       ("fp8", ["--type", "fp8"], ("fp8",))):
+                qpath = os.path.join(a.out, f"{name}_static_{kind}.onnx")
+                t0 = time.perf_counter()
+                r = subprocess.run([a.kfuse, "quantize", path, "-o", qpath] + qargs + ["--random", str(a.calib),
+                                    "--seed", "1"], capture_output=True, text=True, timeout=600)
+                tail = (r.stdout + r.stderr).strip().splitlines()[-1:] or [""]
+                print(f"quantize {name} {kind}: exit {r.returncode} in {time.perf_counter() - t0:.0f} s: {tail[0]}", flush=True)
+                for prec in precs if r.returncode == 0 else ():
+                    q50, q99, qlast = kfuse_bench(a.kfuse, qpath, a.backend, a.warmup, a.iters, prec)
+                    res["kfuse " + prec] = (q50, q99)
+                    if q50 is None:
+                        print(f"{name}: kfuse {prec}: {qlast}", file=sys.stderr)
+                    c = subprocess.run([a.kfuse, "run", qpath, "--backend", a.backend, "--check", "--precision", prec],
+                                       capture_output=True, text=True, timeout=300)
+                    tail = (c.stdout + c.stderr).strip().splitlines()[-1:] or [""]
+                    print(f"check {name} {prec}: exit {c.returncode}: {tail[0]}", flush=True)
         if k50 is None:
             print(f"{name}: kfuse: {last}", file=sys.stderr)
         if a.check:
@@ -164,7 +169,8 @@ def main():
         rows.append(f"| {name} | " + " | ".join(fmt(res.get(c)) for c in cols) + f" | {ratio(res.get('kfuse'), res.get('torch.compile'))} | "
                     f"{ratio(res.get('kfuse fp16'), res.get('compile fp16 reduce-overhead'))} |"
                     + (f" {ratio(res.get('kfuse int8'), res.get('kfuse fp16'))} | "
-                       f"{ratio(res.get('kfuse int8-fp16'), res.get('kfuse fp16'))} |" if a.int8 else ""))
+                       f"{ratio(res.get('kfuse int8-fp16'), res.get('kfuse fp16'))} | "
+                       f"{ratio(res.get('kfuse fp8'), res.get('kfuse fp16'))} |" if a.int8 else ""))
         print(rows[-1], flush=True)
     table = "\n".join(rows)
     print(table)

@@ -468,6 +468,7 @@ static int64_t row_tile(int64_t row) {
  * (measured: cuDNN's implicit_convolve_sgemm for ResNet's 3-channel stem
  * while the other convolutions ran TF32). */
 static double lib_peak(const kf_target *t, kf_cost_math math, kf_dtype dt, bool tc_ok) {
+    if (dt == KF_DT_FLOAT8E4M3FN) return t->tc_tflops_fp8;
     if (dt == KF_DT_INT8) return t->tc_tops_int8 > 0 ? t->tc_tops_int8 : t->fma_tflops_fp32 * 4; /* else dp4a */
     if (dt == KF_DT_FLOAT16 || dt == KF_DT_BFLOAT16)
         return tc_ok && t->tc_tflops_fp16 > 0 ? t->tc_tflops_fp16 : t->fma_tflops_fp16;
@@ -539,10 +540,50 @@ static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_g
     return finish(t, &e, mem_us(t, bytes, (double)blocks / t->sms), t->kernel_min_us);
 }
 
+/* The float8 DequantizeLinear feeding operand slot of n, of the form
+ * kf_fp8_product takes; 0 otherwise. Its format in *fmt. */
+static kf_id fp8_operand(const kf_model *m, const kf_node *n, int slot, kf_dtype *fmt) {
+    const kf_graph *g = m->graph;
+    kf_id v = n->in[slot], d = v ? g->values[v].producer : 0;
+    if (!d || g->values[v].nusers != 1 || g->values[v].is_output) return 0;
+    const kf_node *dn = &g->nodes[d];
+    if (dn->op != KF_OP_DEQUANTIZE_LINEAR || dn->nin < 2 || !dn->in[0] || !dn->in[1] || dn->nout != 1 ||
+        kf_attr_i(dn, "block_size", 0) != 0 || !kf_value_is_constant(m, dn->in[1]) ||
+        g->values[dn->in[1]].init->numel != 1)
+        return 0;
+    const kf_value *q = &g->values[dn->in[0]];
+    if (q->type.dtype != KF_DT_FLOAT8E4M3FN && q->type.dtype != KF_DT_FLOAT8E5M2) return 0;
+    if (slot == 1 && (!kf_value_is_constant(m, dn->in[0]) || q->type.rank != 2 || q->nusers != 1)) return 0;
+    *fmt = q->type.dtype;
+    return d;
+}
+
+bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]) {
+    const kf_graph *g = m->graph;
+    if (n->dead || (n->op != KF_OP_MATMUL && n->op != KF_OP_GEMM) || n->nin < 2 || !n->in[0] || !n->in[1] ||
+        n->nout < 1 || !n->out[0])
+        return false;
+    if (n->op == KF_OP_GEMM && (kf_attr_i(n, "transA", 0) || kf_attr_f(n, "alpha", 1.0f) != 1.0f ||
+                                kf_attr_f(n, "beta", 1.0f) != 1.0f))
+        return false;
+    kf_dtype f[2];
+    if (!fp8_operand(m, n, 0, &f[0]) || !fp8_operand(m, n, 1, &f[1]) ||
+        (f[0] == KF_DT_FLOAT8E5M2 && f[1] == KF_DT_FLOAT8E5M2))
+        return false;
+    const kf_type *xt = &g->values[n->in[0]].type, *wt = &g->values[n->in[1]].type;
+    if (!kf_type_is_static(xt) || !kf_type_is_static(wt) || xt->rank < 2 || wt->rank != 2) return false;
+    bool tb = n->op == KF_OP_GEMM && kf_attr_i(n, "transB", 0);
+    int64_t K = wt->dims[tb ? 1 : 0], N = wt->dims[tb ? 0 : 1];
+    if (K % 16 || N % 16 || xt->dims[xt->rank - 1] != K) return false;
+    if (fmt) fmt[0] = f[0], fmt[1] = f[1];
+    return true;
+}
+
 bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg) {
     if (!t->vendor_lib || cg->kind != KF_GROUP_ANCHOR || !cg->anchor || cg->anchor2 || cg->prologue ||
         cg->epilogue_declined)
         return false;
+    if (cg->fp8) return t->tc_tflops_fp8 > 0; /* kf_cost_describe_anchor checked the form */
     const kf_node *a = &g->nodes[cg->anchor];
     if (a->op == KF_OP_MATMUL_INTEGER) {
         /* cuBLASLt's int8 GEMM, as kernels/libanchor.c maps it: int8 x int8
@@ -604,7 +645,8 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             tiles = lib_tiles(t, d.m, d.n, d.batch, d.k);
         }
         c->known = true;
-        c->form = conv ? "lib_conv" : a->op == KF_OP_MATMUL_INTEGER ? "lib_igemm" : "lib_gemm";
+        c->form = conv ? "lib_conv" : a->op == KF_OP_MATMUL_INTEGER ? "lib_igemm" : cg->fp8 ? "lib_gemm_fp8" : "lib_gemm";
+        if (cg->fp8) dt = KF_DT_FLOAT8E4M3FN; /* float8 tensor cores */
         /* the call reads its operands and writes its output; the rest is
          * the epilogue kernel's */
         double call_bytes = (double)(cg->operand_bytes > 0 ? cg->operand_bytes : 0) + (double)value_bytes(g, a->out[0]);
@@ -757,10 +799,21 @@ static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n) {
 void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, kf_cost_group *cg,
                              bool (*member)(const void *ctx, kf_id node), const void *ctx) {
     const kf_graph *g = m->graph;
-    cg->prologue = cg->epilogue = cg->epilogue_declined = false;
+    cg->prologue = cg->epilogue = cg->epilogue_declined = cg->fp8 = false;
     cg->operand_bytes = 0;
     if (!cg->anchor) return;
     const kf_node *a = &g->nodes[cg->anchor];
+    /* a float8 product with its two DequantizeLinears (and only them) in
+     * the group, writing float16 or bfloat16: the library reads their
+     * float8 inputs (kernels/libanchor.c, map_fp8) */
+    kf_dtype yt = a->nout && a->out[0] ? g->values[a->out[0]].type.dtype : KF_DT_UNDEFINED;
+    if (!cg->anchor2 && (yt == KF_DT_FLOAT16 || yt == KF_DT_BFLOAT16) && kf_fp8_product(m, a, NULL)) {
+        cg->fp8 = true;
+        for (int i = 0; i < 2; i++) {
+            kf_id d = g->values[a->in[i]].producer, q = g->values[g->nodes[d].in[0]].producer;
+            cg->fp8 &= member(ctx, d) && !(q && member(ctx, q));
+        }
+    }
     for (int i = 0; i < a->nin; i++) {
         kf_id v = a->in[i];
         if (!v) continue;
@@ -768,7 +821,8 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
         for (int q = 0; q < i && !dup; q++) dup = a->in[q] == v;
         if (dup) continue;
         kf_id pr = g->values[v].producer;
-        if (pr && member(ctx, pr)) {
+        if (cg->fp8 && i < 2) v = g->nodes[pr].in[0]; /* the float8 values */
+        else if (pr && member(ctx, pr)) {
             cg->prologue = true;
             continue;
         }

@@ -110,7 +110,11 @@ typedef struct kf_cost_group {
     bool view;                 /* no kernel (kf_group.view) */
     kf_id anchor, anchor2;     /* kf_group.anchor / anchor2 */
     kf_id reduction;           /* the row reduction of an anchor group, or a reduction group's master */
-    bool prologue;             /* an anchor operand is computed inside the group */
+    bool prologue;             /* an anchor operand is computed inside the group (other than
+                                * the float8 operands below) */
+    bool fp8;                  /* a float8 product (kf_fp8_product) writing float16/bfloat16 whose
+                                * two DequantizeLinears are in the group (their inputs not): the
+                                * library reads their float8 inputs */
     bool epilogue;             /* nodes after the anchor other than bias/activation the library absorbs */
     bool epilogue_declined;    /* an epilogue the kernel after a library call cannot take (a select
                                 * after the row reduction): the group runs as its generated kernel */
@@ -133,10 +137,22 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
 /* The cost description of group k of plan p over model m. */
 void kf_cost_of_group(const kf_model *m, const kf_plan *p, uint32_t k, kf_cost_group *cg);
 
+/* Is n a float8 product cuBLASLt runs on its float8 values (kernels/
+ * libanchor.c)? A MatMul, or a Gemm without transA, alpha or beta other
+ * than 1, whose two operands are DequantizeLinear of float8 E4M3FN or
+ * E5M2 values (not both E5M2) with a constant scale of one element and no
+ * blocks, each read by n alone: the left one of a 2-D or batched
+ * activation, the right one of a constant 2-D weight matrix that only this
+ * DequantizeLinear reads (the library stores it transposed); K and N
+ * multiples of 16 (the library's alignment of float8 rows). fmt (may be
+ * NULL) gets the two formats (left, right). Shapes must be static. */
+bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]);
+
 /* Does an anchor group of this shape run as a library call on t? Always
  * false for back-to-back anchors and operand prologues (a generated kernel),
- * true for one MatMul/Gemm/Conv otherwise when t has vendor libraries, and
- * for a MatMulInteger of the form cuBLASLt's int8 GEMM takes. */
+ * true for one MatMul/Gemm/Conv otherwise when t has vendor libraries, for
+ * a MatMulInteger of the form cuBLASLt's int8 GEMM takes, and for a float8
+ * product (cg->fp8) when t has float8 tensor cores. */
 bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg);
 
 /* How a row reduction is laid out on the device: one rule that the

@@ -19,6 +19,8 @@ typedef struct kf_pass_ctx {
     int64_t fold_cap_bytes; /* constant folding: outputs of one node may hold this many bytes
                              * (0: the cap that keeps a saved model from growing) */
     bool keep_quantized;    /* constant folding leaves DequantizeLinear alone */
+    const bool *keep;       /* constant folding leaves node id alone where id < nkeep and keep[id] */
+    uint32_t nkeep;
 } kf_pass_ctx;
 
 typedef kf_status (*kf_graph_pass_fn)(kf_model *m, kf_pass_ctx *ctx);

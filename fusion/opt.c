@@ -169,7 +169,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
         uint64_t changed = n;
         for (int p = 0; !st && graph_passes[p].name; p++) {
             if (!gp_stats[p] || ro.fuel == 0) continue;
-            kf_pass_ctx ctx = {ro.fuel, ro.trace, 0, o->fold_cap_bytes, o->keep_quantized};
+            kf_pass_ctx ctx = {ro.fuel, ro.trace, 0, o->fold_cap_bytes, o->keep_quantized, NULL, 0};
             st = graph_passes[p].fn(m, &ctx);
             ro.fuel = ctx.fuel;
             graph_changes[p] += ctx.changes;

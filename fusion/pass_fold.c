@@ -380,7 +380,8 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         snprintf(label, sizeof label, "%s", kf_node_label(n));
         bool done = false;
         int64_t cap;
-        if ((!ctx->keep_quantized || n->op != KF_OP_DEQUANTIZE_LINEAR) && !foldable(m, n, in, &cap)) {
+        bool kept = (ctx->keep_quantized && n->op == KF_OP_DEQUANTIZE_LINEAR) || (id < ctx->nkeep && ctx->keep[id]);
+        if (!kept && !foldable(m, n, in, &cap)) {
             if (ctx->fold_cap_bytes > cap) cap = ctx->fold_cap_bytes;
             if (fits_before(n, in, cap)) st = eval_and_commit(g, id, in, cap, &done);
         }

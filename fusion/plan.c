@@ -902,6 +902,11 @@ static bool node_const(pl_state *s, const kf_node *n) {
     if (!n->op || n->nin == 0) return false;
     for (int i = 0; i < n->nin; i++)
         if (n->in[i] && !value_const(s, n->in[i])) return false;
+    /* the weights of a float8 product stay float8 on the device, however
+     * small: the product reads them through this DequantizeLinear */
+    if (n->op == KF_OP_DEQUANTIZE_LINEAR && n->nout == 1 && n->out[0] && s->g->values[n->out[0]].nusers == 1 &&
+        kf_fp8_product(s->m, &s->g->nodes[s->g->values[n->out[0]].users[0]], NULL))
+        return false;
     for (int j = 0; j < n->nout; j++) {
         if (!n->out[j]) continue;
         const kf_type *t = &s->g->values[n->out[j]].type;

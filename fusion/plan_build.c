@@ -196,6 +196,32 @@ static bool take_fuel(pl_run *r) {
     return true;
 }
 
+/* A float8 product (kf_fp8_product) takes its two DequantizeLinears first,
+ * where it is legal and the target has float8 tensor cores (or there is no
+ * target): the library then reads the float8 values, and a generated tile
+ * dequantizes them as it loads. Priced one at a time, neither merge would
+ * be taken: with one DequantizeLinear in, the group is a generated GEMM. */
+static kf_status fp8_operands(pl_state *s, pl_run *run) {
+    if (s->target && s->target->tc_tflops_fp8 <= 0) return KF_OK;
+    const kf_graph *g = s->g;
+    for (uint32_t i = 0; i < s->norder && !run->fuel_out; i++) {
+        kf_id a = s->order[i];
+        if (!kf_fp8_product(s->m, &g->nodes[a], NULL)) continue;
+        for (int k = 0; k < 2; k++) {
+            kf_id v = g->nodes[a].in[k], d = g->values[v].producer;
+            uint32_t ra = pl_find(s, d), rb = pl_find(s, a);
+            if (ra == rb) continue;
+            const char *why = pl_legal(s, ra, rb, false);
+            if (!why && !take_fuel(run)) break;
+            trace_merge(s, run->trace, "float8 operand", d, a, v, why);
+            if (why) continue;
+            KF_TRY(pl_merge(s, ra, rb));
+            run->merges++;
+        }
+    }
+    return KF_OK;
+}
+
 static kf_status vertical(pl_state *s, pl_run *run) {
     const kf_graph *g = s->g;
     size_t ne = 0, cap = 0;
@@ -672,6 +698,7 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
     p->nodes = s->norder;
     pl_run run = {o->fuel, false, false, o->trace, 0, 0};
     if (!o->disable) {
+        if ((st = fp8_operands(s, &run))) goto fail;
         if ((st = vertical(s, &run))) goto fail;
         if ((st = horizontal(s, &run))) goto fail;
     }

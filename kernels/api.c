@@ -149,7 +149,7 @@ kf_status kf_exec_options_from_public(const kf_compile_options *opts, kf_exec_op
         memcpy(&p, opts, opts->struct_size); /* later fields keep their INIT values */
     }
     if ((unsigned)p.precision >= KF_PRECISION_COUNT)
-        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: precision %d (fp32, tf32, fp16, bf16, int8, int8-fp16)", (int)p.precision);
+        return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: precision %d (fp32, tf32, fp16, bf16, int8, int8-fp16, fp8)", (int)p.precision);
     if (!switch_valid(p.fusion) || !switch_valid(p.batching))
         return kf_fail(KF_ERR_INVALID_ARG, "kf_compile_options: fusion %d, batching %d (KF_SWITCH_DEFAULT, _ON, _OFF)",
                        (int)p.fusion, (int)p.batching);

@@ -217,6 +217,11 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
     if (g->batch > INT32_MAX) return kf_fail(KF_ERR_UNSUPPORTED, "cuBLASLt: batch count %lld", (long long)g->batch);
     kf_la_math mt = kf_la_math_for(g->precision, g->dtype);
     int type = mt.cuda_data, dtype = mt.cuda_data_d;
+    /* a float8 GEMM: float8 A and B, D (and bias) as dtype says; compute
+     * 32F, alpha the scales; no fast accumulation (the default: the sums
+     * are promoted to float32 as they go) */
+    int type_a = g->a_dtype == KF_DT_FLOAT8E4M3FN ? KF_CUDA_R_8F_E4M3 : g->a_dtype == KF_DT_FLOAT8E5M2 ? KF_CUDA_R_8F_E5M2 : type;
+    int type_b = g->b_dtype == KF_DT_FLOAT8E4M3FN ? KF_CUDA_R_8F_E4M3 : g->b_dtype == KF_DT_FLOAT8E5M2 ? KF_CUDA_R_8F_E5M2 : type;
     bool ints = mt.cublas_scale == KF_CUDA_R_32I; /* alpha and beta are int32 then */
     cublasLtMatmulDesc_t op = NULL;
     cublasLtMatrixLayout_t la = NULL, lb = NULL, lc = NULL, ld = NULL;
@@ -236,8 +241,8 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
     }
     if (!r) {
         what = "cublasLtMatrixLayoutCreate";
-        r = layout(&la, type, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, g->batch, g->stride_a);
-        if (!r) r = layout(&lb, type, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, g->batch, g->stride_b);
+        r = layout(&la, type_a, g->trans_a ? g->k : g->m, g->trans_a ? g->m : g->k, g->lda, g->batch, g->stride_a);
+        if (!r) r = layout(&lb, type_b, g->trans_b ? g->n : g->k, g->trans_b ? g->k : g->n, g->ldb, g->batch, g->stride_b);
         if (!r) r = layout(&ld, dtype, g->m, g->n, g->ldd, g->batch, g->stride_d);
         if (!r) r = g->c ? layout(&lc, dtype, g->m, g->n, g->ldc, g->batch, g->stride_c) : 0;
     }

@@ -145,14 +145,42 @@ static kf_status host_sync(kf_dev *d, void *stream, const char *what) {
     return d->sync(d, stream);
 }
 
-static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16"};
+static const char *const prec_names[KF_PRECISION_COUNT] = {"fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16", "fp8"};
 
 const char *kf_precision_name(kf_precision p) { return (unsigned)p < KF_PRECISION_COUNT ? prec_names[p] : "?"; }
 
-bool kf_precision_keeps_quantized(kf_precision p) { return p == KF_PRECISION_INT8 || p == KF_PRECISION_INT8_FP16; }
+bool kf_precision_keeps_quantized(kf_precision p) {
+    return p == KF_PRECISION_INT8 || p == KF_PRECISION_INT8_FP16 || p == KF_PRECISION_FP8;
+}
+
+/* FP8: the weights of float8 products (fusion/kf_cost.h, kf_fp8_product)
+ * stay float8 behind their DequantizeLinear, which the product's library
+ * call or generated tile reads; every other DequantizeLinear of constants
+ * folds, as at fp16. */
+static kf_status keep_fp8_weights(kf_model *m, int64_t fold_cap_bytes, FILE *trace) {
+    KF_TRY(kf_infer_shapes(m));
+    kf_graph *g = m->graph;
+    uint32_t nn = g->nnodes, products = 0;
+    bool *keep = kf_calloc((size_t)nn + 1, sizeof *keep);
+    if (!keep) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (kf_id id = 1; id < nn; id++)
+        if (kf_fp8_product(m, &g->nodes[id], NULL)) {
+            keep[g->values[g->nodes[id].in[1]].producer] = true;
+            products++;
+        }
+    kf_pass_ctx fc = {.fuel = -1, .fold_cap_bytes = fold_cap_bytes, .keep = keep, .nkeep = nn};
+    kf_status st = kf_pass_fold(m, &fc);
+    kf_free(keep);
+    if (!st && fc.changes) st = kf_graph_dce(m->graph, NULL);
+    if (!st && trace)
+        fprintf(trace, "kfuse: backend: fp8: %u float8 products keep their weights, %llu constants folded\n", products,
+                (unsigned long long)fc.changes);
+    return st;
+}
 
 kf_status kf_precision_passes(kf_model *m, kf_precision p, int64_t fold_cap_bytes, FILE *trace) {
-    if (kf_precision_keeps_quantized(p)) {
+    if (p == KF_PRECISION_FP8) KF_TRY(keep_fp8_weights(m, fold_cap_bytes, trace));
+    if (p == KF_PRECISION_INT8 || p == KF_PRECISION_INT8_FP16) {
         kf_int8_stats is;
         KF_TRY(kf_fuse_int8(m, &is));
         /* what no integer anchor took would dequantize on every run */
@@ -163,7 +191,7 @@ kf_status kf_precision_passes(kf_model *m, kf_precision p, int64_t fold_cap_byte
             fprintf(trace, "kfuse: backend: %s: %u integer anchors, %llu constants folded after\n", kf_precision_name(p),
                     is.anchors, (unsigned long long)fc.changes);
     }
-    if (p == KF_PRECISION_FP16 || p == KF_PRECISION_BF16 || p == KF_PRECISION_INT8_FP16) {
+    if (p == KF_PRECISION_FP16 || p == KF_PRECISION_BF16 || p == KF_PRECISION_INT8_FP16 || p == KF_PRECISION_FP8) {
         /* after optimizing (rules see the float32 graph they were written
          * for), before planning: the planner and codegen see 16-bit values */
         kf_dtype low = p == KF_PRECISION_BF16 ? KF_DT_BFLOAT16 : KF_DT_FLOAT16;
@@ -189,7 +217,7 @@ kf_status kf_precision_from_env(kf_precision *p) {
     const char *v = getenv("KFUSE_PRECISION");
     *p = KF_PRECISION_FP32;
     if (!v || !v[0] || kf_precision_parse(v, p)) return KF_OK;
-    return kf_fail(KF_ERR_INVALID_ARG, "KFUSE_PRECISION='%s': not a precision (fp32, tf32, fp16, bf16, int8, int8-fp16)", v);
+    return kf_fail(KF_ERR_INVALID_ARG, "KFUSE_PRECISION='%s': not a precision (fp32, tf32, fp16, bf16, int8, int8-fp16, fp8)", v);
 }
 
 void kf_exec_options_default(kf_exec_options *o) {
@@ -697,6 +725,14 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
         kf_la_anchor_release(&la);
         return KF_OK;
     }
+    int sm = 0; /* float8 tensor cores: sm_89 and later (a CUDA device's arch is "sm_XY") */
+    if (!la.is_conv && la.gemm.a_dtype && sscanf(e->dev->arch, "sm_%d", &sm) == 1 && sm < 89) {
+        if (e->o.trace)
+            fprintf(e->o.trace, "kfuse: backend: group %u: library declined: a float8 GEMM on %s (sm_89+)\n", st->group,
+                    e->dev->arch);
+        kf_la_anchor_release(&la);
+        return KF_OK;
+    }
     la.gemm.precision = la.conv.precision = e->o.precision;
     if (!la.is_conv && la.gemm.a_const_t) {
         /* the weights' device copy in the layout the call reads; the
@@ -727,9 +763,10 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
                 (long long)la.conv.n, (long long)la.conv.c, (long long)la.conv.k, la.conv.nspatial,
                 la.has_epilogue ? " + epilogue kernel" : "");
     else if (e->o.trace)
-        fprintf(e->o.trace, "kfuse: backend: group %u: library GEMM %lldx%lldx%lld (batch %lld)%s\n", st->group,
+        fprintf(e->o.trace, "kfuse: backend: group %u: library GEMM %lldx%lldx%lld (batch %lld)%s%s%s%s\n", st->group,
                 (long long)la.gemm.m, (long long)la.gemm.n, (long long)la.gemm.k, (long long)la.gemm.batch,
-                la.has_epilogue ? " + epilogue kernel" : "");
+                la.gemm.a_dtype ? " on " : "", la.gemm.a_dtype ? kf_dtype_name(la.gemm.a_dtype) : "",
+                la.gemm.a_dtype ? " weights" : "", la.has_epilogue ? " + epilogue kernel" : "");
     s->stats.launches++; /* the call; an epilogue kernel counts as one more below */
     if (!la.has_epilogue) {
         st->kern = STEP_LIB;
@@ -1091,7 +1128,7 @@ static kf_status create(const kf_model *m, const kf_exec_options *o, kf_exec *e)
     if ((unsigned)o->precision >= KF_PRECISION_COUNT) {
         kf_precision p;
         KF_TRY(kf_precision_from_env(&p)); /* the environment's bad value, named */
-        return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16, int8, int8-fp16)", (int)o->precision);
+        return kf_fail(KF_ERR_INVALID_ARG, "precision %d (fp32, tf32, fp16, bf16, int8, int8-fp16, fp8)", (int)o->precision);
     }
     if (o->backend == KF_EXEC_OPENCL) KF_TRY(kf_cl_dev_open(o->device, &e->dev));
     else if (o->backend == KF_EXEC_CUDA) KF_TRY(kf_cu_dev_open(o->arch, o->compile_only, o->device, &e->dev));

@@ -28,15 +28,18 @@ typedef enum kf_exec_backend { KF_EXEC_REF = 1, KF_EXEC_OPENCL = 2, KF_EXEC_CUDA
  *         (kf_fuse_precision) before planning; accumulation stays float32
  *   INT8  integer anchors where the model carries QDQ (kf_fuse_int8), the
  *         rest as FP32
- *   INT8_FP16  integer anchors, the rest as FP16 */
-#define KF_PRECISION_COUNT 6
+ *   INT8_FP16  integer anchors, the rest as FP16
+ *   FP8  float8 products on their float8 values (weights kept float8),
+ *         the rest as FP16 */
+#define KF_PRECISION_COUNT 7
 
 /* Parses a name kf_precision_name gives into *p; false (and *p unchanged)
  * otherwise. */
 bool kf_precision_parse(const char *s, kf_precision *p);
 
 /* Whether constant folding keeps DequantizeLinear of constants at p (the
- * integer anchors read the 8-bit weights: INT8, INT8_FP16). */
+ * integer anchors read the 8-bit weights: INT8, INT8_FP16; float8
+ * products their float8 weights: FP8). */
 bool kf_precision_keeps_quantized(kf_precision p);
 
 /* The passes precision p runs on an optimized model before planning: the
@@ -44,7 +47,9 @@ bool kf_precision_keeps_quantized(kf_precision p);
  * DequantizeLinear of constants no integer anchor took (weights a float op
  * reads, float8 weights) fold as the optimizer folds them, up to
  * fold_cap_bytes a node (kf_pass_ctx: 0 keeps a saved model from growing);
- * then the 16-bit values (kf_fuse_precision: FP16, BF16, INT8_FP16); none
+ * at FP8 the DequantizeLinear of constants fold likewise except the
+ * weights of float8 products (kf_fp8_product); then the 16-bit values
+ * (kf_fuse_precision: FP16, BF16, INT8_FP16, FP8); none
  * at FP32 and TF32. trace (NULL: none) gets a line per pass. Errors: the
  * passes'. */
 kf_status kf_precision_passes(kf_model *m, kf_precision p, int64_t fold_cap_bytes, FILE *trace);

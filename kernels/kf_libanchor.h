@@ -48,7 +48,12 @@ typedef enum kf_la_act {
  * int32 on tensor cores (IMMA), alpha 1, no C, bias or activation.
  * cuBLASLt takes int8 only as "TN" (trans_a set, trans_b not, leading
  * dims multiples of 4), so the constant weights the model holds as [K, N]
- * are stored transposed on the device: a_const_t (kf_la_const_layout). */
+ * are stored transposed on the device: a_const_t (kf_la_const_layout).
+ *
+ * a_dtype/b_dtype set is the float8 GEMM (an fp8 plan's float8 product):
+ * A the float8 weights, B the float8 activation, both "TN" as int8's,
+ * alpha the product of their two dequantization scales, D and bias
+ * float16/bfloat16, computed in float32 on float8 tensor cores (sm_89+). */
 typedef struct kf_la_gemm {
     int64_t m, n, k;
     bool trans_a, trans_b;
@@ -58,6 +63,9 @@ typedef struct kf_la_gemm {
     float alpha, beta;      /* beta != 0 only with c */
     kf_dtype dtype;         /* A, B, C, D and bias: float32, float16 or bfloat16; compute float32.
                              * int8: A and B int8, D int32, compute int32 (above) */
+    kf_dtype a_dtype, b_dtype; /* float8 GEMM (a float8 product, fusion/kf_cost.h): A's and B's
+                             * float8 formats (E4M3FN/E5M2; dtype: D's and bias's, float16 or
+                             * bfloat16); 0: dtype */
     bool a_const_t;         /* A is a constant value whose device copy is the model's
                              * tensor transposed (kf_la_const_layout) */
     kf_precision precision; /* FP32 (0): strict; TF32 lets the library use tensor cores */
@@ -158,7 +166,7 @@ enum {
     KF_CUBLAS_COMPUTE_32F = 68, KF_CUBLAS_COMPUTE_32F_FAST_TF32 = 77,  /* cublasComputeType_t */
     KF_CUBLAS_COMPUTE_32I = 72,
     KF_CUDA_R_32F = 0, KF_CUDA_R_16F = 2, KF_CUDA_R_16BF = 14,         /* cudaDataType */
-    KF_CUDA_R_8I = 3, KF_CUDA_R_32I = 10
+    KF_CUDA_R_8I = 3, KF_CUDA_R_32I = 10, KF_CUDA_R_8F_E4M3 = 28, KF_CUDA_R_8F_E5M2 = 29
 };
 
 /* How a library call computes, from the plan's precision and the call's

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "kf_libanchor.h"
 
 /* Nodes of one anchor group: the planner caps inputs and registers, which
@@ -198,6 +199,55 @@ static kf_status map_gemm(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
                            "node '%s': C '%s' is neither a [N] bias with beta 1 nor a full [M, N] matrix", lab,
                            cv->name);
         }
+    }
+    return KF_OK;
+}
+
+/* The float8 GEMM of kf_la_gemm for a float8 product (kf_fp8_product)
+ * whose two DequantizeLinears are in group gi and read values from
+ * outside it: A the float8 weights (stored transposed unless a Gemm's
+ * transB has them [N, K] already: cuBLASLt's float8 form is "TN"), B the
+ * float8 activation rows, alpha the product of the two scales, D float16
+ * or bfloat16 (the float8 kernels' bias takes D's type then). The
+ * DequantizeLinears are absorbed. KF_ERR_UNSUPPORTED when an is not one. */
+static kf_status map_fp8(const kf_model *m, const kf_plan *p, uint32_t gi, const kf_node *an, kf_la_gemm *G,
+                         kf_id absorbed[2], char *why, size_t whylen) {
+    const kf_graph *g = m->graph;
+    const char *lab = kf_node_label(an);
+    kf_dtype fmt[2];
+    if (!kf_fp8_product(m, an, fmt)) return decline(why, whylen, "node '%s': not a float8 product", lab);
+    const kf_node *dq[2];
+    for (int i = 0; i < 2; i++) {
+        kf_id d = g->values[an->in[i]].producer;
+        dq[i] = &g->nodes[d];
+        if (p->group_of[d] != gi || in_group(p, gi, g, dq[i]->in[0]))
+            return decline(why, whylen, "node '%s': float8 operand '%s' is not dequantized in the group from outside it",
+                           lab, kf_node_label(dq[i]));
+        absorbed[i] = d;
+    }
+    const kf_type *xt = &g->values[dq[0]->in[0]].type, *wt = &g->values[dq[1]->in[0]].type;
+    const kf_type *yt = &g->values[an->out[0]].type;
+    if (yt->dtype != KF_DT_FLOAT16 && yt->dtype != KF_DT_BFLOAT16)
+        return decline(why, whylen, "node '%s': a float8 product writing %s (the library path writes float16 or bfloat16)",
+                       lab, kf_dtype_name(yt->dtype));
+    bool tb = an->op == KF_OP_GEMM && kf_attr_i(an, "transB", 0);
+    int64_t K = wt->dims[tb ? 1 : 0], N = wt->dims[tb ? 0 : 1], rows = 1;
+    for (int d = 0; d < xt->rank - 1; d++) rows *= xt->dims[d];
+    memset(G, 0, sizeof *G);
+    G->dtype = yt->dtype;
+    G->a_dtype = fmt[1], G->b_dtype = fmt[0];
+    const kf_tensor *sx = g->values[dq[0]->in[1]].init, *sw = g->values[dq[1]->in[1]].init;
+    G->alpha = (float)(kf_get_f64(sx, 0) * kf_get_f64(sw, 0));
+    G->m = N, G->n = rows, G->k = K;
+    G->a = dq[1]->in[0], G->b = dq[0]->in[0], G->d = an->out[0];
+    G->trans_a = true, G->a_const_t = !tb;
+    G->lda = K, G->ldb = K, G->ldd = N;
+    G->batch = 1;
+    if (an->op == KF_OP_GEMM && an->nin > 2 && an->in[2]) {
+        const kf_type *ct = &g->values[an->in[2]].type;
+        if (in_group(p, gi, g, an->in[2]) || ct->dtype != G->dtype || !bias_shape(ct, N))
+            return decline(why, whylen, "node '%s': Gemm's C is not a [N] bias of the output's type", lab);
+        G->bias = an->in[2];
     }
     return KF_OK;
 }
@@ -466,6 +516,11 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
     } else if (an->op == KF_OP_MATMUL_INTEGER) {
         KF_TRY(map_igemm(m, p, gi, an, &out->gemm, why, whylen));
         lib_d = &out->gemm.d;
+    } else if (kf_fp8_product(m, an, NULL)) {
+        kf_la_gemm *G = &out->gemm;
+        KF_TRY(map_fp8(m, p, gi, an, G, absorbed, why, whylen));
+        L = (libout){false, G->m, 0, G->dtype, false, &G->d, &G->bias, &G->act};
+        lib_d = &G->d;
     } else {
         kf_la_gemm *G = &out->gemm;
         KF_TRY(map_gemm(g, p, gi, an, G, absorbed, why, whylen));
@@ -540,6 +595,7 @@ kf_la_math kf_la_math_for(kf_precision p, kf_dtype dt) {
 /* ---- the host model of the call ----------------------------------------- */
 
 static double rd(const kf_tensor *t, int64_t i) {
+    if (kf_dtype_is_small_float(t->dtype)) return kf_small_to_f64(t->dtype, ((const uint8_t *)t->data)[i]);
     if (t->dtype == KF_DT_FLOAT16) return kf_half_to_float(((const uint16_t *)t->data)[i]);
     if (t->dtype == KF_DT_BFLOAT16) return kf_bf16_to_float(((const uint16_t *)t->data)[i]);
     return ((const float *)t->data)[i];
@@ -558,12 +614,15 @@ static bool fits(const kf_tensor *t, kf_dtype dt, int64_t last) {
 
 /* The dtype of D (and C) of g. */
 static kf_dtype d_dtype(const kf_la_gemm *g) { return g->dtype == KF_DT_INT8 ? KF_DT_INT32 : g->dtype; }
+/* The dtypes of A and B of g. */
+static kf_dtype a_dtype(const kf_la_gemm *g) { return g->a_dtype ? g->a_dtype : g->dtype; }
+static kf_dtype b_dtype(const kf_la_gemm *g) { return g->b_dtype ? g->b_dtype : g->dtype; }
 
 kf_status kf_la_const_layout(const kf_la_gemm *g, const kf_tensor *w, kf_tensor *out) {
     if (!g->a_const_t) return kf_tensor_copy(out, w);
-    if (w->rank != 2 || w->dims[0] != g->k || w->dims[1] != g->m || w->dtype != g->dtype)
+    if (w->rank != 2 || w->dims[0] != g->k || w->dims[1] != g->m || w->dtype != a_dtype(g))
         return kf_fail(KF_ERR_INVALID_ARG, "library GEMM: constant A is not a %lld x %lld %s matrix", (long long)g->k,
-                       (long long)g->m, kf_dtype_name(g->dtype));
+                       (long long)g->m, kf_dtype_name(a_dtype(g)));
     int64_t dims[2] = {g->m, g->k};
     KF_TRY(kf_tensor_alloc(out, w->dtype, 2, dims));
     size_t esz = kf_dtype_size(w->dtype);
@@ -599,7 +658,7 @@ kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tens
     int64_t blast = bl * g->stride_b + (g->trans_b ? (g->k - 1) * g->ldb + g->n - 1 : (g->n - 1) * g->ldb + g->k - 1);
     int64_t clast = bl * g->stride_c + (g->n - 1) * g->ldc + g->m - 1;
     int64_t dlast = bl * g->stride_d + (g->n - 1) * g->ldd + g->m - 1;
-    if (!fits(a, g->dtype, alast) || !fits(b, g->dtype, blast) || !fits(d, d_dtype(g), dlast) ||
+    if (!fits(a, a_dtype(g), alast) || !fits(b, b_dtype(g), blast) || !fits(d, d_dtype(g), dlast) ||
         (g->c && !fits(c, d_dtype(g), clast)) || (g->bias && !fits(bias, g->dtype, g->m - 1)) ||
         (g->dtype == KF_DT_INT8 && (g->c || g->bias || g->act)))
         return kf_fail(KF_ERR_INVALID_ARG, "library GEMM host model: a buffer is too small or of another dtype");
@@ -616,7 +675,7 @@ kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tens
                     int64_t bi = bt * g->stride_b + (g->trans_b ? l * g->ldb + j : j * g->ldb + l);
                     acc += (float)rd(a, ai) * (float)rd(b, bi);
                 }
-                float y = g->alpha * acc;
+                float y = g->alpha * acc; /* float8: the scales as alpha, as the call takes them */
                 if (g->c) y += g->beta * (float)rd(c, bt * g->stride_c + j * g->ldc + i);
                 if (g->bias) y += (float)rd(bias, i);
                 if (g->act == KF_LA_ACT_RELU) y = y > 0.0f ? y : 0.0f;
@@ -697,12 +756,13 @@ kf_status kf_la_dev_host_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *co
         count[0] = n[0], count[1] = n[1], count[2] = n[2], count[3] = a->gemm.bias ? a->gemm.m : 0, count[4] = n[3];
         dt = a->gemm.dtype, ddt = d_dtype(&a->gemm);
     }
+    kf_dtype ab[2] = {a->is_conv ? dt : a_dtype(&a->gemm), a->is_conv ? dt : b_dtype(&a->gemm)};
     kf_tensor t[5];
     memset(t, 0, sizeof t);
     kf_status st = KF_OK;
     for (int i = 0; i < 5 && !st; i++) {
         if (!count[i]) continue;
-        kf_dtype ti = i == 2 || i == 4 ? ddt : dt;
+        kf_dtype ti = i == 2 || i == 4 ? ddt : i < 2 ? ab[i] : dt;
         st = kf_tensor_alloc(&t[i], ti, 1, &count[i]);
         if (!st && i < 4) st = d->download(d, s, bufs[i], t[i].data, (size_t)count[i] * kf_dtype_size(ti));
     }

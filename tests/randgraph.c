@@ -2072,15 +2072,6 @@ static kf_id qconst(gen *G, kf_dtype dt, int rank, const int64_t *dims, int64_t 
  * on a rounding boundary would move by a whole step. */
 static bool motif_qdq(gen *G) {
     if (G->ft != KF_DT_FLOAT || G->opset < 13 || G->nodes + 6 > G->target) return false;
-    int r = 2 + irand(&G->r, 2);
-    int64_t dims[MAX_R], one = 1;
-    for (int i = 0; i < r; i++) dims[i] = rdim(G);
-    val *xp = finput(G, r, dims);
-    if (!xp) return false;
-    val x = *xp;
-    int64_t K = dims[r - 1], N = rdim(G), wdims[2] = {K, N};
-    double bound = (double)K * 2 * 1;
-    if (!bounded(G, -bound, bound)) return false;
     /* a zero point off the middle: int8 plans move it out of the product.
      * Sometimes float8 codes instead (opset 19+; zero point 0, which the
      * reference ignores): generated kernels round into and read them */
@@ -2091,6 +2082,20 @@ static bool motif_qdq(gen *G) {
     else if (G->opset >= 21 && chance(&G->r, 0.2)) at = KF_DT_UINT4, wt = KF_DT_INT4, half = 7; /* 4-bit, opset 21 */
     else if (G->opset >= 21 && chance(&G->r, 0.15)) at = KF_DT_UINT16, wt = KF_DT_INT16, half = 32767;
     else if (G->opset >= 23 && chance(&G->r, 0.15)) at = wt = KF_DT_FLOAT4E2M1, half = 6; /* E2M1's largest value */
+    /* half of the E4M3FN/E5M2 draws are float8 products as fp8 plans take
+     * them (fusion/kf_cost.h kf_fp8_product): weights per tensor, K and N
+     * multiples of 16 */
+    bool fp8_form = (at == KF_DT_FLOAT8E4M3FN || at == KF_DT_FLOAT8E5M2) && chance(&G->r, 0.5);
+    int r = 2 + irand(&G->r, 2);
+    int64_t dims[MAX_R], one = 1;
+    for (int i = 0; i < r; i++) dims[i] = rdim(G);
+    if (fp8_form) dims[r - 1] = 16 * (1 + irand(&G->r, 2));
+    val *xp = finput(G, r, dims);
+    if (!xp) return false;
+    val x = *xp;
+    int64_t K = dims[r - 1], N = fp8_form ? 16 * (1 + irand(&G->r, 2)) : rdim(G), wdims[2] = {K, N};
+    double bound = (double)K * 2 * 1;
+    if (!bounded(G, -bound, bound)) return false;
     int64_t zv = at == KF_DT_UINT8    ? 100 + irand(&G->r, 57)
                  : at == KF_DT_UINT4  ? 6 + irand(&G->r, 4)
                  : at == KF_DT_UINT16 ? 30000 + irand(&G->r, 5000)
@@ -2108,9 +2113,10 @@ static bool motif_qdq(gen *G) {
      * sibling merge concatenates dequantized weights and their scales */
     int products = G->nodes + 9 <= G->target && irand(&G->r, 2) ? 2 : 1;
     for (int p = 0; p < products; p++) {
-        if (p) N = rdim(G), wdims[1] = N;
-        kf_id w = fconst(G, 2, wdims, -1, 1, false)->id, sw = fconst(G, 1, &N, 1.0 / half, 1.5 / half, false)->id;
-        kf_id zw = nz == 3 ? qconst(G, wt, 1, &N, 0) : 0, wq, wd;
+        if (p) N = fp8_form ? 16 * (1 + irand(&G->r, 2)) : rdim(G), wdims[1] = N;
+        kf_id w = fconst(G, 2, wdims, -1, 1, false)->id;
+        kf_id sw = fp8_form ? fscalar(G, 1.25 / half, false) : fconst(G, 1, &N, 1.0 / half, 1.5 / half, false)->id;
+        kf_id zw = nz == 3 ? qconst(G, wt, fp8_form ? 0 : 1, &N, 0) : 0, wq, wd;
         kf_id wqin[3] = {w, sw, zw};
         kf_node *wqn = mk(G, "QuantizeLinear", wqin, nz, &wq);
         attr_i(wqn, "axis", 1);
@@ -3183,6 +3189,51 @@ static bool int8_paths(ctx *x, const rg_check_opts *o, rg_stats *st) {
     return ok;
 }
 
+/* FP8 (RG_P_INT8 | RG_P_CL, o->low float16): a graph that dequantizes
+ * E4M3FN or E5M2 values, as an fp8 plan on OpenCL with the library
+ * call's host model in place of cuBLASLt (KFUSE_LIBANCHOR_HOST), against
+ * ref on the original at the float16 bound where it can hold. */
+static bool fp8_path(ctx *x, const rg_check_opts *o, rg_stats *st) {
+    if (!(o->paths & RG_P_CL) || o->low != KF_DT_FLOAT16 || kf_cl_unavailable()) return true;
+    const kf_graph *g = x->m->graph;
+    bool f8 = false;
+    for (kf_id id = 1; id < g->nnodes && !f8; id++) {
+        const kf_node *n = &g->nodes[id];
+        kf_dtype q = n->nin && n->in[0] ? g->values[n->in[0]].type.dtype : KF_DT_UNDEFINED;
+        f8 = !n->dead && n->op == KF_OP_DEQUANTIZE_LINEAR && (q == KF_DT_FLOAT8E4M3FN || q == KF_DT_FLOAT8E5M2);
+    }
+    if (!f8) return true;
+    uint32_t *depth = calloc(x->nwant + 1, sizeof(uint32_t));
+    kf_tensor *got = calloc(x->nwant + 1, sizeof(kf_tensor));
+    if (!depth || !got) need(KF_ERR_NOMEM);
+    bool ok = true, skip = false;
+    kf_model *c = NULL;
+    kf_status s = kf_run_output_depths(x->m, depth);
+    if (!s && well_conditioned(x, KF_PRECISION_FP16, depth)) {
+        const char *had = getenv("KFUSE_LIBANCHOR_HOST");
+        setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+        kf_run_summary sum = {0};
+        s = rg_copy(x->m, &c);
+        if (!s) /* KF_RANDGRAPH_TRACE=1: where each group ran */
+            s = kf_run_backend(c, KF_EXEC_OPENCL, KF_PRECISION_FP8, x->ins, x->nins, got,
+                               getenv("KF_RANDGRAPH_TRACE") ? stderr : NULL, &sum);
+        if (!had) unsetenv("KFUSE_LIBANCHOR_HOST");
+        char w[512];
+        if (s) ok = failed(x, "fp8-opencl", "%s: %s", kf_status_name(s), kf_last_error());
+        else if (!close_low(x, got, x->nwant, KF_PRECISION_FP16, depth, &skip, w, sizeof w))
+            ok = failed(x, "fp8-opencl", "%s", w);
+        else if (st && !skip)
+            st->fp8_cl++;
+        if (!s) release_all(got, x->nwant);
+    } else if (s) {
+        ok = failed(x, "fp8-opencl", "%s: %s", kf_status_name(s), kf_last_error());
+    }
+    free(got);
+    free(depth);
+    if (c) kf_model_free(c);
+    return ok;
+}
+
 bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_opts *o, char *path,
               size_t pathlen, char *why, size_t whylen, rg_stats *st) {
     fam_init();
@@ -3233,6 +3284,7 @@ bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_
     }
     if (ok && (o->paths & RG_P_PREC)) ok = precision_paths(&x, o, st);
     if (ok && (o->paths & RG_P_INT8)) ok = int8_paths(&x, o, st);
+    if (ok && (o->paths & RG_P_INT8)) ok = fp8_path(&x, o, st);
     if (ok && (o->paths & RG_P_FAMILY)) {
         for (int f = 0; ok && f < nfams; f++) {
             if (o->family >= 0 && f != o->family) continue;

@@ -46,7 +46,8 @@ enum {
                            * and the converted graph on OpenCL when RG_P_CL is set too */
     RG_P_INT8 = 1 << 5    /* a graph with a QDQ product: its int8 form (kf_fuse_int8) on ref
                            * against the original, and (with RG_P_CL) an int8 plan on OpenCL
-                           * against ref on the int8 form */
+                           * against ref on the int8 form; with RG_P_CL and low float16, a
+                           * graph with E4M3FN/E5M2 values also as an fp8 plan on OpenCL */
 };
 
 /* Pass/rule families that can be disabled alone: each .kfp file of the
@@ -72,6 +73,7 @@ typedef struct rg_stats {
                                            * inputs and constants move by one rounding) */
     uint64_t int8, int8_cl;  /* RG_P_INT8: graphs with integer products agreed on ref / OpenCL */
     uint64_t int8_fp16_cl;   /* ... and at INT8_FP16 on OpenCL (o->low float16, well conditioned) */
+    uint64_t fp8_cl;         /* graphs with float8 values agreed as FP8 plans on OpenCL */
     uint64_t fail;
     double slowest_s;
     uint64_t slowest_seed;

@@ -133,13 +133,13 @@ int main(int argc, char **argv) {
     }
     printf("graphs %llu (nodes %llu), agreed: ref %llu, opt %llu, fuse %llu, opencl %llu (skipped %llu), "
            "family-disabled %llu, fp16/bf16 ref %llu opencl %llu (out of range %llu), int8 plans ref %llu "
-           "opencl %llu (int8-fp16 %llu); failed %llu; slowest %.3f s (seed %llu)\n"
+           "opencl %llu (int8-fp16 %llu), fp8 plans opencl %llu; failed %llu; slowest %.3f s (seed %llu)\n"
            "opencl path: %llu groups ran as generated kernels, %llu on the reference evaluator\n",
            (unsigned long long)st.graphs, (unsigned long long)st.nodes, (unsigned long long)st.ref,
            (unsigned long long)st.opt, (unsigned long long)st.fuse, (unsigned long long)st.cl,
            (unsigned long long)st.cl_skipped, (unsigned long long)st.family, (unsigned long long)st.prec,
            (unsigned long long)st.prec_cl, (unsigned long long)st.prec_skipped, (unsigned long long)st.int8,
-           (unsigned long long)st.int8_cl, (unsigned long long)st.int8_fp16_cl, (unsigned long long)st.fail,
+           (unsigned long long)st.int8_cl, (unsigned long long)st.int8_fp16_cl, (unsigned long long)st.fp8_cl, (unsigned long long)st.fail,
            st.slowest_s, (unsigned long long)st.slowest_seed, (unsigned long long)st.cl_groups_cl,
            (unsigned long long)st.cl_groups_ref);
     rg_write_rule_hits(stdout);

@@ -287,9 +287,9 @@ Test(api, compile_ex_struct_size) {
     cr_assert_null(c);
     cr_assert(strstr(kf_last_error(), "struct_size"), "%s", kf_last_error());
     o.struct_size = sizeof o;
-    o.precision = (kf_precision)6;
+    o.precision = (kf_precision)7;
     cr_assert_eq(kf_compile_ex(m, &o, &c), KF_ERR_INVALID_ARG);
-    cr_assert(strstr(kf_last_error(), "precision 6"), "%s", kf_last_error());
+    cr_assert(strstr(kf_last_error(), "precision 7"), "%s", kf_last_error());
     o.precision = KF_PRECISION_FP32;
     o.backend = (kf_backend)9;
     cr_assert_eq(kf_compile_ex(m, &o, &c), KF_ERR_INVALID_ARG);
@@ -311,7 +311,8 @@ Test(api, precision_names) {
     cr_assert_str_eq(kf_precision_name(KF_PRECISION_BF16), "bf16");
     cr_assert_str_eq(kf_precision_name(KF_PRECISION_INT8), "int8");
     cr_assert_str_eq(kf_precision_name(KF_PRECISION_INT8_FP16), "int8-fp16");
-    cr_assert_str_eq(kf_precision_name((kf_precision)6), "?");
+    cr_assert_str_eq(kf_precision_name(KF_PRECISION_FP8), "fp8");
+    cr_assert_str_eq(kf_precision_name((kf_precision)7), "?");
 }
 
 /* Each precision on each backend here: outputs keep the model's float32

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "cg_util.h"
+#include "kf_cost.h"
 #include "kf_exec.h"
 #include "kf_libanchor.h"
 #include "kf_opt.h"
@@ -394,6 +395,145 @@ static void exec_int8_plan(kf_exec_backend backend) {
 Test(libanchor, exec_int8_plan_with_the_library_gemm) {
     cgu_need_opencl();
     exec_int8_plan(KF_EXEC_OPENCL);
+}
+
+/* ---- float8 GEMMs (an fp8 plan's float8 products) ---- */
+
+/* The plan-level form of an fp8 plan's float8 product: a float8
+ * activation and float8 weights, dequantized to float16 by one scale each,
+ * the product, bias and ReLU. */
+#define FP8_DENSE                                                                                      \
+    "opset 21\ninput xq float8e4m3fn[24, 64]\nconst w float8e4m3fn[64, 48] = random\n"                 \
+    "const sx float16[] = 0.02\nconst sw float16[] = 0.01\nconst b float16[48] = random\n"              \
+    "xd = DequantizeLinear(xq, sx)\nwd = DequantizeLinear(w, sw)\n"                                    \
+    "y = MatMul(xd, wd)\nz = Add(y, b)\nr = Relu(z)\noutput r\n"
+
+/* The whole group is one call: float8 A (the weights, stored transposed:
+ * "TN") and B, the scales as alpha, bias and ReLU in the library's
+ * epilogue, both DequantizeLinears absorbed; its host model equals the
+ * reference (check_groups). */
+Test(libanchor, fp8_gemm_in_the_library_scales_as_alpha) {
+    tally t = check_text(FP8_DENSE);
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 0);
+    kf_model *m = gt_parse(FP8_DENSE);
+    kf_plan *p = cgu_plan(m);
+    cr_assert_eq(p->ngroups, 1, "the DequantizeLinears join the product's group: %u groups", p->ngroups);
+    kf_la_anchor la;
+    char why[512];
+    cr_assert_eq(kf_la_plan_group(m, p, 0, &la, why, sizeof why), KF_OK, "%s", why);
+    const kf_la_gemm *G = &la.gemm;
+    cr_assert_eq(G->dtype, KF_DT_FLOAT16);
+    cr_assert(G->a_dtype == KF_DT_FLOAT8E4M3FN && G->b_dtype == KF_DT_FLOAT8E4M3FN);
+    cr_assert(G->trans_a && !G->trans_b && G->a_const_t, "cuBLASLt's float8 GEMM is TN");
+    cr_assert(G->m == 48 && G->n == 24 && G->k == 64 && G->lda == 64 && G->ldb == 64 && G->ldd == 48);
+    cr_assert_float_eq(G->alpha, kf_half_to_float(kf_float_to_half(0.02f)) * kf_half_to_float(kf_float_to_half(0.01f)),
+                       1e-9);
+    cr_assert(G->bias && G->act == KF_LA_ACT_RELU);
+    cr_assert_eq(la.lib_nodes, 5, "product, two DequantizeLinears, bias, ReLU");
+    cr_assert_eq(G->a, kf_graph_find(m->graph, "w"));
+    cr_assert_eq(G->b, kf_graph_find(m->graph, "xq"));
+    kf_la_anchor_release(&la);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+Test(libanchor, fp8_gemm_declines_with_reasons) {
+    /* float32 out (a float8 product in a float32 graph): the float8
+     * kernels' bias type would differ from D's */
+    expect_decline("opset 21\ninput xq float8e4m3fn[24, 64]\nconst w float8e4m3fn[64, 48] = random\n"
+                   "const sx float[] = 0.02\nconst sw float[] = 0.01\n"
+                   "xd = DequantizeLinear(xq, sx)\nwd = DequantizeLinear(w, sw)\ny = MatMul(xd, wd)\noutput y\n",
+                   "writes float16 or bfloat16");
+    /* weights per column: not a float8 product; a dequantizing prologue
+     * the float16 GEMM cannot take */
+    expect_decline("opset 21\ninput xq float8e4m3fn[24, 64]\nconst w float8e4m3fn[64, 48] = random\n"
+                   "const sx float16[] = 0.02\nconst sw float16[48] = random\n"
+                   "xd = DequantizeLinear(xq, sx)\nwd = DequantizeLinear(w, sw) {axis=1}\ny = MatMul(xd, wd)\noutput y\n",
+                   "operand prologue");
+}
+
+/* A chain of two float8 products, the first's output quantized for the
+ * second: each product's group takes its own two DequantizeLinears (the
+ * activation's read from the float8 values the first group writes) and
+ * maps to the library's float8 GEMM on the H200 profile; with no cost
+ * model too (where bytes make the chain one back-to-back group); a target
+ * without float8 tensor cores (A100) leaves the planner to price them one
+ * by one. */
+Test(libanchor, fp8_products_take_their_dequantize_operands) {
+    const char *text = "opset 21\ninput xq float8e4m3fn[2048, 256]\nconst w float8e4m3fn[256, 512] = random\n"
+                       "const w2 float8e4m3fn[512, 256] = random\nconst sx float16[] = 0.02\nconst sw float16[] = 0.01\n"
+                       "const s1 float16[] = 0.05\nconst b float16[512] = random\n"
+                       "xd = DequantizeLinear(xq, sx)\nwd = DequantizeLinear(w, sw)\n"
+                       "y = MatMul(xd, wd)\nz = Add(y, b)\nr = Relu(z)\n"
+                       "q1 = QuantizeLinear(r, s1) {output_dtype=17}\nd1 = DequantizeLinear(q1, s1)\n"
+                       "wd2 = DequantizeLinear(w2, sw)\ny2 = MatMul(d1, wd2)\noutput y2\n";
+    static const char *targets[] = {NULL, "h200", "a100"};
+    for (int ti = 0; ti < 3; ti++) {
+        kf_model *m = gt_parse(text);
+        kf_plan_options o = {.fuel = -1, .target = targets[ti]};
+        kf_plan *p = NULL;
+        cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
+        uint32_t g1 = cgu_group_of(m, p, "y"), g2 = cgu_group_of(m, p, "y2");
+        bool taken = cgu_group_of(m, p, "xd") == g1 && cgu_group_of(m, p, "wd") == g1 &&
+                     cgu_group_of(m, p, "d1") == g2 && cgu_group_of(m, p, "wd2") == g2 && cgu_group_of(m, p, "q1") == g1;
+        if (ti < 2) cr_assert(taken, "target %s: the DequantizeLinears are not with their products", targets[ti]);
+        for (uint32_t gi = 0; ti == 1 && gi < 2; gi++) { /* (no target: one back-to-back group, as bytes say) */
+            kf_la_anchor la;
+            char why[512];
+            cr_assert_eq(kf_la_plan_group(m, p, gi ? g2 : g1, &la, why, sizeof why), KF_OK, "%s", why);
+            cr_assert(la.gemm.a_dtype == KF_DT_FLOAT8E4M3FN);
+            kf_la_anchor_release(&la);
+        }
+        if (ti == 1) {
+            kf_cost_group cg;
+            kf_cost_of_group(m, p, g1, &cg);
+            cr_assert(cg.fp8 && !cg.prologue);
+            kf_target *t = NULL;
+            cr_assert_eq(kf_target_get("h200", &t), KF_OK);
+            cr_assert(kf_cost_library(t, m->graph, &cg));
+            kf_cost c;
+            kf_cost_estimate(t, KF_MATH_FP32, m->graph, &cg, &c);
+            cr_assert_str_eq(c.form, "lib_gemm_fp8");
+            kf_target_free(t);
+        }
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
+/* A float model with float8 QDQ (weights quantized per tensor, folded by
+ * the optimizer to float8 constants) at precision fp8 on OpenCL, the call
+ * replaced by its host model: the weights stay float8 (uploaded
+ * transposed), the product is the library's float8 GEMM, and the outputs
+ * equal the float model's within float16's tolerance. */
+Test(libanchor, exec_fp8_plan_with_the_library_gemm) {
+    cgu_need_opencl();
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    static const char *text =
+        "opset 21\ninput xq float8e4m3fn[2, 12, 64]\nconst sx float[] = 0.02\n"
+        "const w float[64, 48] = random\nconst sw float[] = 0.004\nconst b float[48] = random\n"
+        "xd = DequantizeLinear(xq, sx)\n"
+        "wq = QuantizeLinear(w, sw) {output_dtype=17}\nwd = DequantizeLinear(wq, sw)\n"
+        "y = MatMul(xd, wd)\nz = Add(y, b)\nr = Relu(z)\noutput r\n";
+    kf_model *m = gt_parse(text);
+    char *trace = NULL;
+    size_t tlen = 0;
+    FILE *tf = open_memstream(&trace, &tlen);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_FP8;
+    o.trace = tf;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref_model(x, m, 2, KF_PRECISION_FP8);
+    kf_exec_free(x);
+    fclose(tf);
+    cr_assert_not_null(strstr(trace, "fp8: 1 float8 products keep their weights"), "%s", trace);
+    cr_assert_not_null(strstr(trace, "library GEMM 48x24x64 (batch 1) on float8e4m3fn weights"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
 }
 
 /* Anchor groups of the bundled models (optimized like kf_exec does):

@@ -13,7 +13,7 @@
 
 static uint64_t run_cse(kf_model *m) {
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_pass_ctx ctx = {-1, false, 0, 0, false};
+    kf_pass_ctx ctx = {-1, false, 0, 0, false, NULL, 0};
     cr_assert_eq(kf_pass_cse(m, &ctx), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_graph_dce(m->graph, NULL), KF_OK);
     return ctx.changes;

@@ -18,7 +18,7 @@
  * returns the pass's change count. */
 static uint64_t run_fold(kf_model *m, int64_t fuel) {
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_pass_ctx ctx = {fuel, false, 0, 0, false};
+    kf_pass_ctx ctx = {fuel, false, 0, 0, false, NULL, 0};
     cr_assert_eq(kf_pass_fold(m, &ctx), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_graph_dce(m->graph, NULL), KF_OK);
     return ctx.changes;
@@ -181,7 +181,7 @@ Test(pass_fold, raised_cap_folds_a_large_constant_of_shape) {
     kf_model_free(m);
     m = gt_parse(text);
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_pass_ctx ctx = {-1, false, 0, (int64_t)4 << 20, false};
+    kf_pass_ctx ctx = {-1, false, 0, (int64_t)4 << 20, false, NULL, 0};
     cr_assert_eq(kf_pass_fold(m, &ctx), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_graph_dce(m->graph, NULL), KF_OK);
     cr_expect_eq(ctx.changes, 2);

@@ -506,3 +506,20 @@ Test(pass_qint, cli_run_int8_check_on_a_quantized_model, .init = cli_setup, .fin
     cr_assert_eq(kfuse("run %s/q.onnx --backend opencl --check --precision int8-fp16 --dim batch=1", dir), 0, "%s", out);
     cr_assert_not_null(strstr(out, "0 on the reference evaluator (int8-fp16)"), "%s", out);
 }
+
+/* The same for fp8 on a BERT `kfuse quantize --type fp8` wrote (weights per
+ * tensor): the float8 products keep their float8 weights, those the cost
+ * model gives the library run as its float8 GEMM (host model on OpenCL),
+ * nothing runs on the host, and --check passes against the float model. */
+Test(pass_qint, cli_run_fp8_check_on_a_float8_quantized_model, .init = cli_setup, .fini = cli_teardown) {
+    cgu_need_opencl();
+    cr_assert_eq(kfuse("quantize %s/bench/models/small/bert/model.onnx -o %s/q.onnx --type fp8 --random 2 "
+                       "--dim batch=1 --dim seq=8", KF_SOURCE_DIR, dir), 0, "%s", out);
+    char args[1024];
+    snprintf(args, sizeof args, "run %s/q.onnx --backend opencl --check --precision fp8 --dim batch=1 --dim seq=8", dir);
+    cr_assert_eq(tu_cli_run(bin, "KFUSE_LIBANCHOR_HOST=1 KFUSE_TRACE=backend", args, out, sizeof out), 0, "%s", out);
+    cr_assert_not_null(strstr(out, "fp8: 7 float8 products keep their weights"), "%s", out);
+    cr_assert_not_null(strstr(out, "on float8e4m3fn weights"), "%s", out);
+    cr_assert_not_null(strstr(out, "0 on the reference evaluator (fp8)"), "%s", out);
+    cr_assert_not_null(strstr(out, "outputs match ref (float16 tolerance"), "%s", out);
+}

@@ -97,13 +97,13 @@ Test(random_graphs, agree_on_every_path) {
     fprintf(stderr,
             "random graphs: seeds %llu..%llu: %llu graphs (%llu nodes); agreed: ref %llu, opt %llu, fuse %llu, "
             "opencl %llu (skipped %llu: %s; %llu groups as kernels, %llu on ref), family-disabled %llu, "
-            "int8 plans ref %llu opencl %llu (int8-fp16 %llu); failed %llu; slowest %.3f s (seed %llu)\n",
+            "int8 plans ref %llu opencl %llu (int8-fp16 %llu), fp8 plans opencl %llu; failed %llu; slowest %.3f s (seed %llu)\n",
             (unsigned long long)base, (unsigned long long)(base + (uint64_t)count - 1), (unsigned long long)st.graphs,
             (unsigned long long)st.nodes, (unsigned long long)st.ref, (unsigned long long)st.opt,
             (unsigned long long)st.fuse, (unsigned long long)st.cl, (unsigned long long)st.cl_skipped,
             kf_cl_unavailable() ? kf_cl_unavailable() : "none", (unsigned long long)st.cl_groups_cl,
             (unsigned long long)st.cl_groups_ref, (unsigned long long)st.family, (unsigned long long)st.int8,
-            (unsigned long long)st.int8_cl, (unsigned long long)st.int8_fp16_cl, (unsigned long long)st.fail, st.slowest_s,
+            (unsigned long long)st.int8_cl, (unsigned long long)st.int8_fp16_cl, (unsigned long long)st.fp8_cl, (unsigned long long)st.fail, st.slowest_s,
             (unsigned long long)st.slowest_seed);
     rg_write_rule_hits(stderr);
     cr_assert_eq(st.fail, 0, "%llu random graphs disagree (graphs and shrunk forms above)", (unsigned long long)st.fail);

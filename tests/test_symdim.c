@@ -219,7 +219,7 @@ Test(symdim_infer, expressions_survive_a_file_round_trip) {
 
 static uint64_t run_fold(kf_model *m) {
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
-    kf_pass_ctx ctx = {-1, false, 0, 0, false};
+    kf_pass_ctx ctx = {-1, false, 0, 0, false, NULL, 0};
     cr_assert_eq(kf_pass_fold(m, &ctx), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_graph_dce(m->graph, NULL), KF_OK);
     cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
@@ -288,7 +288,7 @@ Test(symdim_fold, merged_dims_are_read_off_the_input) {
     cr_expect_eq(gt_count(m, "Concat"), 1);
     cr_expect_eq(gt_count(m, "Div"), 0);
     /* a second sweep finds nothing more to do */
-    kf_pass_ctx ctx = {-1, false, 0, 0, false};
+    kf_pass_ctx ctx = {-1, false, 0, 0, false, NULL, 0};
     cr_assert_eq(kf_pass_fold(m, &ctx), KF_OK);
     cr_expect_eq(ctx.changes, 0);
     expect_same_at_sizes(orig, m, 0, 0);

@@ -35,7 +35,7 @@ static double quantile(const double *v, int n, double q) {
 
 static void bench_usage(FILE *f) {
     fprintf(f, "usage: kfuse bench M.onnx [--backend opencl|cuda|ref] [--warmup N] [--iters N] [--dim NAME=N]...\n"
-               "                  [--seed N] [--threads N] [--precision fp32|tf32|fp16|bf16|int8|int8-fp16]\n"
+               "                  [--seed N] [--threads N] [--precision fp32|tf32|fp16|bf16|int8|int8-fp16|fp8]\n"
                "                  [--target NAME|FILE] [--device N] [--patterns F.kfp]...\n"
                "  p50/p99 latency of host-to-host runs after warm-up (defaults 10 and 100),\n"
                "  kernels launched per run, arena bytes against the live lower bound\n");

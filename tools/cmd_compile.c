@@ -190,7 +190,7 @@ kf_status kfuse_tool_inputs(const kf_model *m, const kf_type *types, uint32_t n,
 static void compile_usage(FILE *f) {
     fprintf(f, "usage: kfuse compile M.onnx --backend cuda|opencl [--arch sm_90] [--dim NAME=N]... [--threads N]\n"
                "                     [--target NAME|FILE] [--device N] [--patterns F.kfp]...\n"
-               "                      [--precision fp32|tf32|fp16|bf16|int8|int8-fp16]\n"
+               "                      [--precision fp32|tf32|fp16|bf16|int8|int8-fp16|fp8]\n"
                "  compiles every kernel of the fusion plan into the kernel cache ($KFUSE_CACHE_DIR);\n"
                "  cuda needs NVRTC only (no GPU); --arch defaults to the device's, else sm_90.\n"
                "  Symbolic input dims: --dim NAME=N, else 1. --precision: default KFUSE_PRECISION, else fp32.\n");

@@ -35,7 +35,7 @@ static void usage(FILE *f) {
             "  info M.onnx [--values]          opsets, op histogram, inputs/outputs, parameter bytes\n"
             "                                  (--values: every computed value's inferred type)\n"
             "  run M.onnx [--backend ref|opencl|cuda] [--check] [--inputs DIR] [--outputs DIR] [--seed N] [--dim NAME=N]\n"
-            "             [--precision fp32|tf32|fp16|bf16|int8|int8-fp16]\n"
+            "             [--precision fp32|tf32|fp16|bf16|int8|int8-fp16|fp8]\n"
             "                                  run the model; random inputs unless --inputs DIR\n"
             "                                  (DIR: NAME.npy per input, or input_N.pb TensorProto files)\n"
             "                                  (--dim naming a dim the model lacks: a warning)\n"
@@ -346,7 +346,7 @@ static int run_device_backend(kf_model *m, kf_exec_backend b, kf_precision prec,
     uint32_t *depth = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
     uint32_t *requant = check ? calloc(nout + 1, sizeof(uint32_t)) : NULL;
     if (!st && check && (!depth || !requant)) st = kf_fail(KF_ERR_NOMEM, "out of memory");
-    if (!st && check && kf_precision_keeps_quantized(prec)) st = kf_fuse_int8(m, NULL);
+    if (!st && check && (prec == KF_PRECISION_INT8 || prec == KF_PRECISION_INT8_FP16)) st = kf_fuse_int8(m, NULL);
     if (!st && check) st = kf_run_output_depths(m, depth);
     if (!st && check) st = kf_run_output_requants(m, requant);
     if (!st && check) st = kf_eval_model(m, ins, nins, want, NULL);

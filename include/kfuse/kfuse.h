@@ -117,6 +117,11 @@ KF_API const char *kf_backend_name(kf_backend b);
  *         (attention, norms, activations, the float GEMMs); the sums of
  *         an integer product are scaled in float32 before they meet
  *         float16 (they pass its range).
+ *   FP8   for models that carry float8 QDQ: a MatMul or Gemm whose operands
+ *         are both dequantised float8 (E4M3FN/E5M2, one scale each) keeps
+ *         its float8 weights and runs on the float8 values (cuBLASLt's
+ *         float8 GEMM on sm_89+, the scales as its alpha); everything else
+ *         as FP16.
  * Results differ from FP32 by about the type's rounding (INT8: float
  * rounding, so a quantised value on a rounding boundary may move by one
  * step; DESIGN.md, Numerics). */
@@ -126,9 +131,10 @@ typedef enum kf_precision {
     KF_PRECISION_FP16 = 2,
     KF_PRECISION_BF16 = 3,
     KF_PRECISION_INT8 = 4,
-    KF_PRECISION_INT8_FP16 = 5
+    KF_PRECISION_INT8_FP16 = 5,
+    KF_PRECISION_FP8 = 6
 } kf_precision;
-/* "fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16"; "?" for other numbers. Static storage. */
+/* "fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16", "fp8"; "?" for other numbers. Static storage. */
 KF_API const char *kf_precision_name(kf_precision p);
 
 /* Rewrites m in place with the built-in rules (what `kfuse opt` does);

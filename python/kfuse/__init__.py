@@ -45,7 +45,7 @@ ERR_COMPILE = 9
 ERR_INTERNAL = 10
 
 BACKENDS = {"best": 0, "ref": 1, "opencl": 2, "cuda": 3}
-PRECISIONS = {"fp32": 0, "tf32": 1, "fp16": 2, "bf16": 3, "int8": 4, "int8-fp16": 5}
+PRECISIONS = {"fp32": 0, "tf32": 1, "fp16": 2, "bf16": 3, "int8": 4, "int8-fp16": 5, "fp8": 6}
 _SWITCH = {None: 0, True: 1, False: 2}
 
 # ONNX TensorProto.DataType <-> NumPy
@@ -478,7 +478,7 @@ def compile(model, backend="best", precision="fp32", target=None, dims=None, dev
             patterns=(), workspace_bytes=0, fusion=None, batching=None):
     """Compiles the model (a path or ONNX bytes) for backend "best" (cuda,
     else opencl, else ref), "ref", "opencl" or "cuda", at precision "fp32",
-    "tf32", "fp16", "bf16", "int8" or "int8-fp16": kf_compile_ex. target: the device profile
+    "tf32", "fp16", "bf16", "int8", "int8-fp16" or "fp8": kf_compile_ex. target: the device profile
     fusion plans for (KFUSE_TARGET, else "h200"); dims: symbolic dims fixed
     ({"batch": 8}); device: the device ordinal; cache_dir: the kernel cache
     (KFUSE_CACHE_DIR ...); patterns: extra .kfp rule files;

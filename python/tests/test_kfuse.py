@@ -116,11 +116,11 @@ def test_output_info_before_run(rng):
 
 def test_every_precision_name_compiles(rng):
     # each name maps to the library's number: the float model runs at each
-    # (the int8 modes find no QDQ here: fp32 and fp16) near its fp32 result
+    # (the int8 and fp8 modes find no QDQ here: fp32 and fp16) near its fp32 result
     path = os.path.join(ROOT, "bench", "models", "tiny_cnn.onnx")
     x = rng.uniform(-1, 1, (2, 3, 8, 8)).astype(np.float32)
     want = kfuse.compile(path, backend="ref", dims={"N": 2}).run([x])[0]
-    assert set(kfuse.PRECISIONS) == {"fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16"}
+    assert set(kfuse.PRECISIONS) == {"fp32", "tf32", "fp16", "bf16", "int8", "int8-fp16", "fp8"}
     for p in kfuse.PRECISIONS:
         got = kfuse.compile(path, backend="ref", dims={"N": 2}, precision=p).run([x])[0]
         assert got.dtype == want.dtype and got.shape == want.shape, p

@@ -1,7 +1,8 @@
 /*
  * fuzz_pipeline.c: libFuzzer target for everything after the loader: a
  * model that loads goes through load -> bind symbolic dims -> kf_optimize
- * -> (on half the inputs) the int8 pass with its quantised weights kept
+ * -> the precision passes (fp32, int8 with its quantised weights kept,
+ * fp16, int8-fp16 or fp8 with its float8 weights kept)
  * -> kf_plan_build (with the cost model on half the inputs) -> kernel text for every group codegen supports (both
  * targets) and the library-anchor mapping of every anchor group -> fuse export -> save -> load again. Every stage must succeed
  * or return a typed error with a message; the exported model must load.
@@ -98,19 +99,22 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     kf_status st = KF_OK;
     for (uint32_t i = 1; !st && i < m->graph->nsyms; i++)
         st = checked(kf_graph_bind_sym(m->graph, m->graph->syms[i], FUZZ_SYM_VALUE), "bind");
-    /* the precision passes as kernels/exec.c runs them (kf_precision_passes):
-     * INT8, FP16, or both (INT8_FP16), by the input's last byte */
-    bool int8 = data[size - 1] & 2, fp16 = data[size - 1] & 4;
+    /* the precision passes as kernels/exec.c runs them (kf_precision_passes),
+     * by the input's last byte: FP32, INT8, FP16, INT8_FP16 or FP8 */
+    uint8_t last = data[size - 1];
+    kf_precision prec = last & 8   ? KF_PRECISION_FP8
+                        : last & 2 ? (last & 4 ? KF_PRECISION_INT8_FP16 : KF_PRECISION_INT8)
+                        : last & 4 ? KF_PRECISION_FP16
+                                   : KF_PRECISION_FP32;
     if (!st) {
         kf_opt_options o;
         kf_opt_options_default(&o);
-        o.keep_quantized = int8;
+        o.keep_quantized = kf_precision_keeps_quantized(prec);
         kf_opt_result res;
         st = checked(kf_optimize(m, &o, &res), "optimize");
         kf_rules_free(&res.rules);
     }
-    if (!st && int8) st = checked(kf_fuse_int8(m, NULL), "int8");
-    if (!st && fp16) st = checked(kf_fuse_precision(m, KF_DT_FLOAT16, NULL), "fp16");
+    if (!st) st = checked(kf_precision_passes(m, prec, 0, NULL), kf_precision_name(prec));
     if (!st) {
         kf_plan_options po;
         kf_plan_options_default(&po);
