@@ -541,24 +541,31 @@ static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_g
 }
 
 /* The float8 DequantizeLinear feeding operand slot of n, of the form
- * kf_fp8_product takes; 0 otherwise. Its format in *fmt. */
-static kf_id fp8_operand(const kf_model *m, const kf_node *n, int slot, kf_dtype *fmt) {
+ * kf_fp8_product_form takes (scale of one element, or with columns > 0 of
+ * that many along axis `axis` of the weights); 0 otherwise. Its format in
+ * *fmt. */
+static kf_id fp8_operand(const kf_model *m, const kf_node *n, int slot, int64_t columns, int axis, kf_dtype *fmt) {
     const kf_graph *g = m->graph;
     kf_id v = n->in[slot], d = v ? g->values[v].producer : 0;
     if (!d || g->values[v].nusers != 1 || g->values[v].is_output) return 0;
     const kf_node *dn = &g->nodes[d];
     if (dn->op != KF_OP_DEQUANTIZE_LINEAR || dn->nin < 2 || !dn->in[0] || !dn->in[1] || dn->nout != 1 ||
-        kf_attr_i(dn, "block_size", 0) != 0 || !kf_value_is_constant(m, dn->in[1]) ||
-        g->values[dn->in[1]].init->numel != 1)
+        kf_attr_i(dn, "block_size", 0) != 0 || !kf_value_is_constant(m, dn->in[1]))
         return 0;
     const kf_value *q = &g->values[dn->in[0]];
+    const kf_tensor *s = g->values[dn->in[1]].init;
+    int64_t a = kf_attr_i(dn, "axis", 1);
+    if (q->type.rank > 0 && a < 0) a += q->type.rank;
+    if (s->numel != 1 && !(columns > 0 && s->rank == 1 && s->numel == columns && a == axis)) return 0;
     if (q->type.dtype != KF_DT_FLOAT8E4M3FN && q->type.dtype != KF_DT_FLOAT8E5M2) return 0;
     if (slot == 1 && (!kf_value_is_constant(m, dn->in[0]) || q->type.rank != 2 || q->nusers != 1)) return 0;
     *fmt = q->type.dtype;
     return d;
 }
 
-bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]) {
+bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]) { return kf_fp8_product_form(m, n, false, fmt); }
+
+bool kf_fp8_product_form(const kf_model *m, const kf_node *n, bool per_column, kf_dtype fmt[2]) {
     const kf_graph *g = m->graph;
     if (n->dead || (n->op != KF_OP_MATMUL && n->op != KF_OP_GEMM) || n->nin < 2 || !n->in[0] || !n->in[1] ||
         n->nout < 1 || !n->out[0])
@@ -566,15 +573,15 @@ bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]) {
     if (n->op == KF_OP_GEMM && (kf_attr_i(n, "transA", 0) || kf_attr_f(n, "alpha", 1.0f) != 1.0f ||
                                 kf_attr_f(n, "beta", 1.0f) != 1.0f))
         return false;
-    kf_dtype f[2];
-    if (!fp8_operand(m, n, 0, &f[0]) || !fp8_operand(m, n, 1, &f[1]) ||
-        (f[0] == KF_DT_FLOAT8E5M2 && f[1] == KF_DT_FLOAT8E5M2))
-        return false;
     const kf_type *xt = &g->values[n->in[0]].type, *wt = &g->values[n->in[1]].type;
     if (!kf_type_is_static(xt) || !kf_type_is_static(wt) || xt->rank < 2 || wt->rank != 2) return false;
     bool tb = n->op == KF_OP_GEMM && kf_attr_i(n, "transB", 0);
     int64_t K = wt->dims[tb ? 1 : 0], N = wt->dims[tb ? 0 : 1];
     if (K % 16 || N % 16 || xt->dims[xt->rank - 1] != K) return false;
+    kf_dtype f[2];
+    if (!fp8_operand(m, n, 0, 0, 0, &f[0]) || !fp8_operand(m, n, 1, per_column ? N : 0, tb ? 0 : 1, &f[1]) ||
+        (f[0] == KF_DT_FLOAT8E5M2 && f[1] == KF_DT_FLOAT8E5M2))
+        return false;
     if (fmt) fmt[0] = f[0], fmt[1] = f[1];
     return true;
 }
@@ -804,10 +811,9 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
     if (!cg->anchor) return;
     const kf_node *a = &g->nodes[cg->anchor];
     /* a float8 product with its two DequantizeLinears (and only them) in
-     * the group, writing float16 or bfloat16: the library reads their
-     * float8 inputs (kernels/libanchor.c, map_fp8) */
-    kf_dtype yt = a->nout && a->out[0] ? g->values[a->out[0]].type.dtype : KF_DT_UNDEFINED;
-    if (!cg->anchor2 && (yt == KF_DT_FLOAT16 || yt == KF_DT_BFLOAT16) && kf_fp8_product(m, a, NULL)) {
+     * the group: the library reads their float8 inputs (kernels/
+     * libanchor.c, map_fp8) */
+    if (!cg->anchor2 && kf_fp8_product(m, a, NULL)) {
         cg->fp8 = true;
         for (int i = 0; i < 2; i++) {
             kf_id d = g->values[a->in[i]].producer, q = g->values[g->nodes[d].in[0]].producer;

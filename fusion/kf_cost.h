@@ -112,9 +112,9 @@ typedef struct kf_cost_group {
     kf_id reduction;           /* the row reduction of an anchor group, or a reduction group's master */
     bool prologue;             /* an anchor operand is computed inside the group (other than
                                 * the float8 operands below) */
-    bool fp8;                  /* a float8 product (kf_fp8_product) writing float16/bfloat16 whose
-                                * two DequantizeLinears are in the group (their inputs not): the
-                                * library reads their float8 inputs */
+    bool fp8;                  /* a float8 product (kf_fp8_product) whose two DequantizeLinears are
+                                * in the group (their inputs not): the library reads their float8
+                                * inputs */
     bool epilogue;             /* nodes after the anchor other than bias/activation the library absorbs */
     bool epilogue_declined;    /* an epilogue the kernel after a library call cannot take (a select
                                 * after the row reduction): the group runs as its generated kernel */
@@ -147,6 +147,9 @@ void kf_cost_of_group(const kf_model *m, const kf_plan *p, uint32_t k, kf_cost_g
  * multiples of 16 (the library's alignment of float8 rows). fmt (may be
  * NULL) gets the two formats (left, right). Shapes must be static. */
 bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]);
+/* kf_fp8_product, and with per_column also the form whose weight scale
+ * holds one value per output column (what kf_fuse_fp8 rewrites). */
+bool kf_fp8_product_form(const kf_model *m, const kf_node *n, bool per_column, kf_dtype fmt[2]);
 
 /* Does an anchor group of this shape run as a library call on t? Always
  * false for back-to-back anchors and operand prologues (a generated kernel),

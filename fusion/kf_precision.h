@@ -56,4 +56,13 @@ typedef struct kf_int8_stats {
  * infer (a bug of this pass). */
 kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st);
 
+/* For precision FP8 (pass_qint.c): every float8 product whose weights
+ * carry one float32 scale per output column (kf_fp8_product_form,
+ * fusion/kf_cost.h) becomes the product of the float8 values with unit
+ * scales, a Mul by the constant sx * sw per column, and Gemm's C added
+ * after; the unit-scale product is then a kf_fp8_product. Standard ONNX,
+ * differing from m by float rounding. *rewritten: how many. KF_ERR_NOMEM;
+ * KF_ERR_INTERNAL when the result does not infer (a bug of this pass). */
+kf_status kf_fuse_fp8(kf_model *m, uint32_t *rewritten);
+
 #endif

@@ -22,12 +22,14 @@
  * float32 result (the same function is what the evaluator and codegen
  * check dtypes against). At float16, a Cast of int32 and the Mul by a
  * constant scale after it stay float32 (keeps_range): an integer
- * product's sums pass float16's range until they are scaled.
+ * product's sums pass float16's range until they are scaled; so do a
+ * float8 product of unit scales, its DequantizeLinears and its Mul.
  */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "kf_ops.h"
 #include "kf_precision.h"
 #include "kf_ref.h"
@@ -71,15 +73,36 @@ static bool wide_int_cast(const kf_graph *g, kf_id id) {
     return g->values[n->in[0]].type.dtype == KF_DT_INT32;
 }
 
+/* A float8 product of the float8 values themselves (float32 unit scales:
+ * kf_fuse_fp8's), whose sums, unscaled, pass float16's range too. */
+static bool unit_fp8_product(const ctx *c, kf_id id) {
+    const kf_graph *g = c->g;
+    if (!id || !kf_fp8_product(c->m, &g->nodes[id], NULL)) return false;
+    for (int i = 0; i < 2; i++) {
+        const kf_node *d = &g->nodes[g->values[g->nodes[id].in[i]].producer];
+        const kf_tensor *s = g->values[d->in[1]].init;
+        if (s->dtype != KF_DT_FLOAT || kf_get_f64(s, 0) != 1.0) return false;
+    }
+    return true;
+}
+
 /* At float16, such a Cast stays float32, and so does a Mul of its result
  * by a constant (the scale that dequantizes an integer product, which
- * brings the values back into range: kf_fuse_int8's Cast and Mul). */
+ * brings the values back into range: kf_fuse_int8's Cast and Mul); and
+ * likewise a unit-scale float8 product, its two DequantizeLinears and the
+ * Mul by its column scales (kf_fuse_fp8's). */
 static bool keeps_range(const ctx *c, const kf_node *n, kf_id id) {
     if (c->low != KF_DT_FLOAT16) return false;
-    if (wide_int_cast(c->g, id)) return true;
+    const kf_graph *g = c->g;
+    if (wide_int_cast(g, id) || unit_fp8_product(c, id)) return true;
+    if (n->op == KF_OP_DEQUANTIZE_LINEAR && n->nout == 1 && n->out[0] && g->values[n->out[0]].nusers == 1 &&
+        unit_fp8_product(c, g->values[n->out[0]].users[0]))
+        return true;
     if (n->op != KF_OP_MUL || n->nin != 2 || !n->in[0] || !n->in[1]) return false;
-    for (int i = 0; i < 2; i++)
-        if (wide_int_cast(c->g, c->g->values[n->in[i]].producer) && kf_value_is_constant(c->m, n->in[1 - i])) return true;
+    for (int i = 0; i < 2; i++) {
+        kf_id p = g->values[n->in[i]].producer;
+        if ((wide_int_cast(g, p) || unit_fp8_product(c, p)) && kf_value_is_constant(c->m, n->in[1 - i])) return true;
+    }
     return false;
 }
 

@@ -29,6 +29,7 @@
 #include <stdio.h>
 #include <string.h>
 
+#include "kf_cost.h"
 #include "kf_ops.h"
 #include "kf_precision.h"
 #include "kf_ref.h"
@@ -386,5 +387,103 @@ kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st) {
     if (st) st->anchors = done;
     kf_status s = kf_infer_shapes(m);
     if (s && s != KF_ERR_NOMEM) return kf_fail(KF_ERR_INTERNAL, "the int8 graph does not infer: %s", kf_last_error());
+    return s;
+}
+
+/* ---- float8 products (precision FP8) ------------------------------------------
+ *
+ * A float8 product whose weights carry one scale per output column
+ * (kf_fp8_product_form with per_column; `kfuse quantize --type fp8
+ * --per-channel` writes them, and the sibling merge makes them of per-tensor
+ * weights with different scales) runs on the float8 values with unit
+ * scales, and the scales follow as one Mul per column:
+ *
+ *   xq ─► DQ(sx) ─┐                     xq ─► DQ(1) ─┐
+ *                 MatMul ─► y    ==>                 MatMul ─► Mul(sx * sw) ─► (+ C) ─► y
+ *   wq ─► DQ(sw) ─┘                     wq ─► DQ(1) ─┘
+ *
+ * The sums are of exact products either way (a float8 product is exact in
+ * float32); they round once more, when scaled. The unit-scale product then
+ * is a kf_fp8_product (the library's float8 GEMM, alpha 1) whose sums,
+ * unscaled, may pass float16's range: the fp16 pass keeps it, its
+ * DequantizeLinears and the Mul in float32 (pass_precision.c). */
+
+static kf_status f32_constant(kf_graph *g, const char *base, int rank, const int64_t *dims, const float *v, kf_id *id) {
+    kf_tensor *t = kf_tensor_new();
+    if (!t) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    kf_status st = kf_tensor_alloc(t, KF_DT_FLOAT, rank, dims);
+    if (!st) memcpy(t->data, v, sizeof(float) * (size_t)t->numel);
+    if (st) {
+        kf_tensor_free(t);
+        return st;
+    }
+    return kf_graph_add_constant(g, base, t, id);
+}
+
+static kf_status fp8_per_column(kf_model *m, kf_id id) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[id];
+    const kf_node *dx = &g->nodes[g->values[n->in[0]].producer], *dw = &g->nodes[g->values[n->in[1]].producer];
+    const kf_tensor *sx = g->values[dx->in[1]].init, *sw = g->values[dw->in[1]].init;
+    int64_t N = sw->numel;
+    float *col = kf_malloc(sizeof(float) * (size_t)N);
+    if (!col) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (int64_t c = 0; c < N; c++) col[c] = (float)kf_get_f64(sx, 0) * (float)kf_get_f64(sw, c);
+    kf_id one, scale, xq = dx->in[0], wq = dw->in[0], y = n->out[0], c = n->op == KF_OP_GEMM && n->nin > 2 ? n->in[2] : 0;
+    float unit = 1.0f;
+    kf_status st = f32_constant(g, "fp8_unit_scale", 0, NULL, &unit, &one);
+    if (!st) st = f32_constant(g, "fp8_column_scale", 1, &N, col, &scale);
+    kf_free(col);
+    KF_TRY(st);
+    char name[256], label[200];
+    snprintf(label, sizeof label, "%s", kf_node_label(n));
+    kf_id xd, wd, raw, scaled = y, nid;
+    KF_TRY(kf_graph_fresh_value(g, "fp8_x", &xd));
+    KF_TRY(kf_graph_fresh_value(g, "fp8_w", &wd));
+    KF_TRY(kf_graph_fresh_value(g, "fp8_sums", &raw));
+    if (c) KF_TRY(kf_graph_fresh_value(g, "fp8_scaled", &scaled));
+    kf_id xin[2] = {xq, one}, win[2] = {wq, one};
+    snprintf(name, sizeof name, "%s_fp8_x", label);
+    KF_TRY(add_node(m, "DequantizeLinear", KF_OP_DEQUANTIZE_LINEAR, name, xin, 2, xd, &nid));
+    snprintf(name, sizeof name, "%s_fp8_w", label);
+    KF_TRY(add_node(m, "DequantizeLinear", KF_OP_DEQUANTIZE_LINEAR, name, win, 2, wd, &nid));
+    /* the product without C, its attributes (Gemm's transB) kept; the old
+     * node goes before the last new one writes y */
+    n = &g->nodes[id];
+    kf_id pin[2] = {xd, wd};
+    bool gemm = n->op == KF_OP_GEMM;
+    snprintf(name, sizeof name, "%s_fp8", label);
+    KF_TRY(add_node(m, gemm ? "Gemm" : "MatMul", gemm ? KF_OP_GEMM : KF_OP_MATMUL, name, pin, 2, raw, &nid));
+    for (int i = 0; gemm && i < g->nodes[id].nattrs; i++) KF_TRY(kf_node_add_attr(&g->nodes[nid], &g->nodes[id].attrs[i]));
+    kf_graph_remove_node(g, id);
+    snprintf(name, sizeof name, "%s_fp8_scale", label);
+    kf_id min[2] = {raw, scale};
+    KF_TRY(add_node(m, "Mul", KF_OP_MUL, name, min, 2, scaled, &nid));
+    if (c) {
+        snprintf(name, sizeof name, "%s_fp8_bias", label);
+        kf_id ain[2] = {scaled, c};
+        KF_TRY(add_node(m, "Add", KF_OP_ADD, name, ain, 2, y, &nid));
+    }
+    return KF_OK;
+}
+
+kf_status kf_fuse_fp8(kf_model *m, uint32_t *rewritten) {
+    *rewritten = 0;
+    KF_TRY(kf_infer_shapes(m));
+    kf_graph *g = m->graph;
+    uint32_t nn = g->nnodes;
+    for (kf_id id = 1; id < nn; id++) {
+        const kf_node *n = &g->nodes[id];
+        if (kf_fp8_product(m, n, NULL) || !kf_fp8_product_form(m, n, true, NULL)) continue;
+        /* float32 scales (a float16 model's would give float16 sums) */
+        const kf_node *dx = &g->nodes[g->values[n->in[0]].producer], *dw = &g->nodes[g->values[n->in[1]].producer];
+        if (g->values[dx->in[1]].init->dtype != KF_DT_FLOAT || g->values[dw->in[1]].init->dtype != KF_DT_FLOAT) continue;
+        KF_TRY(fp8_per_column(m, id));
+        (*rewritten)++;
+    }
+    if (!*rewritten) return KF_OK;
+    KF_TRY(kf_graph_dce(g, NULL));
+    kf_status s = kf_infer_shapes(m);
+    if (s && s != KF_ERR_NOMEM) return kf_fail(KF_ERR_INTERNAL, "the fp8 graph does not infer: %s", kf_last_error());
     return s;
 }

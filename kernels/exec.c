@@ -158,7 +158,8 @@ bool kf_precision_keeps_quantized(kf_precision p) {
  * call or generated tile reads; every other DequantizeLinear of constants
  * folds, as at fp16. */
 static kf_status keep_fp8_weights(kf_model *m, int64_t fold_cap_bytes, FILE *trace) {
-    KF_TRY(kf_infer_shapes(m));
+    uint32_t per_column;
+    KF_TRY(kf_fuse_fp8(m, &per_column));
     kf_graph *g = m->graph;
     uint32_t nn = g->nnodes, products = 0;
     bool *keep = kf_calloc((size_t)nn + 1, sizeof *keep);
@@ -173,8 +174,10 @@ static kf_status keep_fp8_weights(kf_model *m, int64_t fold_cap_bytes, FILE *tra
     kf_free(keep);
     if (!st && fc.changes) st = kf_graph_dce(m->graph, NULL);
     if (!st && trace)
-        fprintf(trace, "kfuse: backend: fp8: %u float8 products keep their weights, %llu constants folded\n", products,
-                (unsigned long long)fc.changes);
+        fprintf(trace,
+                "kfuse: backend: fp8: %u float8 products keep their weights (%u scaled per column after), %llu "
+                "constants folded\n",
+                products, per_column, (unsigned long long)fc.changes);
     return st;
 }
 

@@ -53,7 +53,8 @@ typedef enum kf_la_act {
  * a_dtype/b_dtype set is the float8 GEMM (an fp8 plan's float8 product):
  * A the float8 weights, B the float8 activation, both "TN" as int8's,
  * alpha the product of their two dequantization scales, D and bias
- * float16/bfloat16, computed in float32 on float8 tensor cores (sm_89+). */
+ * float16/bfloat16 (or D float32 without a bias: a product scaled per
+ * column after), computed in float32 on float8 tensor cores (sm_89+). */
 typedef struct kf_la_gemm {
     int64_t m, n, k;
     bool trans_a, trans_b;
@@ -64,8 +65,8 @@ typedef struct kf_la_gemm {
     kf_dtype dtype;         /* A, B, C, D and bias: float32, float16 or bfloat16; compute float32.
                              * int8: A and B int8, D int32, compute int32 (above) */
     kf_dtype a_dtype, b_dtype; /* float8 GEMM (a float8 product, fusion/kf_cost.h): A's and B's
-                             * float8 formats (E4M3FN/E5M2; dtype: D's and bias's, float16 or
-                             * bfloat16); 0: dtype */
+                             * float8 formats (E4M3FN/E5M2; dtype: D's and bias's, float16,
+                             * bfloat16 or float32 without bias); 0: dtype */
     bool a_const_t;         /* A is a constant value whose device copy is the model's
                              * tensor transposed (kf_la_const_layout) */
     kf_precision precision; /* FP32 (0): strict; TF32 lets the library use tensor cores */

@@ -207,9 +207,10 @@ static kf_status map_gemm(const kf_graph *g, const kf_plan *p, uint32_t gi, cons
  * whose two DequantizeLinears are in group gi and read values from
  * outside it: A the float8 weights (stored transposed unless a Gemm's
  * transB has them [N, K] already: cuBLASLt's float8 form is "TN"), B the
- * float8 activation rows, alpha the product of the two scales, D float16
- * or bfloat16 (the float8 kernels' bias takes D's type then). The
- * DequantizeLinears are absorbed. KF_ERR_UNSUPPORTED when an is not one. */
+ * float8 activation rows, alpha the product of the two scales, D float16,
+ * bfloat16 or float32 (kf_fuse_fp8's unit-scale sums, scaled per column
+ * by the epilogue kernel). The DequantizeLinears are absorbed.
+ * KF_ERR_UNSUPPORTED when an is not one. */
 static kf_status map_fp8(const kf_model *m, const kf_plan *p, uint32_t gi, const kf_node *an, kf_la_gemm *G,
                          kf_id absorbed[2], char *why, size_t whylen) {
     const kf_graph *g = m->graph;
@@ -227,8 +228,8 @@ static kf_status map_fp8(const kf_model *m, const kf_plan *p, uint32_t gi, const
     }
     const kf_type *xt = &g->values[dq[0]->in[0]].type, *wt = &g->values[dq[1]->in[0]].type;
     const kf_type *yt = &g->values[an->out[0]].type;
-    if (yt->dtype != KF_DT_FLOAT16 && yt->dtype != KF_DT_BFLOAT16)
-        return decline(why, whylen, "node '%s': a float8 product writing %s (the library path writes float16 or bfloat16)",
+    if (yt->dtype != KF_DT_FLOAT16 && yt->dtype != KF_DT_BFLOAT16 && yt->dtype != KF_DT_FLOAT)
+        return decline(why, whylen, "node '%s': a float8 product writing %s (the library writes float16, bfloat16 or float32)",
                        lab, kf_dtype_name(yt->dtype));
     bool tb = an->op == KF_OP_GEMM && kf_attr_i(an, "transB", 0);
     int64_t K = wt->dims[tb ? 1 : 0], N = wt->dims[tb ? 0 : 1], rows = 1;
@@ -245,8 +246,8 @@ static kf_status map_fp8(const kf_model *m, const kf_plan *p, uint32_t gi, const
     G->batch = 1;
     if (an->op == KF_OP_GEMM && an->nin > 2 && an->in[2]) {
         const kf_type *ct = &g->values[an->in[2]].type;
-        if (in_group(p, gi, g, an->in[2]) || ct->dtype != G->dtype || !bias_shape(ct, N))
-            return decline(why, whylen, "node '%s': Gemm's C is not a [N] bias of the output's type", lab);
+        if (in_group(p, gi, g, an->in[2]) || ct->dtype != G->dtype || G->dtype == KF_DT_FLOAT || !bias_shape(ct, N))
+            return decline(why, whylen, "node '%s': Gemm's C is not a [N] bias of the output's 16-bit type", lab);
         G->bias = an->in[2];
     }
     return KF_OK;
@@ -519,7 +520,9 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
     } else if (kf_fp8_product(m, an, NULL)) {
         kf_la_gemm *G = &out->gemm;
         KF_TRY(map_fp8(m, p, gi, an, G, absorbed, why, whylen));
-        L = (libout){false, G->m, 0, G->dtype, false, &G->d, &G->bias, &G->act};
+        /* a float8 kernel writing float32 reads its bias as bfloat16: the
+         * epilogue kernel adds one (as after a C matrix) */
+        L = (libout){false, G->m, 0, G->dtype, G->dtype == KF_DT_FLOAT, &G->d, &G->bias, &G->act};
         lib_d = &G->d;
     } else {
         kf_la_gemm *G = &out->gemm;

@@ -2083,9 +2083,11 @@ static bool motif_qdq(gen *G) {
     else if (G->opset >= 21 && chance(&G->r, 0.15)) at = KF_DT_UINT16, wt = KF_DT_INT16, half = 32767;
     else if (G->opset >= 23 && chance(&G->r, 0.15)) at = wt = KF_DT_FLOAT4E2M1, half = 6; /* E2M1's largest value */
     /* half of the E4M3FN/E5M2 draws are float8 products as fp8 plans take
-     * them (fusion/kf_cost.h kf_fp8_product): weights per tensor, K and N
-     * multiples of 16 */
+     * them (fusion/kf_cost.h kf_fp8_product_form): K and N multiples of 16,
+     * weights per tensor or (fp8_column, kf_fuse_fp8's form) per column */
     bool fp8_form = (at == KF_DT_FLOAT8E4M3FN || at == KF_DT_FLOAT8E5M2) && chance(&G->r, 0.5);
+    bool fp8_column = fp8_form && chance(&G->r, 0.5);
+    if (fp8_form && at == KF_DT_FLOAT8E5M2) wt = KF_DT_FLOAT8E4M3FN; /* cuBLASLt takes E5M2 x E4M3, not E5M2 x E5M2 */
     int r = 2 + irand(&G->r, 2);
     int64_t dims[MAX_R], one = 1;
     for (int i = 0; i < r; i++) dims[i] = rdim(G);
@@ -2115,8 +2117,9 @@ static bool motif_qdq(gen *G) {
     for (int p = 0; p < products; p++) {
         if (p) N = fp8_form ? 16 * (1 + irand(&G->r, 2)) : rdim(G), wdims[1] = N;
         kf_id w = fconst(G, 2, wdims, -1, 1, false)->id;
-        kf_id sw = fp8_form ? fscalar(G, 1.25 / half, false) : fconst(G, 1, &N, 1.0 / half, 1.5 / half, false)->id;
-        kf_id zw = nz == 3 ? qconst(G, wt, fp8_form ? 0 : 1, &N, 0) : 0, wq, wd;
+        bool tensor_w = fp8_form && !fp8_column;
+        kf_id sw = tensor_w ? fscalar(G, 1.25 / half, false) : fconst(G, 1, &N, 1.0 / half, 1.5 / half, false)->id;
+        kf_id zw = nz == 3 ? qconst(G, wt, tensor_w ? 0 : 1, &N, 0) : 0, wq, wd;
         kf_id wqin[3] = {w, sw, zw};
         kf_node *wqn = mk(G, "QuantizeLinear", wqin, nz, &wq);
         attr_i(wqn, "axis", 1);

@@ -438,13 +438,36 @@ Test(libanchor, fp8_gemm_in_the_library_scales_as_alpha) {
     kf_model_free(m);
 }
 
+/* float32 out (kf_fuse_fp8's unit-scale sums, scaled after): the call
+ * writes float32 and leaves the scale and the bias to the epilogue kernel
+ * (a float8 kernel writing float32 would read its bias as bfloat16) */
+Test(libanchor, fp8_gemm_float32_sums_scaled_in_the_epilogue) {
+    cgu_need_opencl();
+    const char *text = "opset 21\ninput xq float8e4m3fn[24, 64]\nconst w float8e4m3fn[64, 48] = random\n"
+                       "const one float[] = 1\nconst s float[48] = random\nconst b float[48] = random\n"
+                       "xd = DequantizeLinear(xq, one)\nwd = DequantizeLinear(w, one)\ny = MatMul(xd, wd)\n"
+                       "z = Mul(y, s)\nr = Add(z, b)\noutput r\n";
+    tally t = check_text(text);
+    cr_assert_eq(t.mapped, 1, "%s", t.first_reason);
+    cr_assert_eq(t.with_epilogue, 1);
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    kf_la_anchor la;
+    char why[512];
+    cr_assert_eq(kf_la_plan_group(m, p, cgu_group_of(m, p, "y"), &la, why, sizeof why), KF_OK, "%s", why);
+    cr_assert(la.gemm.dtype == KF_DT_FLOAT && la.gemm.a_dtype == KF_DT_FLOAT8E4M3FN && la.gemm.alpha == 1.0f);
+    cr_assert(!la.gemm.bias && la.lib_nodes == 3, "the call takes the product and its DequantizeLinears alone");
+    kf_la_anchor_release(&la);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(libanchor, fp8_gemm_declines_with_reasons) {
-    /* float32 out (a float8 product in a float32 graph): the float8
-     * kernels' bias type would differ from D's */
+    /* Gemm's C in float32 is not the call's bias */
     expect_decline("opset 21\ninput xq float8e4m3fn[24, 64]\nconst w float8e4m3fn[64, 48] = random\n"
-                   "const sx float[] = 0.02\nconst sw float[] = 0.01\n"
-                   "xd = DequantizeLinear(xq, sx)\nwd = DequantizeLinear(w, sw)\ny = MatMul(xd, wd)\noutput y\n",
-                   "writes float16 or bfloat16");
+                   "const sx float[] = 0.02\nconst sw float[] = 0.01\nconst c float[48] = random\n"
+                   "xd = DequantizeLinear(xq, sx)\nwd = DequantizeLinear(w, sw)\ny = Gemm(xd, wd, c)\noutput y\n",
+                   "16-bit type");
     /* weights per column: not a float8 product; a dequantizing prologue
      * the float16 GEMM cannot take */
     expect_decline("opset 21\ninput xq float8e4m3fn[24, 64]\nconst w float8e4m3fn[64, 48] = random\n"

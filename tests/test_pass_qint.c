@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "cg_util.h"
+#include "kf_cost.h"
 #include "kf_opt.h"
 #include "kf_precision.h"
 #include "kf_ref.h"
@@ -488,6 +489,88 @@ Test(pass_qint, weights_no_integer_anchor_takes_fold_after_the_pass) {
     kf_model_free(m);
 }
 
+/* ---- float8 products with weights scaled per column (kf_fuse_fp8) ---- */
+
+/* A per-channel float8 dense layer (MatMul + bias + ReLU) and a Gemm with
+ * transB and C, as `kfuse quantize --type fp8 --per-channel` and PyTorch's
+ * Linear give them, on float8 inputs (codes the same on every backend;
+ * rows enough that the H200 model keeps the products apart). */
+#define FP8_PER_COLUMN                                                                                 \
+    "opset 21\ninput xq float8e4m3fn[512, 64]\ninput rq float8e4m3fn[512, 256]\nconst sx float[] = 0.02\n"\
+    "const w float[64, 256] = random\nconst sw float[256] = random\nconst b float[256] = random\n"     \
+    "const v float[128, 256] = random\nconst sv float[128] = random\nconst c float[128] = random\n"    \
+    "xd = DequantizeLinear(xq, sx)\n"                                                                 \
+    "wq = QuantizeLinear(w, sw) {axis=1, output_dtype=17}\nwd = DequantizeLinear(wq, sw) {axis=1}\n"    \
+    "y = MatMul(xd, wd)\nz = Add(y, b)\nr = Relu(z)\n"                                                 \
+    "rd = DequantizeLinear(rq, sx)\n"                                                                 \
+    "vq = QuantizeLinear(v, sv) {axis=0, output_dtype=17}\nvd = DequantizeLinear(vq, sv) {axis=0}\n"    \
+    "g = Gemm(rd, vd, c) {transB=1}\noutput g\noutput r\n"
+
+/* Both products run on the float8 values with unit scales and a Mul per
+ * column after (Gemm's C after that), the same function up to rounding;
+ * the products are then the library's float8 GEMMs. */
+Test(pass_qint, fp8_per_column_products_scale_after) {
+    kf_model *m = gt_parse(FP8_PER_COLUMN), *c = optimized_quantized(m);
+    uint32_t n = 0;
+    cr_assert_eq(kf_fuse_fp8(c, &n), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(n, 2, "%u rewritten", n);
+    uint32_t products = 0;
+    const kf_graph *g = c->graph;
+    for (kf_id id = 1; id < g->nnodes; id++) products += kf_fp8_product(c, &g->nodes[id], NULL);
+    cr_assert_eq(products, 2, "the rewritten products are float8 products of unit scales");
+    cr_assert_eq(gt_count(c, "Mul"), 2);
+    gt_expect_same_outputs(m, c, 1e-4, 1e-4);
+    /* a second run has nothing left to rewrite */
+    cr_assert_eq(kf_fuse_fp8(c, &n), KF_OK);
+    cr_assert_eq(n, 0);
+    kf_model_free(c);
+    kf_model_free(m);
+}
+
+/* At FP8 the unit-scale products, their DequantizeLinears and the Mul by
+ * the column scales stay float32 (their sums pass float16's range), the
+ * rest is float16; on OpenCL with the host model of the library, the
+ * products are its float8 GEMMs writing float32, and the outputs equal
+ * the float model's at the float16 bound. */
+Test(pass_qint, fp8_per_column_plan_keeps_the_sums_float32) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(FP8_PER_COLUMN), *c = optimized_quantized(m);
+    cr_assert_eq(kf_precision_passes(c, KF_PRECISION_FP8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
+    const kf_graph *g = c->graph;
+    uint32_t products = 0;
+    for (kf_id id = 1; id < g->nnodes; id++) {
+        const kf_node *nd = &g->nodes[id];
+        if (!kf_fp8_product(c, nd, NULL)) continue;
+        products++;
+        cr_assert_eq(g->values[nd->out[0]].type.dtype, KF_DT_FLOAT, "node '%s': the sums are float32", kf_node_label(nd));
+        cr_assert_eq(g->values[nd->in[0]].type.dtype, KF_DT_FLOAT);
+        const kf_value *sums = &g->values[nd->out[0]];
+        cr_assert_eq(sums->nusers, 1);
+        const kf_node *mul = &g->nodes[sums->users[0]];
+        cr_assert(mul->op == KF_OP_MUL && g->values[mul->out[0]].type.dtype == KF_DT_FLOAT, "the Mul is float32");
+    }
+    cr_assert_eq(products, 2);
+    kf_model_free(c);
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    char *trace = NULL;
+    size_t tlen = 0;
+    FILE *tf = open_memstream(&trace, &tlen);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_FP8;
+    o.trace = tf;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref_model(x, m, 2, KF_PRECISION_FP8);
+    kf_exec_free(x);
+    fclose(tf);
+    cr_assert_not_null(strstr(trace, "2 float8 products keep their weights (2 scaled per column after)"), "%s", trace);
+    cr_assert_not_null(strstr(trace, "on float8e4m3fn weights + epilogue kernel"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
+
 /* The CLI on a model `kfuse quantize` wrote: an int8 plan passes --check
  * against the integer graph with nothing on the host; `fuse` writes it. */
 static char bin[512], dir[256], out[8192];
@@ -518,7 +601,9 @@ Test(pass_qint, cli_run_fp8_check_on_a_float8_quantized_model, .init = cli_setup
     char args[1024];
     snprintf(args, sizeof args, "run %s/q.onnx --backend opencl --check --precision fp8 --dim batch=1 --dim seq=8", dir);
     cr_assert_eq(tu_cli_run(bin, "KFUSE_LIBANCHOR_HOST=1 KFUSE_TRACE=backend", args, out, sizeof out), 0, "%s", out);
-    cr_assert_not_null(strstr(out, "fp8: 7 float8 products keep their weights"), "%s", out);
+    /* 7 products of the file, and the two merged Q/K/V products (their
+     * weights' per-tensor scales became per column) */
+    cr_assert_not_null(strstr(out, "fp8: 9 float8 products keep their weights (2 scaled per column after)"), "%s", out);
     cr_assert_not_null(strstr(out, "on float8e4m3fn weights"), "%s", out);
     cr_assert_not_null(strstr(out, "0 on the reference evaluator (fp8)"), "%s", out);
     cr_assert_not_null(strstr(out, "outputs match ref (float16 tolerance"), "%s", out);
