@@ -179,6 +179,20 @@ static kf_status add_node(kf_model *m, const char *op_type, kf_op op, const char
     return KF_OK;
 }
 
+/* Mul(x, scale) named "<label>_<tag>_scale", then (with bias) Add of the
+ * bias named "<label>_<tag>_bias": the last one writes y, the Mul writes
+ * scaled (y itself when there is no bias). The tail of both rewrites. */
+static kf_status scale_then_bias(kf_model *m, const char *label, const char *tag, kf_id x, kf_id scale, kf_id bias,
+                                 kf_id scaled, kf_id y) {
+    char name[256];
+    kf_id id, mul_in[2] = {x, scale}, add_in[2] = {scaled, bias};
+    snprintf(name, sizeof name, "%s_%s_scale", label, tag);
+    KF_TRY(add_node(m, "Mul", KF_OP_MUL, name, mul_in, 2, scaled, &id));
+    if (!bias) return KF_OK;
+    snprintf(name, sizeof name, "%s_%s_bias", label, tag);
+    return add_node(m, "Add", KF_OP_ADD, name, add_in, 2, y, &id);
+}
+
 /* The float32 constant sx * sw[c] per output channel c, shaped to scale
  * the anchor's output: [C] for a product (the last axis), [C, 1, ...] for
  * a convolution's NC... output of rank orank; [] when both are per tensor. */
@@ -353,15 +367,7 @@ static kf_status rewrite(kf_model *m, const anchor *a) {
     KF_TRY(add_node(m, "Cast", KF_OP_CAST, name, &acc, 1, f, &id));
     kf_attr to = {.name = "to", .type = KF_ATTR_INT, .i = KF_DT_FLOAT};
     KF_TRY(kf_node_add_attr(&g->nodes[id], &to));
-    snprintf(name, sizeof name, "%s_int8_scale", label);
-    kf_id mul_in[2] = {f, scale};
-    KF_TRY(add_node(m, "Mul", KF_OP_MUL, name, mul_in, 2, scaled, &id));
-    if (bias) {
-        snprintf(name, sizeof name, "%s_int8_bias", label);
-        kf_id add_in[2] = {scaled, bias};
-        KF_TRY(add_node(m, "Add", KF_OP_ADD, name, add_in, 2, y, &id));
-    }
-    return KF_OK;
+    return scale_then_bias(m, label, "int8", f, scale, bias, scaled, y);
 }
 
 kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st) {
@@ -456,15 +462,7 @@ static kf_status fp8_per_column(kf_model *m, kf_id id) {
     KF_TRY(add_node(m, gemm ? "Gemm" : "MatMul", gemm ? KF_OP_GEMM : KF_OP_MATMUL, name, pin, 2, raw, &nid));
     for (int i = 0; gemm && i < g->nodes[id].nattrs; i++) KF_TRY(kf_node_add_attr(&g->nodes[nid], &g->nodes[id].attrs[i]));
     kf_graph_remove_node(g, id);
-    snprintf(name, sizeof name, "%s_fp8_scale", label);
-    kf_id min[2] = {raw, scale};
-    KF_TRY(add_node(m, "Mul", KF_OP_MUL, name, min, 2, scaled, &nid));
-    if (c) {
-        snprintf(name, sizeof name, "%s_fp8_bias", label);
-        kf_id ain[2] = {scaled, c};
-        KF_TRY(add_node(m, "Add", KF_OP_ADD, name, ain, 2, y, &nid));
-    }
-    return KF_OK;
+    return scale_then_bias(m, label, "fp8", raw, scale, c, scaled, y);
 }
 
 kf_status kf_fuse_fp8(kf_model *m, uint32_t *rewritten) {

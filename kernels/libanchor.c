@@ -307,7 +307,8 @@ typedef struct libout {
     int64_t width;  /* GEMM: N (bias along rows); conv: output channels */
     int rank;       /* conv: the output's rank */
     kf_dtype dtype;
-    bool has_c;     /* GEMM with a C matrix: no bias Add on top */
+    bool no_bias;   /* no bias Add on top: a GEMM with a C matrix, or a float8 one writing
+                     * float32 (whose bias the library reads as bfloat16) */
     kf_id *d, *bias;
     kf_la_act *act;
 } libout;
@@ -328,7 +329,7 @@ static int take_epilogue(const kf_graph *g, const kf_plan *p, uint32_t gi, const
         if (p->group_of[un] != gi) break;
         const kf_node *u = &g->nodes[un];
         const kf_type *ut = u->nout ? &g->values[u->out[0]].type : NULL;
-        if (u->op == KF_OP_ADD && !*L->bias && !L->has_c && *L->act == KF_LA_ACT_NONE && u->nin == 2) {
+        if (u->op == KF_OP_ADD && !*L->bias && !L->no_bias && *L->act == KF_LA_ACT_NONE && u->nin == 2) {
             kf_id o = u->in[0] == v ? u->in[1] : u->in[0];
             if (u->in[0] == u->in[1] || in_group(p, gi, g, o)) break;
             const kf_type *ot = &g->values[o].type;
@@ -520,8 +521,6 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
     } else if (kf_fp8_product(m, an, NULL)) {
         kf_la_gemm *G = &out->gemm;
         KF_TRY(map_fp8(m, p, gi, an, G, absorbed, why, whylen));
-        /* a float8 kernel writing float32 reads its bias as bfloat16: the
-         * epilogue kernel adds one (as after a C matrix) */
         L = (libout){false, G->m, 0, G->dtype, G->dtype == KF_DT_FLOAT, &G->d, &G->bias, &G->act};
         lib_d = &G->d;
     } else {

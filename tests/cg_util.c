@@ -74,6 +74,34 @@ void cgu_nvrtc_check(const kf_cg_kernel *k, const char *arch) {
     kf_free(src);
 }
 
+void cgu_assert_one_group(const char *text, kf_group_kind kind) {
+    kf_model *m = gt_parse(text);
+    kf_plan *p = cgu_plan(m);
+    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
+    cr_assert_eq(p->groups[0].kind, kind);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+char *cgu_exec_host_lib_trace(const kf_model *m, const kf_model *want, kf_exec_backend b, kf_precision p) {
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    char *trace = NULL;
+    size_t tlen = 0;
+    FILE *tf = open_memstream(&trace, &tlen);
+    cr_assert_not_null(tf);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = b;
+    o.precision = p;
+    o.trace = tf;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    cgu_exec_matches_ref_model(x, want, 2, (int)p);
+    kf_exec_free(x);
+    fclose(tf);
+    return trace;
+}
+
 void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) { cgu_exec_matches_ref_model(x, m, runs, -1); }
 
 void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int prec) {

@@ -18,6 +18,16 @@ kf_plan *cgu_plan(kf_model *m);
  * (asserts there is one). */
 uint32_t cgu_group_of(const kf_model *m, const kf_plan *p, const char *name);
 
+/* Asserts that text's default plan is one group of the given kind. */
+void cgu_assert_one_group(const char *text, kf_group_kind kind);
+
+/* Compiles m on backend b at precision p with the library call's host
+ * model in place of the vendor library (KFUSE_LIBANCHOR_HOST=1, which
+ * stays set), runs it twice against the reference evaluator on want
+ * (cgu_exec_matches_ref_model at p) and returns the compile trace (the
+ * caller frees it). */
+char *cgu_exec_host_lib_trace(const kf_model *m, const kf_model *want, kf_exec_backend b, kf_precision p);
+
 /* Every value's reference tensor by value id (t[v], v <= n), from one run
  * of the reference evaluator on random inputs (seed printed by tu_seed). */
 typedef struct cgu_refvals {

@@ -290,12 +290,7 @@ Test(cg_float8, floats_round_into_float4_as_the_reference_on_opencl) {
 
 Test(cg_float8, quantize_dequantize_float4_elementwise_bit_for_bit_on_opencl) {
     cgu_need_opencl();
-    kf_model *m = gt_parse(F4_QDQ);
-    kf_plan *p = cgu_plan(m);
-    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
-    cr_assert_eq(p->groups[0].kind, KF_GROUP_ELEMWISE);
-    kf_plan_free(p);
-    kf_model_free(m);
+    cgu_assert_one_group(F4_QDQ, KF_GROUP_ELEMWISE);
     cgu_run_opts o = {EW, NULL, 0, 0, 0, 0, NULL, NULL};
     cr_assert_eq(cgu_run_groups(F4_QDQ, &o), 1);
 }

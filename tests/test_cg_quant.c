@@ -343,12 +343,7 @@ Test(cg_quant, reduced_precision_quantization_stays_opaque) {
 
 Test(cg_quant, four_bit_and_blocked_quantization_bit_for_bit_on_opencl) {
     cgu_need_opencl();
-    kf_model *m = gt_parse(QDQ_4BIT_BLOCKED);
-    kf_plan *p = cgu_plan(m);
-    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
-    cr_assert_eq(p->groups[0].kind, KF_GROUP_ELEMWISE);
-    kf_plan_free(p);
-    kf_model_free(m);
+    cgu_assert_one_group(QDQ_4BIT_BLOCKED, KF_GROUP_ELEMWISE);
     cr_assert_eq(run_kinds(QDQ_4BIT_BLOCKED, EW, 0), 1);
 }
 
@@ -368,12 +363,7 @@ Test(cg_quant, four_bit_and_blocked_quantization_bit_for_bit_on_opencl) {
 
 Test(cg_quant, sixteen_bit_quantization_bit_for_bit_on_opencl) {
     cgu_need_opencl();
-    kf_model *m = gt_parse(QDQ_16BIT);
-    kf_plan *p = cgu_plan(m);
-    cr_assert_eq(p->ngroups, 1, "%u groups", p->ngroups);
-    cr_assert_eq(p->groups[0].kind, KF_GROUP_ELEMWISE);
-    kf_plan_free(p);
-    kf_model_free(m);
+    cgu_assert_one_group(QDQ_16BIT, KF_GROUP_ELEMWISE);
     cr_assert_eq(run_kinds(QDQ_16BIT, EW, 0), 1);
 }
 

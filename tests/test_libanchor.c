@@ -352,7 +352,6 @@ Test(libanchor, int8_gemm_declines_with_reasons) {
  * the library's int8 GEMM on weights uploaded transposed, and the outputs
  * equal the reference on the integer graph. */
 static void exec_int8_plan(kf_exec_backend backend) {
-    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
     static const char *text =
         "opset 17\ninput x float[2, 12, 64]\nconst sx float[] = 0.02\nconst zx uint8[] = 119\n"
         "const w float[64, 48] = random\nconst sw float[48] = random\nconst zw int8[48] = 0\n"
@@ -373,19 +372,7 @@ static void exec_int8_plan(kf_exec_backend backend) {
     cr_assert_eq(kf_fuse_int8(want, &is), KF_OK, "%s", kf_last_error());
     cr_assert_eq(is.anchors, 1);
     cr_assert_eq(is.activations_signed, 1);
-    char *trace = NULL;
-    size_t tlen = 0;
-    FILE *tf = open_memstream(&trace, &tlen);
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = backend;
-    o.precision = KF_PRECISION_INT8;
-    o.trace = tf;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref_model(x, want, 2, KF_PRECISION_INT8);
-    kf_exec_free(x);
-    fclose(tf);
+    char *trace = cgu_exec_host_lib_trace(m, want, backend, KF_PRECISION_INT8);
     cr_assert_not_null(strstr(trace, "library GEMM 48x24x64"), "%s", trace);
     free(trace);
     kf_model_free(want);
@@ -532,7 +519,6 @@ Test(libanchor, fp8_products_take_their_dequantize_operands) {
  * equal the float model's within float16's tolerance. */
 Test(libanchor, exec_fp8_plan_with_the_library_gemm) {
     cgu_need_opencl();
-    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
     static const char *text =
         "opset 21\ninput xq float8e4m3fn[2, 12, 64]\nconst sx float[] = 0.02\n"
         "const w float[64, 48] = random\nconst sw float[] = 0.004\nconst b float[48] = random\n"
@@ -540,19 +526,7 @@ Test(libanchor, exec_fp8_plan_with_the_library_gemm) {
         "wq = QuantizeLinear(w, sw) {output_dtype=17}\nwd = DequantizeLinear(wq, sw)\n"
         "y = MatMul(xd, wd)\nz = Add(y, b)\nr = Relu(z)\noutput r\n";
     kf_model *m = gt_parse(text);
-    char *trace = NULL;
-    size_t tlen = 0;
-    FILE *tf = open_memstream(&trace, &tlen);
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    o.precision = KF_PRECISION_FP8;
-    o.trace = tf;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    cgu_exec_matches_ref_model(x, m, 2, KF_PRECISION_FP8);
-    kf_exec_free(x);
-    fclose(tf);
+    char *trace = cgu_exec_host_lib_trace(m, m, KF_EXEC_OPENCL, KF_PRECISION_FP8);
     cr_assert_not_null(strstr(trace, "fp8: 1 float8 products keep their weights"), "%s", trace);
     cr_assert_not_null(strstr(trace, "library GEMM 48x24x64 (batch 1) on float8e4m3fn weights"), "%s", trace);
     free(trace);
