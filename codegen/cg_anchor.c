@@ -1147,6 +1147,46 @@ static bool conv_value(gen *st, const kf_node *n, const ix *oi, int q, char *rhs
 #define ICONV_WG 128 /* 4 warps */
 #define ICONV_LD 12  /* shared words per row / column of a tile */
 
+/* The 8-bit operands of a convolution on tensor cores: ConvInteger's
+ * (int8/uint8 with zero points), or a float8 convolution's (kf_fp8_conv
+ * with both DequantizeLinears in the group): the float8 codes behind the
+ * two DequantizeLinears, loaded as bytes into the same packed words, with
+ * float sums scaled by sx sw[channel] after the k loop. Float8 padding and
+ * edges load code 0, which is 0 in both formats. */
+typedef struct mma8 {
+    kf_id x, w;        /* the values whose bytes the tile loads */
+    kf_id sx, sw;      /* float8: the DequantizeLinears' scales; 0 for ConvInteger */
+    kf_dtype fx, fw;   /* float8: their formats */
+} mma8;
+
+/* The float8 form of Conv n in the group being generated, into *mm: both
+ * DequantizeLinears members, their float8 values group inputs. */
+static bool f8conv_operands(gen *st, const kf_node *n, mma8 *mm) {
+    kf_dtype f[2];
+    if (st->iacc || !kf_fp8_conv(st->m, n, f)) return false;
+    kf_id d[2];
+    for (int i = 0; i < 2; i++) {
+        d[i] = st->g->values[n->in[i]].producer;
+        const kf_node *dn = &st->g->nodes[d[i]];
+        if (st->p->group_of[d[i]] != st->gi || param_of(st, dn->in[0]) < 0) return false;
+    }
+    *mm = (mma8){.x = st->g->nodes[d[0]].in[0], .w = st->g->nodes[d[1]].in[0], .sx = st->g->nodes[d[0]].in[1],
+                 .sw = st->g->nodes[d[1]].in[1], .fx = f[0], .fw = f[1]};
+    return true;
+}
+
+/* Register reg (an int) gets the code of float8 value v (a group input) at
+ * index at where cond holds, else 0. */
+static void load_code(gen *st, const char *reg, const char *cond, kf_id v, const ix *at) {
+    const char *outer = st->ind;
+    char off[NAMELEN];
+    kf_cg_printf(st->s, "%sint %s = 0;\n%sif (%s) {\n", outer, reg, outer, cond);
+    st->ind = deeper(outer);
+    offset_of(st, &st->g->values[v].type, at, off);
+    kf_cg_printf(st->s, "%s%s = in%d[%s];\n%s}\n", st->ind, reg, param_of(st, v), off, outer);
+    st->ind = outer;
+}
+
 /* The names ci<j> and q<d>_<j> (input channel and window tap) of the k
  * value named gk<j>, written at the current indentation. */
 static void iconv_k_split(gen *st, const conv *cv, int j) {
@@ -1169,11 +1209,11 @@ static void iconv_k_split(gen *st, const conv *cv, int j) {
  * KF_LOCAL_ID + ICONV_WG * slot: the weights' row e / 8, word e % 8
  * (is_w), or the input's column e % T, word e / T; four values packed into
  * the shared tile, their sum added to register sum (when not NULL). */
-static bool iconv_load(gen *st, const kf_node *n, const conv *cv, bool is_w, int T, int slot, const char *sum,
-                       int64_t K) {
+static bool iconv_load(gen *st, const kf_node *n, const conv *cv, const mma8 *mm, bool is_w, int T, int slot,
+                       const char *sum, int64_t K) {
     const char *I = st->ity;
     kf_cg_str *b = st->s;
-    kf_id v = n->in[is_w ? 1 : 0], zx = !is_w && n->nin > 2 ? n->in[2] : 0;
+    kf_id v = is_w ? mm->w : mm->x, zx = !is_w && !mm->sx && n->nin > 2 ? n->in[2] : 0;
     int shift = st->g->values[v].type.dtype == KF_DT_UINT8 ? 128 : 0;
     int64_t NP = cv->N * cv->npix;
     kf_cg_printf(b, "            {\n                const int e = KF_LOCAL_ID + %d;\n", ICONV_WG * slot);
@@ -1243,6 +1283,10 @@ static bool iconv_load(gen *st, const kf_node *n, const conv *cv, bool is_w, int
             }
         }
         snprintf(cond, sizeof cond, "%s%s%s", kcond, inside[0] ? " && " : "", inside);
+        if (mm->sx) {
+            load_code(st, reg, cond, v, &at);
+            continue;
+        }
         ok = load_guarded(st, reg, cond, v, &at, 0, NULL, shift);
         /* padding reads the zero point (as the lanes hold it): 0 difference */
         if (ok && inside[0] && (zx || shift)) {
@@ -1264,30 +1308,32 @@ static bool iconv_load(gen *st, const kf_node *n, const conv *cv, bool is_w, int
     return ok;
 }
 
-static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, int T) {
+static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, const mma8 *mm, int T) {
     const conv cv = *cvp;
     const char *I = st->ity;
+    const bool f8 = mm->sx != 0;
     int64_t K = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1), NP = cv.N * cv.npix;
     int64_t tm = (cv.M + T - 1) / T, tn = (NP + T - 1) / T, ntiles = tm * tn;
     if (ntiles > INT32_MAX / ICONV_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)ntiles);
     kf_free(st->k->name);
-    if (!(st->k->name = kf_strdup("kf_iconv"))) return fail_oom(st);
+    if (!(st->k->name = kf_strdup(f8 ? "kf_f8conv" : "kf_iconv"))) return fail_oom(st);
     st->k->block = ICONV_WG;
     st->k->numel = ntiles * ICONV_WG;
+    if (f8) st->k->parts |= KF_CG_PART_F8 | KF_CG_PART_F8MMA;
     const int slots = T * 8 / ICONV_WG, wt = T / 2, mt = wt / 16, nt = wt / 8;
-    kf_id zx = n->nin > 2 ? n->in[2] : 0, zw = n->nin > 3 ? n->in[3] : 0;
+    kf_id zx = !f8 && n->nin > 2 ? n->in[2] : 0, zw = !f8 && n->nin > 3 ? n->in[3] : 0;
     /* row sums of w matter when x's zero point (as int8) is not 0, column sums of x when w's is not */
-    bool rows = zx || st->g->values[n->in[0]].type.dtype == KF_DT_UINT8;
-    bool cols = zw || st->g->values[n->in[1]].type.dtype == KF_DT_UINT8;
+    bool rows = zx || st->g->values[mm->x].type.dtype == KF_DT_UINT8;
+    bool cols = zw || st->g->values[mm->w].type.dtype == KF_DT_UINT8;
 
     kf_cg_str body = {0};
     st->s = &body;
     kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
     kf_cg_printf(&body, "        const %s tm = tile / %lld;\n", I, (long long)tn);
-    kf_cg_printf(&body, "        int acc[%d][%d][4];\n"
+    kf_cg_printf(&body, "        %s acc[%d][%d][4];\n"
                         "        KF_UNROLL for (int p = 0; p < %d; p++)\n"
                         "            KF_UNROLL for (int q = 0; q < %d; q++) acc[p][q][0] = acc[p][q][1] = acc[p][q][2] = acc[p][q][3] = 0;\n",
-                 mt, nt, mt, nt);
+                 f8 ? "float" : "int", mt, nt, mt, nt);
     for (int sl = 0; sl < slots; sl++) {
         if (rows) kf_cg_printf(&body, "        int ra%d = 0;\n", sl);
         if (cols) kf_cg_printf(&body, "        int cb%d = 0;\n", sl);
@@ -1297,20 +1343,26 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
     for (int sl = 0; ok && sl < slots; sl++) {
         char sum[8];
         snprintf(sum, sizeof sum, "ra%d", sl);
-        ok = iconv_load(st, n, &cv, true, T, sl, rows ? sum : NULL, K);
+        ok = iconv_load(st, n, &cv, mm, true, T, sl, rows ? sum : NULL, K);
     }
     for (int sl = 0; ok && sl < slots; sl++) {
         char sum[8];
         snprintf(sum, sizeof sum, "cb%d", sl);
-        ok = iconv_load(st, n, &cv, false, T, sl, cols ? sum : NULL, K);
+        ok = iconv_load(st, n, &cv, mm, false, T, sl, cols ? sum : NULL, K);
     }
     kf_cg_printf(&body, "            KF_BARRIER;\n"
                         "            KF_UNROLL for (int p = 0; p < %d; p++)\n"
                         "                KF_UNROLL for (int q = 0; q < %d; q++)\n"
-                        "                    KF_MMA_I8(acc[p][q], kf_a, (wr * %d + p * 16) * %d, %d, kf_b, (wc * %d + q * 8) * %d, %d, lane);\n"
-                        "            KF_BARRIER;\n"
-                        "        }\n",
-                 mt, nt, wt, ICONV_LD, ICONV_LD, wt, ICONV_LD, ICONV_LD);
+                        "                    %s(acc[p][q], kf_a, (wr * %d + p * 16) * %d, %d, kf_b, (wc * %d + q * 8) * %d, %d, lane",
+                 mt, nt, f8 ? "KF_MMA_F8" : "KF_MMA_I8", wt, ICONV_LD, ICONV_LD, wt, ICONV_LD, ICONV_LD);
+    if (f8) {
+        const small_float *fw = small_float_of(mm->fw), *fx = small_float_of(mm->fx);
+        kf_cg_printf(&body, ", \"%s\", \"%s\", %s, %s", mm->fw == KF_DT_FLOAT8E5M2 ? "e5m2" : "e4m3",
+                     mm->fx == KF_DT_FLOAT8E5M2 ? "e5m2" : "e4m3", fw->fmt, fx->fmt);
+    }
+    kf_cg_puts(&body, ");\n"
+                      "            KF_BARRIER;\n"
+                      "        }\n");
     if (rows || cols) {
         for (int sl = 0; sl < slots; sl++) {
             if (rows) kf_cg_printf(&body, "        kf_ra[KF_LOCAL_ID + %d] = ra%d;\n", ICONV_WG * sl, sl);
@@ -1343,13 +1395,29 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
         kf_cg_puts(&body, ";\n");
     }
     uint32_t mark = st->nmemo;
-    char zxs[NAMELEN + 16], zws[NAMELEN + 16]; /* "(name - 128)" */
-    ok = ok && izero(st, n->in[0], zx, "0", zxs, sizeof zxs) && izero(st, n->in[1], zw, "gm", zws, sizeof zws);
     kf_cg_str sum = {0};
     kf_cg_puts(&sum, "(acc[p][q][f]");
-    if (cols) kf_cg_printf(&sum, " - %s * sx", zws);
-    if (rows) kf_cg_printf(&sum, " - %s * sw", zxs);
-    if (rows && cols) kf_cg_printf(&sum, " + %lld * %s * %s", (long long)K, zxs, zws);
+    if (f8) {
+        /* the float8 sums scaled as the DequantizeLinears scale, then Conv's bias */
+        char sxv[NAMELEN], swv[NAMELEN], bv[NAMELEN];
+        ix si, wi;
+        param_ix(&st->g->values[mm->sx].type, "0", &si);
+        param_ix(&st->g->values[mm->sw].type, "gm", &wi);
+        ok = ok && emit(st, mm->sx, &si, sxv) && emit(st, mm->sw, &wi, swv);
+        if (ok) kf_cg_printf(&sum, " * (%s * %s)", sxv, swv);
+        if (ok && n->nin > 2 && n->in[2]) {
+            ix bi = {.rank = 1};
+            snprintf(bi.c[0], NAMELEN, "gm");
+            ok = emit(st, n->in[2], &bi, bv);
+            if (ok) kf_cg_printf(&sum, " + %s", bv);
+        }
+    } else {
+        char zxs[NAMELEN + 16], zws[NAMELEN + 16]; /* "(name - 128)" */
+        ok = ok && izero(st, n->in[0], zx, "0", zxs, sizeof zxs) && izero(st, n->in[1], zw, "gm", zws, sizeof zws);
+        if (cols) kf_cg_printf(&sum, " - %s * sx", zws);
+        if (rows) kf_cg_printf(&sum, " - %s * sw", zxs);
+        if (rows && cols) kf_cg_printf(&sum, " + %lld * %s * %s", (long long)K, zxs, zws);
+    }
     kf_cg_puts(&sum, ")");
     if (sum.oom) ok = fail_oom(st);
     ix oi;
@@ -1359,8 +1427,10 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
     kf_cg_str_release(&sum);
     kf_cg_puts(&body, "                    }\n                }\n");
     if (ok) {
-        header(st, s, T == 64 ? "integer convolution on tensor cores (implicit GEMM, 64 x 64 tiles)"
-                              : "integer convolution on tensor cores (implicit GEMM, 32 x 32 tiles)");
+        char title[96];
+        snprintf(title, sizeof title, "%s convolution on tensor cores (implicit GEMM, %d x %d tiles)",
+                 f8 ? "float8" : "integer", T, T);
+        header(st, s, title);
         kf_cg_printf(s, "    KF_SHARED int kf_a[%d] KF_ALIGN16;\n    KF_SHARED int kf_b[%d] KF_ALIGN16;\n", T * ICONV_LD,
                      T * ICONV_LD);
         if (rows) kf_cg_printf(s, "    KF_SHARED int kf_ra[%d];\n", T * 8);
@@ -1375,7 +1445,9 @@ static bool gen_conv(gen *st, kf_cg_str *s, const kf_node *n) {
     conv cv;
     if (!conv_setup(st, n, &cv)) return false;
     int iconv_t = st->iacc ? kf_iconv_tile(st->g, n) : 0;
-    if (iconv_t) return gen_iconv(st, s, n, &cv, iconv_t);
+    mma8 mm = {.x = n->in[0], .w = n->in[1]};
+    if (iconv_t) return gen_iconv(st, s, n, &cv, &mm, iconv_t);
+    if (f8conv_operands(st, n, &mm)) return gen_iconv(st, s, n, &cv, &mm, kf_mma_conv_tile(cv.ot));
     int64_t taps = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1); /* products summed per output */
     if (st->iacc && taps > INT_SUM_MAX_K)
         return fail(st, "node '%s': windows of %lld taps could overflow the int sums (not generated)", kf_node_label(n),

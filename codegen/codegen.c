@@ -627,6 +627,7 @@ typedef enum rkind { RK_SUM, RK_MEAN, RK_MAX, RK_MIN, RK_PROD, RK_L1, RK_L2, RK_
                      RK_SUMSQ, RK_SOFTMAX, RK_LOGSOFTMAX, RK_LAYERNORM, RK_RMSNORM } rkind;
 
 typedef struct gen {
+    const kf_model *m;
     const kf_graph *g;
     const kf_plan *p;
     uint32_t gi;
@@ -2822,7 +2823,7 @@ static kf_status build(const kf_model *m, const kf_plan *p, uint32_t gi, kf_cg_k
         kf_cg_kernel_release(k);
         return KF_ERR_NOMEM;
     }
-    gen st = {.g = gr, .p = p, .gi = gi, .grp = g, .k = k, .ity = "int", .vals = vals, .uses = uses,
+    gen st = {.m = m, .g = gr, .p = p, .gi = gi, .grp = g, .k = k, .ity = "int", .vals = vals, .uses = uses,
               .red = red, .why = why, .whylen = whylen};
     for (uint32_t i = 0; i < g->ninputs; i++) {
         set_param(&k->ins[i], gr, g->inputs[i]);
@@ -2925,13 +2926,49 @@ static const char f4_part[] =
     "#define KF_STORE_F4(p, i, v, fmt) ((p)[i] = (unsigned char)kf_f4_enc(v))\n"
     "#define KF_ROUND_F4(x, sat, fmt) kf_f4_dec(kf_f4_enc(x))\n";
 
+/* The float8 tile product (KF_CG_PART_F8MMA, after the float8 part):
+ * C[16][8] (float) += A[16][32] B[32][8] of float8 codes packed four k to
+ * a word as the integer tile's KF_MMA_I8 packs int8 (same fragments), A in
+ * format FA (PTX name TA), B in FB (TB). CUDA sm_89 and later: one
+ * mma.sync m16n8k32 of E4M3/E5M2 operands (sm_90 has no float8 mma.sync:
+ * ptxas unpacks the codes to float16 for its float16 tensor cores);
+ * elsewhere (OpenCL, older CUDA architectures) the twin decodes each code
+ * and adds the products in k order. Every product of two float8 values is
+ * exact in float; the sums may differ in their last bits (the tensor
+ * cores' order and accumulator precision are their own). */
+static const char f8mma_part[] =
+    "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 890\n"
+    "#define KF_MMA_F8(c, A, ao, lda, B, bo, ldb, lane, TA, TB, FA, FB) { \\\n"
+    "    const int *a_ = (A) + (ao) + ((lane) >> 2) * (lda) + ((lane) & 3); \\\n"
+    "    const int *b_ = (B) + (bo) + ((lane) >> 2) * (ldb) + ((lane) & 3); \\\n"
+    "    asm volatile(\"mma.sync.aligned.m16n8k32.row.col.f32.\" TA \".\" TB \".f32 \" \\\n"
+    "                 \"{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\" \\\n"
+    "                 : \"+f\"((c)[0]), \"+f\"((c)[1]), \"+f\"((c)[2]), \"+f\"((c)[3]) \\\n"
+    "                 : \"r\"(a_[0]), \"r\"(a_[8 * (lda)]), \"r\"(a_[4]), \"r\"(a_[8 * (lda) + 4]), \\\n"
+    "                   \"r\"(b_[0]), \"r\"(b_[4])); }\n"
+    "#else\n"
+    "#define KF_MMA_F8(c, A, ao, lda, B, bo, ldb, lane, TA, TB, FA, FB) { \\\n"
+    "    const int g_ = (lane) >> 2, t_ = ((lane) & 3) * 2; \\\n"
+    "    for (int w_ = 0; w_ < 8; w_++) { \\\n"
+    "        const unsigned a0_ = (unsigned)(A)[(ao) + g_ * (lda) + w_], a1_ = (unsigned)(A)[(ao) + (g_ + 8) * (lda) + w_]; \\\n"
+    "        const unsigned b0_ = (unsigned)(B)[(bo) + t_ * (ldb) + w_], b1_ = (unsigned)(B)[(bo) + (t_ + 1) * (ldb) + w_]; \\\n"
+    "        for (int j_ = 0; j_ < 32; j_ += 8) { \\\n"
+    "            const float x0_ = kf_f8_dec((a0_ >> j_) & 255u, FA), x1_ = kf_f8_dec((a1_ >> j_) & 255u, FA); \\\n"
+    "            const float y0_ = kf_f8_dec((b0_ >> j_) & 255u, FB), y1_ = kf_f8_dec((b1_ >> j_) & 255u, FB); \\\n"
+    "            (c)[0] += x0_ * y0_; (c)[1] += x0_ * y1_; (c)[2] += x1_ * y0_; (c)[3] += x1_ * y1_; \\\n"
+    "        } \\\n"
+    "    } }\n"
+    "#endif\n";
+
 /* The optional parts a kernel uses, after the prelude. The float8 part
  * comes first, its text the same whether float4 follows or not. */
 static void prelude_parts(kf_cg_target t, uint32_t parts, kf_cg_str *s) {
     static const struct {
         uint32_t bit;
         const char *title, *text;
-    } table[] = {{KF_CG_PART_F8, "float8", f8_part}, {KF_CG_PART_F4, "float4", f4_part}};
+    } table[] = {{KF_CG_PART_F8, "float8", f8_part},
+                 {KF_CG_PART_F4, "float4", f4_part},
+                 {KF_CG_PART_F8MMA, "float8 tile products", f8mma_part}};
     bool helpers = false; /* KF_F8_FUNC and the bit casts, which both parts use */
     for (size_t i = 0; i < sizeof table / sizeof table[0]; i++) {
         if (!(parts & table[i].bit)) continue;

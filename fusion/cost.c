@@ -206,6 +206,10 @@ int kf_iconv_tile(const kf_graph *g, const kf_node *n) {
     }
     /* sums of K products of 8-bit differences must fit an int */
     if (ot->dims[1] < 1 || numel_of(g, n->in[1]) / ot->dims[1] > INT32_MAX / (255 * 255)) return 0;
+    return kf_mma_conv_tile(ot);
+}
+
+int kf_mma_conv_tile(const kf_type *ot) {
     int64_t cols = ot->dims[0];
     for (int d = 2; d < ot->rank; d++) cols *= ot->dims[d];
     return ceil_div(ot->dims[1], 64) * ceil_div(cols, 64) >= KF_GEMM_FILL_TILES ? 64 : 32;
@@ -544,7 +548,8 @@ static double epilogue_us(const kf_target *t, const kf_graph *g, const kf_cost_g
  * kf_fp8_product_form takes (scale of one element, or with columns > 0 of
  * that many along axis `axis` of the weights); 0 otherwise. Its format in
  * *fmt. */
-static kf_id fp8_operand(const kf_model *m, const kf_node *n, int slot, int64_t columns, int axis, kf_dtype *fmt) {
+static kf_id fp8_operand(const kf_model *m, const kf_node *n, int slot, int64_t columns, int axis, int wrank,
+                         kf_dtype *fmt) {
     const kf_graph *g = m->graph;
     kf_id v = n->in[slot], d = v ? g->values[v].producer : 0;
     if (!d || g->values[v].nusers != 1 || g->values[v].is_output) return 0;
@@ -558,7 +563,7 @@ static kf_id fp8_operand(const kf_model *m, const kf_node *n, int slot, int64_t 
     if (q->type.rank > 0 && a < 0) a += q->type.rank;
     if (s->numel != 1 && !(columns > 0 && s->rank == 1 && s->numel == columns && a == axis)) return 0;
     if (q->type.dtype != KF_DT_FLOAT8E4M3FN && q->type.dtype != KF_DT_FLOAT8E5M2) return 0;
-    if (slot == 1 && (!kf_value_is_constant(m, dn->in[0]) || q->type.rank != 2 || q->nusers != 1)) return 0;
+    if (slot == 1 && (!kf_value_is_constant(m, dn->in[0]) || q->type.rank != wrank || q->nusers != 1)) return 0;
     *fmt = q->type.dtype;
     return d;
 }
@@ -579,19 +584,60 @@ bool kf_fp8_product_form(const kf_model *m, const kf_node *n, bool per_column, k
     int64_t K = wt->dims[tb ? 1 : 0], N = wt->dims[tb ? 0 : 1];
     if (K % 16 || N % 16 || xt->dims[xt->rank - 1] != K) return false;
     kf_dtype f[2];
-    if (!fp8_operand(m, n, 0, 0, 0, &f[0]) || !fp8_operand(m, n, 1, per_column ? N : 0, tb ? 0 : 1, &f[1]) ||
+    if (!fp8_operand(m, n, 0, 0, 0, 0, &f[0]) || !fp8_operand(m, n, 1, per_column ? N : 0, tb ? 0 : 1, 2, &f[1]) ||
         (f[0] == KF_DT_FLOAT8E5M2 && f[1] == KF_DT_FLOAT8E5M2))
         return false;
     if (fmt) fmt[0] = f[0], fmt[1] = f[1];
     return true;
 }
 
+bool kf_fp8_conv(const kf_model *m, const kf_node *n, kf_dtype fmt[2]) {
+    const kf_graph *g = m->graph;
+    if (n->dead || n->op != KF_OP_CONV || kf_attr_i(n, "group", 1) != 1 || n->nin < 2 || !n->in[0] || !n->in[1] ||
+        n->nout < 1 || !n->out[0])
+        return false;
+    const kf_type *xt = &g->values[n->in[0]].type, *wt = &g->values[n->in[1]].type, *ot = &g->values[n->out[0]].type;
+    if (!kf_type_is_static(xt) || !kf_type_is_static(wt) || !kf_type_is_static(ot) || xt->rank < 3 ||
+        wt->rank != xt->rank || ot->rank != xt->rank || wt->dims[0] < 1)
+        return false;
+    kf_dtype f[2];
+    if (!fp8_operand(m, n, 0, 0, 0, 0, &f[0]) || !fp8_operand(m, n, 1, wt->dims[0], 0, wt->rank, &f[1])) return false;
+    if (fmt) fmt[0] = f[0], fmt[1] = f[1];
+    return true;
+}
+
+bool kf_fp8_anchor(const kf_model *m, const kf_node *n) { return kf_fp8_product(m, n, NULL) || kf_fp8_conv(m, n, NULL); }
+
+bool kf_fp8_conv_pays(const kf_target *t, kf_cost_math math, const kf_model *m, kf_id conv) {
+    const kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[conv];
+    if (!kf_fp8_conv(m, n, NULL)) return false;
+    int64_t cout, pix, batch, flops;
+    if (!t || !conv_shape(g, n, &cout, &pix, &batch)) return true;
+    int64_t k = numel_of(g, n->in[1]) / cout, out = value_bytes(g, n->out[0]);
+    if (!kf_mul_ok(batch, pix, &flops) || !kf_mul_ok(flops, cout, &flops) || !kf_mul_ok(flops, k, &flops) ||
+        !kf_mul_ok(flops, 2, &flops) || out < 0)
+        return true;
+    kf_id xq = g->nodes[g->values[n->in[0]].producer].in[0], wq = g->nodes[g->values[n->in[1]].producer].in[0];
+    kf_cost_group cg = {.kind = KF_GROUP_ANCHOR, .anchor = conv, .flops = flops, .space = n->out[0], .fp8 = true,
+                        .bytes_written = out, .operand_dtype = KF_DT_FLOAT16};
+    cg.operand_bytes = cg.bytes_read = value_bytes(g, xq) + value_bytes(g, wq);
+    kf_cost f8, lib;
+    kf_cost_estimate(t, math, g, &cg, &f8);
+    cg.fp8 = false;
+    cg.operand_bytes = cg.bytes_read = 2 * (numel_of(g, n->in[0]) + numel_of(g, n->in[1]));
+    kf_cost_estimate(t, math, g, &cg, &lib);
+    return !f8.known || !lib.known || f8.us <= lib.us;
+}
+
 bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group *cg) {
     if (!t->vendor_lib || cg->kind != KF_GROUP_ANCHOR || !cg->anchor || cg->anchor2 || cg->prologue ||
         cg->epilogue_declined)
         return false;
-    if (cg->fp8) return t->tc_tflops_fp8 > 0; /* kf_cost_describe_anchor checked the form */
     const kf_node *a = &g->nodes[cg->anchor];
+    /* kf_cost_describe_anchor checked the form; no library runs a float8
+     * convolution (cuDNN's legacy API has no float8) */
+    if (cg->fp8) return a->op != KF_OP_CONV && t->tc_tflops_fp8 > 0;
     if (a->op == KF_OP_MATMUL_INTEGER) {
         /* cuBLASLt's int8 GEMM, as kernels/libanchor.c maps it: int8 x int8
          * without zero points, constant weights read by this product alone
@@ -604,7 +650,7 @@ bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group 
     }
     if (a->op != KF_OP_MATMUL && a->op != KF_OP_GEMM && a->op != KF_OP_CONV) return false;
     if (a->nin < 2 || !a->in[0] || !a->in[1]) return false;
-    kf_dtype dt = g->values[a->in[0]].type.dtype;
+    kf_dtype dt = cg->operand_dtype ? cg->operand_dtype : g->values[a->in[0]].type.dtype;
     /* the library path's dtypes: cuBLASLt takes bfloat16 too, cuDNN's NCHW
      * convolutions do not (kernels/libanchor.c) */
     if (dt != KF_DT_FLOAT && dt != KF_DT_FLOAT16 && (dt != KF_DT_BFLOAT16 || a->op == KF_OP_CONV)) return false;
@@ -630,7 +676,7 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
         return;
     }
     bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE || a->op == KF_OP_CONV_INTEGER;
-    kf_dtype dt = a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
+    kf_dtype dt = cg->operand_dtype ? cg->operand_dtype : a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
     if (kf_cost_library(t, g, cg)) {
         double flops = 0; /* doubles: products of dims may pass 64 bits on hostile shapes */
         int64_t tiles = 1, k = 1;
@@ -723,6 +769,8 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
         return;
     }
     int it = cg->anchor2 ? 0 : kf_iconv_tile(g, a);
+    bool f8 = !it && !cg->anchor2 && cg->fp8 && a->op == KF_OP_CONV;
+    if (f8) it = kf_mma_conv_tile(&g->values[a->out[0]].type);
     if (it) {
         /* the integer convolution's implicit GEMM on tensor cores: T x T
          * tiles of channels x pixels, each reading T rows of the weights
@@ -731,8 +779,14 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
          * per k step and waits as long for its loads: a quarter the rate */
         int64_t k = numel_of(g, a->in[1]) / (cout > 0 ? cout : 1);
         int64_t tiles = ceil_div(cout, it) * ceil_div(batch * pix, it);
-        double peak = t->tc_tops_int8 > 0 ? t->tc_tops_int8 : t->fma_tflops_fp32;
-        c->form = "iconv";
+        /* float8 tiles: mma.sync of float8 operands, which sm_90 has no
+         * float8 form of: ptxas unpacks the codes to float16 pairs for the
+         * float16 tensor cores (bench/sass/check.sh), so the float16 rate
+         * where the target has float8 tensor cores; else the decoding twin
+         * on FMAs */
+        double tc = f8 ? (t->tc_tflops_fp8 > 0 ? t->tc_tflops_fp16 : 0) : t->tc_tops_int8;
+        double peak = tc > 0 ? tc : t->fma_tflops_fp32;
+        c->form = f8 ? "f8conv" : "iconv";
         generated_at(t, peak, cg->flops, tiles, t->imma_blk_frac * (it == 64 ? 1.0 : 0.25), (int64_t)it * 12 * 4 * 2 + it * 64,
                      bytes, (double)tiles * 2.0 * (double)it * (double)k, c);
         return;
@@ -813,7 +867,7 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
     /* a float8 product with its two DequantizeLinears (and only them) in
      * the group: the library reads their float8 inputs (kernels/
      * libanchor.c, map_fp8) */
-    if (!cg->anchor2 && kf_fp8_product(m, a, NULL)) {
+    if (!cg->anchor2 && kf_fp8_anchor(m, a)) {
         cg->fp8 = true;
         for (int i = 0; i < 2; i++) {
             kf_id d = g->values[a->in[i]].producer, q = g->values[g->nodes[d].in[0]].producer;

@@ -112,14 +112,16 @@ typedef struct kf_cost_group {
     kf_id reduction;           /* the row reduction of an anchor group, or a reduction group's master */
     bool prologue;             /* an anchor operand is computed inside the group (other than
                                 * the float8 operands below) */
-    bool fp8;                  /* a float8 product (kf_fp8_product) whose two DequantizeLinears are
-                                * in the group (their inputs not): the library reads their float8
-                                * inputs */
+    bool fp8;                  /* a float8 product or convolution (kf_fp8_anchor) whose two
+                                * DequantizeLinears are in the group (their inputs not): the library
+                                * call or the tensor-core tile reads their float8 inputs */
     bool epilogue;             /* nodes after the anchor other than bias/activation the library absorbs */
     bool epilogue_declined;    /* an epilogue the kernel after a library call cannot take (a select
                                 * after the row reduction): the group runs as its generated kernel */
     int64_t bytes_read, bytes_written, flops; /* as kf_group; -1 unknown */
     int64_t operand_bytes;     /* anchor groups: bytes of the anchor's operands read from outside */
+    kf_dtype operand_dtype;    /* anchor groups: the dtype the anchor computes on when priced before
+                                * the precision pass sets it (0: its first operand's) */
     kf_id space;               /* elementwise: the value whose elements the kernel walks */
 } kf_cost_group;
 
@@ -150,6 +152,23 @@ bool kf_fp8_product(const kf_model *m, const kf_node *n, kf_dtype fmt[2]);
 /* kf_fp8_product, and with per_column also the form whose weight scale
  * holds one value per output column (what kf_fuse_fp8 rewrites). */
 bool kf_fp8_product_form(const kf_model *m, const kf_node *n, bool per_column, kf_dtype fmt[2]);
+
+/* Is n a float8 convolution the generated tensor-core tile runs on its
+ * float8 values (codegen/cg_anchor.c, gen_iconv)? A Conv of one group,
+ * static shapes, whose input is a DequantizeLinear of float8 E4M3FN or
+ * E5M2 values with a constant scale of one element, and whose weights are
+ * a DequantizeLinear of a constant float8 tensor only it reads, scaled per
+ * tensor or per output channel (axis 0); each DequantizeLinear read by n
+ * alone. fmt (may be NULL) gets the formats (input, weights). */
+bool kf_fp8_conv(const kf_model *m, const kf_node *n, kf_dtype fmt[2]);
+/* kf_fp8_product or kf_fp8_conv: an anchor whose float8 operands stay float8. */
+bool kf_fp8_anchor(const kf_model *m, const kf_node *n);
+/* Does float8 convolution `conv` (kf_fp8_conv) run faster on t as the
+ * float8 tile, reading the float8 codes, than as the library's float16
+ * convolution on dequantized operands (its weights folded)? Anchors alone
+ * (both take bias and ReLU). True without a target (bytes favour float8)
+ * or where shapes are unknown. */
+bool kf_fp8_conv_pays(const kf_target *t, kf_cost_math math, const kf_model *m, kf_id conv);
 
 /* Does an anchor group of this shape run as a library call on t? Always
  * false for back-to-back anchors and operand prologues (a generated kernel),
@@ -198,6 +217,9 @@ int kf_igemm_tile(int64_t m, int64_t n, int64_t batch);
  * at least KF_GEMM_FILL_TILES of them, else 32; 0 when the node is not
  * such a convolution (it keeps the direct template). */
 int kf_iconv_tile(const kf_graph *g, const kf_node *n);
+/* The tile T of that kernel for a convolution output of (static) type ot;
+ * a float8 convolution (kf_fp8_conv) runs on the same kernel. */
+int kf_mma_conv_tile(const kf_type *ot);
 
 /* The streaming attention kernel's passes over the keys for back-to-back
  * MatMuls a -> b with Softmax r (over the keys) between

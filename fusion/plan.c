@@ -903,10 +903,14 @@ static bool node_const(pl_state *s, const kf_node *n) {
     for (int i = 0; i < n->nin; i++)
         if (n->in[i] && !value_const(s, n->in[i])) return false;
     /* the weights of a float8 product stay float8 on the device, however
-     * small: the product reads them through this DequantizeLinear */
-    if (n->op == KF_OP_DEQUANTIZE_LINEAR && n->nout == 1 && n->out[0] && s->g->values[n->out[0]].nusers == 1 &&
-        kf_fp8_product(s->m, &s->g->nodes[s->g->values[n->out[0]].users[0]], NULL))
-        return false;
+     * small: the product reads them through this DequantizeLinear; so do a
+     * float8 convolution's where the float8 tile pays on the target, else
+     * they are dequantized once here, however large, for the library */
+    if (n->op == KF_OP_DEQUANTIZE_LINEAR && n->nout == 1 && n->out[0] && s->g->values[n->out[0]].nusers == 1) {
+        kf_id u = s->g->values[n->out[0]].users[0];
+        if (kf_fp8_product(s->m, &s->g->nodes[u], NULL)) return false;
+        if (kf_fp8_conv(s->m, &s->g->nodes[u], NULL)) return !kf_fp8_conv_pays(s->target, s->math, s->m, u);
+    }
     for (int j = 0; j < n->nout; j++) {
         if (!n->out[j]) continue;
         const kf_type *t = &s->g->values[n->out[j]].type;

@@ -196,17 +196,20 @@ static bool take_fuel(pl_run *r) {
     return true;
 }
 
-/* A float8 product (kf_fp8_product) takes its two DequantizeLinears first,
- * where it is legal and the target has float8 tensor cores (or there is no
- * target): the library then reads the float8 values, and a generated tile
- * dequantizes them as it loads. Priced one at a time, neither merge would
- * be taken: with one DequantizeLinear in, the group is a generated GEMM. */
+/* A float8 product, or a float8 convolution where the float8 tile beats
+ * the library (kf_fp8_conv_pays), takes its two DequantizeLinears first,
+ * where it is legal and the target has float8 tensor cores (or there is
+ * no target): the library's float8 GEMM or the float8 convolution tile
+ * then reads the float8 values, and a generated GEMM dequantizes them as
+ * it loads. Priced one at a time, neither merge would be taken: with one
+ * DequantizeLinear in, the group is a generated GEMM or direct
+ * convolution. */
 static kf_status fp8_operands(pl_state *s, pl_run *run) {
     if (s->target && s->target->tc_tflops_fp8 <= 0) return KF_OK;
     const kf_graph *g = s->g;
     for (uint32_t i = 0; i < s->norder && !run->fuel_out; i++) {
         kf_id a = s->order[i];
-        if (!kf_fp8_product(s->m, &g->nodes[a], NULL)) continue;
+        if (!kf_fp8_product(s->m, &g->nodes[a], NULL) && !kf_fp8_conv_pays(s->target, s->math, s->m, a)) continue;
         for (int k = 0; k < 2; k++) {
             kf_id v = g->nodes[a].in[k], d = g->values[v].producer;
             uint32_t ra = pl_find(s, d), rb = pl_find(s, a);

@@ -153,21 +153,24 @@ bool kf_precision_keeps_quantized(kf_precision p) {
     return p == KF_PRECISION_INT8 || p == KF_PRECISION_INT8_FP16 || p == KF_PRECISION_FP8;
 }
 
-/* FP8: the weights of float8 products (fusion/kf_cost.h, kf_fp8_product)
- * stay float8 behind their DequantizeLinear, which the product's library
- * call or generated tile reads; every other DequantizeLinear of constants
- * folds, as at fp16. */
+/* FP8: the weights of float8 products and convolutions (fusion/kf_cost.h,
+ * kf_fp8_anchor) stay float8 behind their DequantizeLinear, which the
+ * product's library call or the float8 tile reads (or, for a convolution
+ * the library runs faster, the planner computes once at plan time:
+ * fusion/plan.c); every other DequantizeLinear of constants folds, as at
+ * fp16. */
 static kf_status keep_fp8_weights(kf_model *m, int64_t fold_cap_bytes, FILE *trace) {
     uint32_t per_column;
     KF_TRY(kf_fuse_fp8(m, &per_column));
     kf_graph *g = m->graph;
-    uint32_t nn = g->nnodes, products = 0;
+    uint32_t nn = g->nnodes, products = 0, convs = 0;
     bool *keep = kf_calloc((size_t)nn + 1, sizeof *keep);
     if (!keep) return kf_fail(KF_ERR_NOMEM, "out of memory");
     for (kf_id id = 1; id < nn; id++)
-        if (kf_fp8_product(m, &g->nodes[id], NULL)) {
+        if (kf_fp8_anchor(m, &g->nodes[id])) {
             keep[g->values[g->nodes[id].in[1]].producer] = true;
-            products++;
+            if (g->nodes[id].op == KF_OP_CONV) convs++;
+            else products++;
         }
     kf_pass_ctx fc = {.fuel = -1, .fold_cap_bytes = fold_cap_bytes, .keep = keep, .nkeep = nn};
     kf_status st = kf_pass_fold(m, &fc);
@@ -175,9 +178,9 @@ static kf_status keep_fp8_weights(kf_model *m, int64_t fold_cap_bytes, FILE *tra
     if (!st && fc.changes) st = kf_graph_dce(m->graph, NULL);
     if (!st && trace)
         fprintf(trace,
-                "kfuse: backend: fp8: %u float8 products keep their weights (%u scaled per column after), %llu "
-                "constants folded\n",
-                products, per_column, (unsigned long long)fc.changes);
+                "kfuse: backend: fp8: %u float8 products keep their weights (%u scaled per column after), %u "
+                "float8 convolutions theirs, %llu constants folded\n",
+                products, per_column, convs, (unsigned long long)fc.changes);
     return st;
 }
 

@@ -48,8 +48,10 @@ bool kf_precision_keeps_quantized(kf_precision p);
  * reads, float8 weights) fold as the optimizer folds them, up to
  * fold_cap_bytes a node (kf_pass_ctx: 0 keeps a saved model from growing);
  * at FP8 the DequantizeLinear of constants fold likewise except the
- * weights of float8 products (kf_fp8_product); then the 16-bit values
- * (kf_fuse_precision: FP16, BF16, INT8_FP16, FP8); none
+ * weights of float8 products and convolutions (kf_fp8_anchor: the planner
+ * decides per convolution, with the shapes and the target, whether the
+ * float8 tile reads them or they become plan-time float16 weights); then
+ * the 16-bit values (kf_fuse_precision: FP16, BF16, INT8_FP16, FP8); none
  * at FP32 and TF32. trace (NULL: none) gets a line per pass. Errors: the
  * passes'. */
 kf_status kf_precision_passes(kf_model *m, kf_precision p, int64_t fold_cap_bytes, FILE *trace);

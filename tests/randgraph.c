@@ -2147,7 +2147,9 @@ static bool motif_qdq(gen *G) {
  * channel (int8, zero point 0), Conv with random window, pads, strides and
  * dilations (sometimes two groups), sometimes a Relu. int8 plans make it a
  * ConvInteger: the tensor-core tiles for one group, the direct template
- * for more. Bounded like emit_conv's. */
+ * for more. Sometimes (opset 19+) both are float8 instead, E4M3FN or E5M2
+ * each (zero points 0): an fp8 plan's float8 convolution (the float8
+ * tiles for one group). Bounded like emit_conv's. */
 static bool motif_qdq_conv(gen *G) {
     if (G->ft != KF_DT_FLOAT || G->opset < 13 || G->nodes + 6 > G->target) return false;
     int64_t d[4], one = 1;
@@ -2169,8 +2171,13 @@ static bool motif_qdq_conv(gen *G) {
     double bound = colsum(G->g->values[w].init, wd[1] * kh * kw, mch, true) * 1.02 * vmax(&x);
     if (!bounded(G, -bound, bound)) return false;
     int64_t od[4] = {d[0], mch, (d[2] + 2 * pad - eh) / stride + 1, (d[3] + 2 * pad - ew) / stride + 1};
-    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, KF_DT_UINT8, 0, &one, 100 + irand(&G->r, 57));
-    kf_id sw = fconst(G, 1, &mch, 1.0 / 127, 1.5 / 127, false)->id, zw = qconst(G, KF_DT_INT8, 1, &mch, 0);
+    kf_dtype at = KF_DT_UINT8, wt = KF_DT_INT8;
+    if (G->opset >= 19 && chance(&G->r, 0.3)) {
+        at = chance(&G->r, 0.5) ? KF_DT_FLOAT8E4M3FN : KF_DT_FLOAT8E5M2;
+        wt = chance(&G->r, 0.5) ? KF_DT_FLOAT8E4M3FN : KF_DT_FLOAT8E5M2;
+    }
+    kf_id sx = fscalar(G, 2.0 / 127, false), zx = qconst(G, at, 0, &one, at == KF_DT_UINT8 ? 100 + irand(&G->r, 57) : 0);
+    kf_id sw = fconst(G, 1, &mch, 1.0 / 127, 1.5 / 127, false)->id, zw = qconst(G, wt, 1, &mch, 0);
     kf_id qin[3] = {x.id, sx, zx}, q, xd, wq, wdq, y;
     mk(G, "QuantizeLinear", qin, 3, &q);
     kf_id din[3] = {q, sx, zx};

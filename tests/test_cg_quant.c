@@ -172,6 +172,40 @@
     "c = ConvInteger(xq, wq, zs) {pads=[1,1,1,1]}\n"                                                   \
     "output c\n"
 
+/* Float8 convolutions on the same tensor-core tiles (kf_f8conv): float8
+ * inputs and weights behind one DequantizeLinear each, their codes loaded
+ * as the integer tile loads int8, the float sums scaled after the k loop.
+ * The same edges as CONV_INTEGER_TILES: E4M3 x E4M3 with weights scaled
+ * per output channel, bias and ReLU, requantized to E4M3 for a next layer;
+ * E5M2 input x E4M3 weights with strides; a 1-D conv with E5M2 weights,
+ * dilation and uneven pads; a 3-D conv; K 180, 60, 60 and 54 (k steps of
+ * 32), M 70, 40, 10, 6. Padding reads code 0. */
+#define CONV_FLOAT8_TILES                                                                              \
+    "opset 21\ninput x float8e4m3fn[2, 20, 11, 13]\ninput xe float8e5m2[2, 20, 11, 13]\n"              \
+    "input y float8e4m3fn[2, 12, 30]\ninput v float8e4m3fn[1, 3, 5, 6, 7]\n"                             \
+    "const w1 float8e4m3fn[70, 20, 3, 3] = random\nconst w2 float8e4m3fn[40, 20, 1, 1] = random\n"       \
+    "const w3 float8e5m2[10, 12, 5] = random\nconst w4 float8e4m3fn[6, 3, 2, 3, 3] = random\n"           \
+    "const s float[] = 0.05\nconst s1 float[70] = 0.01 0.02 0.03 0.04 0.05 0.06 0.07\n"                 \
+    "const b1 float[70] = random\nconst so float[] = 0.25\n"                                           \
+    "xd = DequantizeLinear(x, s)\nxed = DequantizeLinear(xe, s)\n"                                     \
+    "yd = DequantizeLinear(y, s)\nvd = DequantizeLinear(v, s)\n"                                       \
+    "d1 = DequantizeLinear(w1, s1) {axis=0}\nd2 = DequantizeLinear(w2, s)\n"                           \
+    "d3 = DequantizeLinear(w3, s)\nd4 = DequantizeLinear(w4, s)\n"                                     \
+    "c1 = Conv(xd, d1, b1) {pads=[1,1,1,1]}\nr1 = Relu(c1)\n"                                         \
+    "o = QuantizeLinear(r1, so) {output_dtype=17}\n"                                                   \
+    "c2 = Conv(xed, d2) {strides=[2,2]}\n"                                                            \
+    "c3 = Conv(yd, d3) {pads=[3,1], dilations=[2]}\n"                                                  \
+    "c4 = Conv(vd, d4) {pads=[1,0,1,1,1,1]}\n"                                                         \
+    "output o\noutput c2\noutput c3\noutput c4\n"
+
+/* 2 x 66 tiles of 64: the 64 x 64 float8 conv. */
+#define CONV_FLOAT8_BIG                                                                                \
+    "opset 21\ninput x float8e4m3fn[1, 8, 66, 64]\n"                                                   \
+    "const w float8e4m3fn[128, 8, 3, 3] = random\nconst s float[] = 0.05\n"                            \
+    "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, s)\n"                                       \
+    "c = Conv(xd, wd) {pads=[1,1,1,1]}\n"                                                             \
+    "output c\n"
+
 /* Every group of the chosen kinds generates and equals the reference
  * within atol (0: bit for bit); returns how many ran. */
 static uint32_t run_kinds(const char *text, unsigned kinds, double atol) {
@@ -250,6 +284,27 @@ Test(cg_quant, conv_integer_on_tensor_core_tiles_every_zero_point_form_bit_for_b
     cr_assert_eq(cgu_run_groups(CONV_INTEGER, &o), 1);
     cr_assert_eq(tiles[0], 5, "32 x 32 tiles for these small outputs");
     cr_assert_eq(cgu_run_groups(CONV_INTEGER_BIG, &o), 1);
+    cr_assert_eq(tiles[1], 1, "64 x 64 tiles when there are enough");
+}
+
+/* The tile size a kf_f8conv kernel says it took. */
+static void f8conv_tile_seen(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    (void)p, (void)gi;
+    int *tiles = ctx;
+    cr_assert_not_null(strstr(k->body, "KF_MMA_F8("), "%s", k->body);
+    cr_assert_eq(k->parts, KF_CG_PART_F8 | KF_CG_PART_F8MMA);
+    if (strstr(k->body, "64 x 64 tiles")) tiles[1]++;
+    else if (strstr(k->body, "32 x 32 tiles")) tiles[0]++;
+}
+
+/* Float sums: the reference adds in double, the tile in float. */
+Test(cg_quant, float8_conv_on_tensor_core_tiles_on_opencl) {
+    cgu_need_opencl();
+    int tiles[2] = {0, 0};
+    cgu_run_opts o = {ANCHOR, "kf_f8conv", cgu_dot_atol(180), 1e-5, 0, 0, f8conv_tile_seen, tiles};
+    cr_assert_eq(cgu_run_groups(CONV_FLOAT8_TILES, &o), 4);
+    cr_assert_eq(tiles[0], 4, "32 x 32 tiles for these small outputs");
+    cr_assert_eq(cgu_run_groups(CONV_FLOAT8_BIG, &o), 1);
     cr_assert_eq(tiles[1], 1, "64 x 64 tiles when there are enough");
 }
 
@@ -383,4 +438,6 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_BIG, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER_TILES, ANCHOR), 4);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER_BIG, ANCHOR), 1);
+    cr_assert_eq(cgu_nvrtc_check_text(CONV_FLOAT8_TILES, ANCHOR), 4);
+    cr_assert_eq(cgu_nvrtc_check_text(CONV_FLOAT8_BIG, ANCHOR), 1);
 }

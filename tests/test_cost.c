@@ -422,3 +422,92 @@ Test(cost, attention_decomposed_and_node_cost_the_same) {
     kf_model_free(a);
     kf_model_free(b);
 }
+
+/* ---- float8 convolutions: the tile or the library ---- */
+
+/* ResNet-50 layer1's 3x3 (64 x 64 channels at 56 x 56: 196 tiles of the
+ * float8 tile) and layer4's (512 x 512 at 7 x 7: 32 tiles of 32) with
+ * float8 operands. On the H200 the first takes the float8 tile, its two
+ * DequantizeLinears in its group; the second is faster as the library's
+ * float16 convolution, so its weights are dequantized once at plan time
+ * (a constant group) and the library form is planned. Without a target
+ * bytes decide: float8 for both. */
+#define FP8_CONVS                                                                                      \
+    "opset 21\ninput x float8e4m3fn[1, 64, 56, 56]\ninput x4 float8e4m3fn[1, 512, 7, 7]\n"             \
+    "const w float8e4m3fn[64, 64, 3, 3] = random\nconst w4 float8e4m3fn[512, 512, 3, 3] = random\n"     \
+    "const s float[] = 0.05\n"                                                                         \
+    "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, s)\n"                                       \
+    "xd4 = DequantizeLinear(x4, s)\nwd4 = DequantizeLinear(w4, s)\n"                                   \
+    "c = Conv(xd, wd) {pads=[1,1,1,1]}\nc4 = Conv(xd4, wd4) {pads=[1,1,1,1]}\n"                        \
+    "output c\noutput c4\n"
+
+static kf_id producer_of(const kf_model *m, const char *name) {
+    kf_id v = kf_graph_find(m->graph, name);
+    cr_assert(v && m->graph->values[v].producer, "no node writes '%s'", name);
+    return m->graph->values[v].producer;
+}
+
+Test(cost, float8_convolutions_take_the_tile_where_it_pays) {
+    kf_model *m = gt_parse(FP8_CONVS);
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    kf_id c = producer_of(m, "c"), c4 = producer_of(m, "c4");
+    cr_assert(kf_fp8_conv(m, &m->graph->nodes[c], NULL) && kf_fp8_conv(m, &m->graph->nodes[c4], NULL));
+    kf_target *t = NULL;
+    cr_assert_eq(kf_target_get("h200", &t), KF_OK);
+    cr_assert(kf_fp8_conv_pays(t, KF_MATH_FP32, m, c), "layer1's 3x3 on the float8 tile");
+    cr_assert_not(kf_fp8_conv_pays(t, KF_MATH_FP32, m, c4), "layer4's 3x3 on the library");
+    cr_assert(kf_fp8_conv_pays(NULL, KF_MATH_FP32, m, c) && kf_fp8_conv_pays(NULL, KF_MATH_FP32, m, c4));
+
+    kf_plan_options o = {.fuel = -1, .target = "h200"};
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(m, &o, &p), KF_OK, "%s", kf_last_error());
+    uint32_t g = p->group_of[c], g4 = p->group_of[c4];
+    cr_assert_eq(p->group_of[producer_of(m, "xd")], g);
+    cr_assert_eq(p->group_of[producer_of(m, "wd")], g);
+    cr_assert_eq(p->groups[p->group_of[producer_of(m, "wd4")]].kind, KF_GROUP_CONST, "layer4's weights at plan time");
+    const char *want[2] = {"f8conv", "lib_conv"};
+    for (int i = 0; i < 2; i++) {
+        kf_cost_group cg;
+        kf_cost_of_group(m, p, i ? g4 : g, &cg);
+        kf_cost e;
+        kf_cost_estimate(t, KF_MATH_FP32, m->graph, &cg, &e);
+        cr_assert_str_eq(e.form, want[i]);
+    }
+    kf_plan_free(p);
+    kf_target_free(t);
+    kf_model_free(m);
+}
+
+/* The float8 convolution's form: one group (not grouped convolutions), a
+ * float8 input scaled per tensor, constant float8 weights scaled per
+ * tensor or per output channel, each read by this convolution alone;
+ * E4M3FN and E5M2 only (the tensor cores' formats). */
+Test(cost, float8_convolution_form) {
+    static const struct {
+        const char *text;
+        bool is;
+    } cases[] = {
+        {"input x float8e5m2[1, 8, 6, 6]\nconst w float8e4m3fn[16, 8, 3, 3] = random\nconst sw float[16] = 0.1\n"
+         "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, sw) {axis=0}\nc = Conv(xd, wd)\n", true},
+        {"input x float8e4m3fn[1, 8, 6, 6]\nconst w float8e4m3fn[16, 4, 3, 3] = random\nconst sw float[] = 0.1\n"
+         "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, sw)\nc = Conv(xd, wd) {group=2}\n", false},
+        {"input x float8e4m3fn[1, 8, 6, 6]\nconst w float8e4m3fn[16, 8, 3, 3] = random\nconst sw float[8] = 0.1\n"
+         "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, sw) {axis=1}\nc = Conv(xd, wd)\n", false},
+        {"input x float8e4m3fnuz[1, 8, 6, 6]\nconst w float8e4m3fn[16, 8, 3, 3] = random\nconst sw float[] = 0.1\n"
+         "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, sw)\nc = Conv(xd, wd)\n", false},
+        {"input x float8e4m3fn[1, 8, 6, 6]\ninput w float8e4m3fn[16, 8, 3, 3]\nconst sw float[] = 0.1\n"
+         "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, sw)\nc = Conv(xd, wd)\n", false},
+        {"input x float8e4m3fn[1, 8, 6, 6]\nconst w float8e4m3fn[16, 8, 3, 3] = random\nconst sw float[] = 0.1\n"
+         "xd = DequantizeLinear(x, s)\nwd = DequantizeLinear(w, sw)\nc = Conv(xd, wd)\nr = Relu(wd)\noutput r\n", false},
+        {"input x float[1, 8, 6, 6]\nconst w float8e4m3fn[16, 8, 3, 3] = random\nconst sw float[] = 0.1\n"
+         "xd = Relu(x)\nwd = DequantizeLinear(w, sw)\nc = Conv(xd, wd)\n", false},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "opset 21\nconst s float[] = 0.05\n%soutput c\n", cases[i].text);
+        kf_model *m = gt_parse(text);
+        cr_assert_eq(kf_infer_shapes(m), KF_OK, "case %zu: %s", i, kf_last_error());
+        cr_assert_eq(kf_fp8_conv(m, &m->graph->nodes[producer_of(m, "c")], NULL), cases[i].is, "case %zu", i);
+        kf_model_free(m);
+    }
+}

@@ -18,6 +18,7 @@
 #include "kf_opt.h"
 #include "kf_precision.h"
 #include "kf_ref.h"
+#include "kf_run.h"
 
 /* A quantised conv block and a dense layer, QDQ as quantisers write them:
  * per-channel int8 weights (zero points 0), uint8 activations; the conv
@@ -568,6 +569,84 @@ Test(pass_qint, fp8_per_column_plan_keeps_the_sums_float32) {
     cr_assert_not_null(strstr(trace, "2 float8 products keep their weights (2 scaled per column after)"), "%s", trace);
     cr_assert_not_null(strstr(trace, "on float8e4m3fn weights + epilogue kernel"), "%s", trace);
     free(trace);
+    kf_model_free(m);
+}
+
+
+/* A float model with float8 QDQ around two convolutions (weights per
+ * output channel, then per tensor; the first's output requantized to E4M3
+ * for the second) at precision fp8 on OpenCL: both keep their float8
+ * weights, each runs as one float8 tile group with its two
+ * DequantizeLinears, its bias, ReLU and requantization, and the outputs
+ * match the reference on the same graph (the check's float8 floor after
+ * the requantization). */
+#define FP8_CONV_CHAIN                                                                                 \
+    "opset 21\ninput x float[2, 16, 12, 12]\n"                                                         \
+    "const w1 float[32, 16, 3, 3] = random\nconst w2 float[24, 32, 1, 1] = random\n"                   \
+    "const sx float[] = 0.02\nconst s1 float[32] = 0.01 0.012 0.014 0.016\nconst s2 float[] = 0.015\n" \
+    "const b1 float[32] = random\nconst b2 float[24] = random\nconst sh float[] = 0.1\n"                \
+    "const z float8e4m3fn[] = 0\nconst z1 float8e4m3fn[32] = 0\n"                                       \
+    "xq = QuantizeLinear(x, sx, z)\nxd = DequantizeLinear(xq, sx, z)\n"                                \
+    "q1 = QuantizeLinear(w1, s1, z1) {axis=0}\nd1 = DequantizeLinear(q1, s1, z1) {axis=0}\n"           \
+    "c1 = Conv(xd, d1, b1) {pads=[1,1,1,1]}\nr1 = Relu(c1)\n"                                          \
+    "hq = QuantizeLinear(r1, sh, z)\nhd = DequantizeLinear(hq, sh, z)\n"                               \
+    "q2 = QuantizeLinear(w2, s2, z)\nd2 = DequantizeLinear(q2, s2, z)\n"                               \
+    "c2 = Conv(hd, d2, b2) {strides=[2,2]}\n"                                                          \
+    "output c2\n"
+
+Test(pass_qint, fp8_plan_runs_float8_convolutions_on_the_tile) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(FP8_CONV_CHAIN), *c = optimized_quantized(m);
+    cr_assert_eq(kf_precision_passes(c, KF_PRECISION_FP8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
+    const kf_graph *g = c->graph;
+    kf_plan_options po = {.fuel = -1, .target = "h200"};
+    kf_plan *p = NULL;
+    cr_assert_eq(kf_plan_build(c, &po, &p), KF_OK, "%s", kf_last_error());
+    uint32_t convs = 0;
+    for (kf_id id = 1; id < g->nnodes; id++) {
+        const kf_node *nd = &g->nodes[id];
+        if (!kf_fp8_conv(c, nd, NULL)) continue;
+        convs++;
+        uint32_t gi = p->group_of[id];
+        for (int i = 0; i < 2; i++)
+            cr_assert_eq(p->group_of[g->values[nd->in[i]].producer], gi, "node '%s': a DequantizeLinear is not in its group",
+                         kf_node_label(nd));
+        kf_cg_kernel k;
+        cr_assert_eq(kf_cg_group(c, p, gi, &k), KF_OK, "%s", kf_last_error());
+        cr_assert_str_eq(k.name, "kf_f8conv", "node '%s'", kf_node_label(nd));
+        kf_cg_kernel_release(&k);
+    }
+    cr_assert_eq(convs, 2);
+    kf_plan_free(p);
+    kf_model_free(c);
+
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_FP8;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    uint32_t depth, requant;
+    cr_assert_eq(kf_run_output_depths(m, &depth), KF_OK);
+    cr_assert_eq(kf_run_output_requants(m, &requant), KF_OK);
+    cr_assert(requant & KF_RUN_REQUANT_SMALL_FLOAT);
+    for (int r = 0; r < 3; r++) {
+        kf_tensor *ins, want = {0}, got = {0};
+        uint32_t nins;
+        gt_random_inputs(m, &ins, &nins);
+        cr_assert_eq(kf_eval_model(m, ins, (int)nins, &want, NULL), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_exec_run(x, ins, nins, &got), KF_OK, "%s", kf_last_error());
+        char why[640];
+        double db;
+        cr_assert(kf_run_close_requant(&got, &want, KF_PRECISION_FP8, depth, requant, &db, why, sizeof why), "run %d: %s",
+                  r, why);
+        kf_tensor_release(&got);
+        kf_tensor_release(&want);
+        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+        free(ins);
+    }
+    kf_exec_free(x);
     kf_model_free(m);
 }
 

@@ -8,7 +8,10 @@
 # steps a lane holds, no loop over the row), and nothing may spill; the
 # attention kernels (attn_*) must hold tensor-core instructions (HMMA), and
 # the integer GEMM (kf_igemm) dot products of four 8-bit lanes (IDP.4A), the
-# integer convolution (kf_iconv) int8 tensor-core instructions (IMMA).
+# integer convolution (kf_iconv) int8 tensor-core instructions (IMMA), the
+# float8 convolution (kf_f8conv) float8 tensor-core instructions on sm_89
+# (QMMA) and, on sm_90, where mma.sync has no float8 form, float16 ones
+# (HMMA) fed by the hardware's float8 unpacking (F2FP ... E4M3.UNPACK).
 #   bench/sass/check.sh BUILD_DIR [OUT_DIR]
 # cuobjdump: $CUOBJDUMP, PATH, the CUDA toolkit, bench/.venv's nvidia
 # package, else pip's nvidia-cuda-cuobjdump installed into a scratch folder;
@@ -43,7 +46,9 @@ bad=0
 printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" kernel "" "LDG.128" "STG.128" other "regs" spill note
 for m in "$root"/bench/sass/models/*.onnx; do
   name=$(basename "$m" .onnx)
-  "$build/tools/kfuse" fuse "$m" -o "$work/$name.onnx" --emit "$out/$name" >"$work/$name.log" 2>&1 ||
+  # float8 QDQ models as `--precision fp8` plans them (float8 weights kept)
+  prec=(); case $name in f8*) prec=(--precision fp8) ;; esac
+  "$build/tools/kfuse" fuse "$m" -o "$work/$name.onnx" "${prec[@]}" --emit "$out/$name" >"$work/$name.log" 2>&1 ||
     { cat "$work/$name.log"; echo "sass check: kfuse fuse --emit failed on $name"; exit 1; }
   for cu in "$out/$name"/*.cu; do
     g=$(basename "$cu" .cu)
@@ -64,7 +69,8 @@ for m in "$root"/bench/sass/models/*.onnx; do
     # dot products of four 8-bit lanes (IDP.4A), the integer conv on int8
     # tensor cores (IMMA)
     form=""
-    for f in "kf_attention:HMMA:attention" "kf_igemm:IDP\.4A:integer GEMM" "kf_iconv:IMMA:integer conv"; do
+    for f in "kf_attention:HMMA:attention" "kf_igemm:IDP\.4A:integer GEMM" "kf_iconv:IMMA:integer conv" \
+             "kf_f8conv:HMMA:float8 conv"; do
       IFS=: read -r entry instr label <<<"$f"
       grep -q "$entry" "$cu" && { form=$label; break; }
     done
@@ -73,6 +79,14 @@ for m in "$root"/bench/sass/models/*.onnx; do
       [ "$count" -gt 0 ] || { note="no ${instr//\\/}"; bad=1; }
       [ "$spill" -eq 0 ] || { note="$note spills"; bad=1; }
       note="$note $form: $count ${instr//\\/}"
+      if [ "$form" = "float8 conv" ]; then
+        unpack=$(grep -c 'F2FP\.F16\.E[45]M[23]\.UNPACK' "$out/$name/$g.sass" || true)
+        "$nvcc" -cubin -arch=sm_89 -o "$out/$name/$g.sm_89.cubin" "$cu" 2>"$out/$name/$g.sm_89.ptxas" ||
+          { cat "$out/$name/$g.sm_89.ptxas"; echo "sass check: $name/$g does not compile for sm_89"; exit 1; }
+        qmma=$("$cuobjdump" -sass "$out/$name/$g.sm_89.cubin" | grep -c 'QMMA\.' || true)
+        [ "$unpack" -gt 0 ] && [ "$qmma" -gt 0 ] || { note="$note (float8 path missing)"; bad=1; }
+        note="$note, $unpack float8 unpacks; sm_89: $qmma QMMA"
+      fi
       printf "%-16s %-10s %9s %9s %6s %6s %5s %s\n" "$name" "$g" "$ldg128" "$stg128" "$other" "${regs:-?}" "$spill" "$note"
       continue
     fi
@@ -89,4 +103,4 @@ for m in "$root"/bench/sass/models/*.onnx; do
   done
 done
 [ "$bad" -eq 0 ] || { echo "sass check: FAILED (see notes)"; exit 1; }
-echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM on IDP.4A, the integer conv on IMMA, no spills (sm_80, sm_90)"
+echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM on IDP.4A, the integer conv on IMMA, the float8 conv on QMMA (sm_89) and unpacked to HMMA (sm_90), no spills (sm_80, sm_90)"

@@ -6,7 +6,8 @@ exported (QK^T / sqrt(d) + additive mask, Softmax, xV) at BERT-base's heads
 GEMM as `--precision int8` plans BERT-base's [128, 768] x [768, 768] (uint8
 activations with a zero point, int8 weights, the int32 sums requantised to
 uint8 in the epilogue), and two ResNet-50 integer convolutions as
-`--precision int8` plans them (int8 tensor-core tiles). Small files (the only weights are 1024-long rows or
+`--precision int8` plans them (int8 tensor-core tiles), and two as `--precision
+fp8` plans a float8 QDQ ResNet-50 (float8 tensor-core tiles). Small files (the only weights are 1024-long rows or
 scales; the GEMM's weights are an input); bench/sass/check.sh reads their
 kernels' SASS.
 
@@ -50,6 +51,8 @@ def main(out):
     igemm(out, "igemm_u8s8_big", 512, 768, 3072)   # 384 tiles of 64: the 64 x 64 form
     iconv(out, "iconv_l4_3x3", 512, 512, 7, 3)      # ResNet-50 layer4's 3x3: 32 tiles of 32
     iconv(out, "iconv_l1_1x1", 64, 256, 56, 1)      # layer1's 1x1 expansion: 196 tiles of 64
+    f8conv(out, "f8conv_l1_3x3", 64, 64, 56, 3)     # layer1's 3x3 at fp8: 49 tiles of 64, 196 of 32
+    f8conv(out, "f8conv_l1_1x1", 64, 256, 56, 1)    # layer1's 1x1 expansion at fp8: 196 tiles of 64
 
 
 def igemm(out, name, m, k, n):
@@ -90,6 +93,38 @@ def iconv(out, name, c, m, hw, k):
     model = h.make_model(g, opset_imports=[h.make_opsetid("", 13)])
     onnx.checker.check_model(model)
     onnx.save(model, f"{out}/{name}.onnx")
+
+
+def f8conv(out, name, c, m, hw, k):
+    """x float8 E4M3 [1, c, hw, hw] times w float8 E4M3 [m, c, k, k] (a
+    constant: random codes), each behind a DequantizeLinear (w's per output
+    channel), same padding, then the bias, Relu and QuantizeLinear back to
+    E4M3: the group `--precision fp8` makes of a float8 QDQ ResNet-50
+    convolution."""
+    codes = rng_codes(m * c * k * k).reshape(m, c, k, k)
+    w = h.make_tensor("w", T.FLOAT8E4M3FN, [m, c, k, k], codes.tobytes(), raw=True)
+    inits = [w, nh.from_array(np.array(0.05, np.float32), "sx"),
+             nh.from_array(np.linspace(1e-2, 3e-2, m, dtype=np.float32), "sw"),
+             nh.from_array(np.linspace(-0.1, 0.1, m, dtype=np.float32), "b"),
+             nh.from_array(np.array(0.25, np.float32), "so"),
+             h.make_tensor("zo", T.FLOAT8E4M3FN, [], np.zeros(1, np.uint8).tobytes(), raw=True)]
+    p = k // 2
+    nodes = [h.make_node("DequantizeLinear", ["x", "sx"], ["xd"]),
+             h.make_node("DequantizeLinear", ["w", "sw"], ["wd"], axis=0),
+             h.make_node("Conv", ["xd", "wd", "b"], ["a"], pads=[p] * 4), h.make_node("Relu", ["a"], ["u"]),
+             h.make_node("QuantizeLinear", ["u", "so", "zo"], ["y"])]
+    g = h.make_graph(nodes, name, [h.make_tensor_value_info("x", T.FLOAT8E4M3FN, [1, c, hw, hw])],
+                     [h.make_tensor_value_info("y", T.FLOAT8E4M3FN, [1, m, hw, hw])], inits)
+    model = h.make_model(g, opset_imports=[h.make_opsetid("", 21)])
+    onnx.checker.check_model(model)
+    onnx.save(model, f"{out}/{name}.onnx")
+
+
+def rng_codes(n):
+    """n finite E4M3 codes of magnitude up to 2 (exponent fields 0-7),
+    either sign: deterministic."""
+    r = np.random.default_rng(n)
+    return (r.integers(0, 64, n) | (r.integers(0, 2, n) << 7)).astype(np.uint8)
 
 
 def attention(out, name, dt, heads, seq, d):
