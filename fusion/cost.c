@@ -836,15 +836,40 @@ void kf_cost_estimate(const kf_target *t, kf_cost_math math, const kf_graph *g, 
 
 /* ---- describing groups ----------------------------------------------------- */
 
+/* The value a conv's library call adds as its residual when node n is
+ * that Add (kernels/libanchor.c, take_epilogue: cuDNN's z): n adds the
+ * conv's biased output (the conv's own bias, or a bias Add right after it)
+ * and a value from outside the group of the output's shape and dtype.
+ * 0 otherwise. */
+static kf_id conv_residual(const kf_graph *g, const kf_node *a, const kf_node *n,
+                           bool (*member)(const void *ctx, kf_id node), const void *ctx) {
+    if (a->op != KF_OP_CONV || n->op != KF_OP_ADD || n->nin != 2 || !n->in[0] || !n->in[1] || n->in[0] == n->in[1])
+        return 0;
+    const kf_type *yt = &g->values[a->out[0]].type;
+    for (int i = 0; i < 2; i++) {
+        kf_id r = n->in[i], o = n->in[1 - i], rp = g->values[r].producer, op = g->values[o].producer;
+        bool biased = r == a->out[0] ? a->nin > 2 && a->in[2]
+                                     : rp && g->nodes[rp].op == KF_OP_ADD && member(ctx, rp) &&
+                                           (g->nodes[rp].in[0] == a->out[0] || g->nodes[rp].in[1] == a->out[0]);
+        if (biased && !(op && member(ctx, op)) && g->values[o].type.dtype == yt->dtype &&
+            kf_type_is_static(yt) && kf_type_same_shape(&g->values[o].type, yt))
+            return o;
+    }
+    return 0;
+}
+
 /* Would the library take node n, after the anchor, into its own epilogue?
- * A ReLU, a tanh GELU (cuBLASLt), or the Add of a constant bias vector
- * along the output row; anything else needs the generated epilogue kernel. */
-static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n) {
+ * A ReLU, a tanh GELU (cuBLASLt), the Add of a constant bias vector
+ * along the output row, or a conv's residual (conv_residual); anything
+ * else needs the generated epilogue kernel. */
+static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n,
+                     bool (*member)(const void *ctx, kf_id node), const void *ctx) {
     if (a->op == KF_OP_MATMUL_INTEGER) return false; /* the int8 GEMM takes no epilogue */
     if (n->op == KF_OP_RELU) return true;
     if (n->op == KF_OP_GELU && a->op != KF_OP_CONV) return !strcmp(kf_attr_s(n, "approximate", "none"), "tanh");
     if (n->op != KF_OP_ADD || n->nin != 2) return false;
     const kf_graph *g = m->graph;
+    if (conv_residual(g, a, n, member, ctx)) return true;
     for (int i = 0; i < 2; i++) {
         kf_id b = n->in[i];
         if (!b || !kf_value_is_constant(m, b)) continue;
@@ -899,7 +924,12 @@ void kf_cost_describe_anchor(const kf_model *m, const kf_id *nodes, uint32_t n, 
             kf_id pr = nd->in[k] ? g->values[nd->in[k]].producer : 0;
             after = pr && member(ctx, pr);
         }
-        if (after && !absorbed(m, a, nd)) cg->epilogue = true;
+        if (after && !absorbed(m, a, nd, member, ctx)) cg->epilogue = true;
+        /* the call reads the residual it adds */
+        kf_id z = after ? conv_residual(g, a, nd, member, ctx) : 0;
+        int64_t zb = z ? value_bytes(g, z) : 0;
+        if (zb < 0 || cg->operand_bytes < 0 || !kf_add_ok(cg->operand_bytes, zb, &cg->operand_bytes))
+            cg->operand_bytes = -1;
         /* what the epilogue kernel after a library call declines
          * (kernels/libanchor.c through codegen): a Gather select of the
          * reduced rows */

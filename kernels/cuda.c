@@ -356,7 +356,7 @@ static kf_status dev_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *const 
     /* made before the first call (and before any capture) at the plan's size */
     KF_TRY(kf_culib_prepare(s, d->lib_workspace));
     if (!a) return KF_OK;
-    if (a->is_conv) return kf_cudnn_conv(s, &a->conv, bufs[0], bufs[1], bufs[3], bufs[4]);
+    if (a->is_conv) return kf_cudnn_conv(s, &a->conv, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]);
     return kf_cublaslt_gemm(s, &a->gemm, bufs[0], bufs[1], bufs[2], bufs[3], bufs[4]);
 }
 

@@ -280,7 +280,8 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
 /* ---- cuDNN: convolutions --------------------------------------------------
  * The legacy descriptor API, which cuDNN 9 still ships (deprecated, in
  * libcudnn_cnn/libcudnn_ops behind libcudnn.so.9) and cuDNN 8 has; the
- * backend graph API would also fuse a residual add, and is the next step.
+ * backend graph API would fuse longer epilogues (the fused op takes bias,
+ * one residual and ReLU).
  * Sequence (UNEXECUTED in CI: no GPU):
  *   cudnnSetStream; tensor descriptors for X, bias ([1,K,1,1]) and Y via
  *   cudnnSetTensorNdDescriptor (NCHW strides), cudnnSetFilterNdDescriptor
@@ -292,6 +293,8 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
  *   workspace fits and whose perf.mathType the precision allows; then
  *   - bias + ReLU: cudnnConvolutionBiasActivationForward (alpha2 0, z = y);
  *     the fused op needs a bias, so libanchor.c takes a ReLU only after one;
+ *   - a residual Add after the bias: the same with alpha2 1 and z the
+ *     residual (y's descriptor: the same shape and dtype), ReLU or not;
  *   - bias, no activation: the same with IDENTITY, which cuDNN takes only
  *     with IMPLICIT_PRECOMP_GEMM;
  *   - neither: cudnnConvolutionForward. */
@@ -411,7 +414,8 @@ static cudnnStatus_t tensor_nd(cudnnTensorDescriptor_t *t, int type, int nd, con
     return r ? r : dnn.SetTensorNd(*t, type, nd, dims, strides);
 }
 
-kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const void *w, const void *bias, void *d) {
+kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const void *w, const void *z,
+                       const void *bias, void *d) {
     const char *why = kf_cudnn_unavailable();
     if (why) return kf_fail(KF_ERR_NO_DEVICE, "%s", why);
     kf_la_math mt = kf_la_math_for(c->precision, c->dtype);
@@ -474,8 +478,10 @@ kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const 
         st = kf_fail(KF_ERR_INTERNAL, "cuDNN: a fused conv without a bias");
     } else {
         float one = 1.0f, zero = 0.0f;
-        r = fused ? dnn.BiasAct(dnn.handle, &one, tx, x, fw, w, cv, algo, (void *)(uintptr_t)wsp, wsb, &zero, ty, d, tb,
-                                bias, ac, ty, d)
+        /* y = act(conv + alpha2 z + bias): z the residual (of y's shape),
+         * or y itself scaled by 0 */
+        r = fused ? dnn.BiasAct(dnn.handle, &one, tx, x, fw, w, cv, algo, (void *)(uintptr_t)wsp, wsb,
+                                c->z ? &one : &zero, ty, c->z ? z : d, tb, bias, ac, ty, d)
                   : dnn.Forward(dnn.handle, &one, tx, x, fw, w, cv, algo, (void *)(uintptr_t)wsp, wsb, &zero, ty, d);
         if (r) st = kf_fail(KF_ERR_RUNTIME, "cuDNN %s failed (status %d)",
                             fused ? "cudnnConvolutionBiasActivationForward" : "cudnnConvolutionForward", r);

@@ -765,9 +765,9 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
     for (int i = 0; i < 4; i++)
         if (vals[i]) s->dev_read[vals[i]] = true;
     if (e->o.trace && la.is_conv)
-        fprintf(e->o.trace, "kfuse: backend: group %u: library conv %lldx%lld -> %lld channels (%d-D)%s\n", st->group,
+        fprintf(e->o.trace, "kfuse: backend: group %u: library conv %lldx%lld -> %lld channels (%d-D)%s%s\n", st->group,
                 (long long)la.conv.n, (long long)la.conv.c, (long long)la.conv.k, la.conv.nspatial,
-                la.has_epilogue ? " + epilogue kernel" : "");
+                la.conv.z ? " adding the residual" : "", la.has_epilogue ? " + epilogue kernel" : "");
     else if (e->o.trace)
         fprintf(e->o.trace, "kfuse: backend: group %u: library GEMM %lldx%lldx%lld (batch %lld)%s%s%s%s\n", st->group,
                 (long long)la.gemm.m, (long long)la.gemm.n, (long long)la.gemm.k, (long long)la.gemm.batch,

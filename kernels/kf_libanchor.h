@@ -85,9 +85,11 @@ typedef struct kf_la_gemm {
  *
  *   D[n, k, o...] = act(sum over c < c/groups, q... of
  *                       X[n, (k / (k_out/groups)) * (c/groups) + c, o*stride - pad + q*dilation]
- *                       * W[k, c, q...]  + bias[k])
+ *                       * W[k, c, q...]  + Z[n, k, o...] + bias[k])
  *
- * X positions outside the input read 0 (symmetric zero padding). */
+ * X positions outside the input read 0 (symmetric zero padding). Z is a
+ * residual of D's shape (ResNet's skip connection: cuDNN's fused op with
+ * alpha2 1), taken only with a bias; without one the Z term is 0. */
 typedef struct kf_la_conv {
     int nspatial;                      /* 1..KF_LA_MAX_SPATIAL */
     int64_t n, c, k, groups;           /* batch, input channels, output channels, groups */
@@ -97,6 +99,7 @@ typedef struct kf_la_conv {
     kf_precision precision;            /* as kf_la_gemm's */
     kf_la_act act;                     /* NONE or RELU (cuDNN's fused op has no GELU) */
     kf_id x, w, bias, d;               /* value ids; bias 0: none */
+    kf_id z;                           /* the residual added before act (0: none) */
 } kf_la_conv;
 
 /* An anchor group mapped onto the library. */
@@ -141,13 +144,14 @@ kf_status kf_la_gemm_host(const kf_la_gemm *g, const kf_tensor *a, const kf_tens
                           const kf_tensor *bias, kf_tensor *d);
 
 /* What conv computes, on the host in float, like kf_la_gemm_host: x, w,
- * bias (NULL when c->bias is 0) raw arrays of c->dtype, d of at least
- * n*k*prod(out) elements. KF_ERR_INVALID_ARG for a short buffer. */
-kf_status kf_la_conv_host(const kf_la_conv *c, const kf_tensor *x, const kf_tensor *w, const kf_tensor *bias,
-                          kf_tensor *d);
+ * z (NULL when c->z is 0), bias (NULL when c->bias is 0) raw arrays of
+ * c->dtype, d and z of at least n*k*prod(out) elements. KF_ERR_INVALID_ARG
+ * for a short buffer. */
+kf_status kf_la_conv_host(const kf_la_conv *c, const kf_tensor *x, const kf_tensor *w, const kf_tensor *z,
+                          const kf_tensor *bias, kf_tensor *d);
 
 /* The buffers a call reads and writes, in the order of kf_dev.lib's bufs:
- * A, B, C, bias, D for a GEMM; X, W, 0, bias, D for a conv (0: none). */
+ * A, B, C, bias, D for a GEMM; X, W, Z, bias, D for a conv (0: none). */
 void kf_la_anchor_values(const kf_la_anchor *a, kf_id v[5]);
 
 /* A kf_dev lib that runs the host model instead of a library: downloads
@@ -222,8 +226,10 @@ kf_status kf_cublaslt_gemm(void *stream, const kf_la_gemm *g, const void *a, con
 /* NULL when cuDNN (libcudnn.so.9/.8) loads, a CUDA driver and device
  * answer, and cudnnCreate succeeds; else a static reason. */
 const char *kf_cudnn_unavailable(void);
-/* Runs c on stream with device pointers x, w, bias (NULL when none), d.
+/* Runs c on stream with device pointers x, w, z and bias (NULL when
+ * none), d.
  * Errors like kf_cublaslt_gemm's, naming the cuDNN call. */
-kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const void *w, const void *bias, void *d);
+kf_status kf_cudnn_conv(void *stream, const kf_la_conv *c, const void *x, const void *w, const void *z,
+                       const void *bias, void *d);
 
 #endif

@@ -310,14 +310,16 @@ typedef struct libout {
     bool no_bias;   /* no bias Add on top: a GEMM with a C matrix, or a float8 one writing
                      * float32 (whose bias the library reads as bfloat16) */
     kf_id *d, *bias;
+    kf_id *z;       /* conv: the residual it adds before act (NULL: none taken) */
     kf_la_act *act;
 } libout;
 
 /* Takes a bias Add and an activation after the anchor into the call while
- * each intermediate has no other reader; for a GEMM, pure reshapes that
- * keep the last dim (N, so the bias still runs along rows) pass through,
- * since the call writes the same bytes. Returns the nodes taken (<=
- * LA_MAX_TAKEN). */
+ * each intermediate has no other reader; for a conv, after its bias, also
+ * an Add of a residual of the output's shape and dtype (cuDNN's z, before
+ * the activation); for a GEMM, pure reshapes that keep the last dim (N, so
+ * the bias still runs along rows) pass through, since the call writes the
+ * same bytes. Returns the nodes taken (<= LA_MAX_TAKEN). */
 static int take_epilogue(const kf_graph *g, const kf_plan *p, uint32_t gi, const kf_group *gr, libout *L,
                          kf_id taken[LA_MAX_TAKEN]) {
     int nt = 0;
@@ -336,6 +338,14 @@ static int take_epilogue(const kf_graph *g, const kf_plan *p, uint32_t gi, const
             bool shape_ok = L->conv ? channel_bias_shape(ot, L->rank, L->width) : bias_shape(ot, L->width);
             if (ot->dtype != L->dtype || !shape_ok || !kf_type_same_shape(ut, &g->values[v].type)) break;
             *L->bias = o;
+        } else if (u->op == KF_OP_ADD && L->z && !*L->z && *L->bias && *L->act == KF_LA_ACT_NONE && u->nin == 2) {
+            kf_id o = u->in[0] == v ? u->in[1] : u->in[0];
+            if (u->in[0] == u->in[1] || in_group(p, gi, g, o)) break;
+            const kf_type *ot = &g->values[o].type;
+            if (ot->dtype != L->dtype || !kf_type_same_shape(ot, &g->values[v].type) ||
+                !kf_type_same_shape(ut, &g->values[v].type))
+                break;
+            *L->z = o;
         } else if (!L->conv && pure_reshape(u) && u->nout == 1 && ut->rank > 0 && ut->dims[ut->rank - 1] == L->width) {
             /* the same bytes under another shape */
         } else if (u->op == KF_OP_RELU && *L->act == KF_LA_ACT_NONE && (!L->conv || *L->bias)) {
@@ -513,7 +523,7 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
         kf_la_conv *C = &out->conv;
         out->is_conv = true;
         KF_TRY(map_conv(g, p, gi, an, C, why, whylen));
-        L = (libout){true, C->k, 2 + C->nspatial, C->dtype, false, &C->d, &C->bias, &C->act};
+        L = (libout){true, C->k, 2 + C->nspatial, C->dtype, false, &C->d, &C->bias, &C->z, &C->act};
         lib_d = &C->d;
     } else if (an->op == KF_OP_MATMUL_INTEGER) {
         KF_TRY(map_igemm(m, p, gi, an, &out->gemm, why, whylen));
@@ -521,12 +531,12 @@ kf_status kf_la_plan_group(const kf_model *m, const kf_plan *p, uint32_t gi, kf_
     } else if (kf_fp8_product(m, an, NULL)) {
         kf_la_gemm *G = &out->gemm;
         KF_TRY(map_fp8(m, p, gi, an, G, absorbed, why, whylen));
-        L = (libout){false, G->m, 0, G->dtype, G->dtype == KF_DT_FLOAT, &G->d, &G->bias, &G->act};
+        L = (libout){false, G->m, 0, G->dtype, G->dtype == KF_DT_FLOAT, &G->d, &G->bias, NULL, &G->act};
         lib_d = &G->d;
     } else {
         kf_la_gemm *G = &out->gemm;
         KF_TRY(map_gemm(g, p, gi, an, G, absorbed, why, whylen));
-        L = (libout){false, G->m, 0, G->dtype, G->c != 0, &G->d, &G->bias, &G->act};
+        L = (libout){false, G->m, 0, G->dtype, G->c != 0, &G->d, &G->bias, NULL, &G->act};
         lib_d = &G->d;
     }
     /* the integer GEMM takes nothing after it: the int32 sums go to the
@@ -698,13 +708,14 @@ static void extents(const kf_la_gemm *g, int64_t n[4]) {
     n[3] = bl * g->stride_d + (g->n - 1) * g->ldd + g->m;
 }
 
-kf_status kf_la_conv_host(const kf_la_conv *c, const kf_tensor *x, const kf_tensor *w, const kf_tensor *bias,
-                          kf_tensor *d) {
+kf_status kf_la_conv_host(const kf_la_conv *c, const kf_tensor *x, const kf_tensor *w, const kf_tensor *z,
+                          const kf_tensor *bias, kf_tensor *d) {
     int ns = c->nspatial;
     int64_t osz = 1, isz = 1, ksz = 1, cg = c->c / c->groups, kg = c->k / c->groups;
     for (int i = 0; i < ns; i++) osz *= c->out[i], isz *= c->in[i], ksz *= c->kern[i];
     if (!fits(x, c->dtype, c->n * c->c * isz - 1) || !fits(w, c->dtype, c->k * cg * ksz - 1) ||
-        !fits(d, c->dtype, c->n * c->k * osz - 1) || (c->bias && !fits(bias, c->dtype, c->k - 1)))
+        !fits(d, c->dtype, c->n * c->k * osz - 1) || (c->bias && !fits(bias, c->dtype, c->k - 1)) ||
+        (c->z && !fits(z, c->dtype, c->n * c->k * osz - 1)))
         return kf_fail(KF_ERR_INVALID_ARG, "library conv host model: a buffer is too small or of another dtype");
     for (int64_t n = 0; n < c->n; n++)
         for (int64_t k = 0; k < c->k; k++)
@@ -726,16 +737,18 @@ kf_status kf_la_conv_host(const kf_la_conv *c, const kf_tensor *x, const kf_tens
                         if (!inside) continue;
                         acc += (float)rd(x, (n * c->c + cbase + ci) * isz + xi) * (float)rd(w, (k * cg + ci) * ksz + q);
                     }
+                int64_t at = (n * c->k + k) * osz + o;
+                if (c->z) acc += (float)rd(z, at);
                 if (c->bias) acc += (float)rd(bias, k);
                 if (c->act == KF_LA_ACT_RELU) acc = acc > 0.0f ? acc : 0.0f;
-                wr(d, (n * c->k + k) * osz + o, acc);
+                wr(d, at, acc);
             }
     return KF_OK;
 }
 
 void kf_la_anchor_values(const kf_la_anchor *a, kf_id v[5]) {
     if (a->is_conv) {
-        v[0] = a->conv.x, v[1] = a->conv.w, v[2] = 0, v[3] = a->conv.bias, v[4] = a->conv.d;
+        v[0] = a->conv.x, v[1] = a->conv.w, v[2] = a->conv.z, v[3] = a->conv.bias, v[4] = a->conv.d;
     } else {
         v[0] = a->gemm.a, v[1] = a->gemm.b, v[2] = a->gemm.c, v[3] = a->gemm.bias, v[4] = a->gemm.d;
     }
@@ -750,7 +763,7 @@ kf_status kf_la_dev_host_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *co
         int64_t isz = 1, ksz = 1, osz = 1;
         for (int i = 0; i < c->nspatial; i++) isz *= c->in[i], ksz *= c->kern[i], osz *= c->out[i];
         count[0] = c->n * c->c * isz, count[1] = c->k * (c->c / c->groups) * ksz;
-        count[3] = c->bias ? c->k : 0, count[4] = c->n * c->k * osz;
+        count[2] = c->z ? c->n * c->k * osz : 0, count[3] = c->bias ? c->k : 0, count[4] = c->n * c->k * osz;
         dt = ddt = c->dtype;
     } else {
         int64_t n[4];
@@ -768,7 +781,8 @@ kf_status kf_la_dev_host_lib(kf_dev *d, void *s, const kf_la_anchor *a, void *co
         st = kf_tensor_alloc(&t[i], ti, 1, &count[i]);
         if (!st && i < 4) st = d->download(d, s, bufs[i], t[i].data, (size_t)count[i] * kf_dtype_size(ti));
     }
-    if (!st && a->is_conv) st = kf_la_conv_host(&a->conv, &t[0], &t[1], count[3] ? &t[3] : NULL, &t[4]);
+    if (!st && a->is_conv)
+        st = kf_la_conv_host(&a->conv, &t[0], &t[1], count[2] ? &t[2] : NULL, count[3] ? &t[3] : NULL, &t[4]);
     else if (!st) st = kf_la_gemm_host(&a->gemm, &t[0], &t[1], count[2] ? &t[2] : NULL, count[3] ? &t[3] : NULL, &t[4]);
     if (!st) st = d->upload(d, s, bufs[4], t[4].data, (size_t)count[4] * kf_dtype_size(ddt));
     if (!st) st = d->sync(d, s); /* t[4] is freed next */

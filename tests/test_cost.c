@@ -312,6 +312,33 @@ Test(cost, a_bias_epilogue_joins_the_library_call) {
     kf_model_free(m);
 }
 
+/* ResNet's block end (conv with bias, skip Add, ReLU): cuDNN's fused op
+ * adds the skip as its z, so the group is one call with no epilogue
+ * kernel, priced with the skip's bytes read by the call; a residual the
+ * call cannot add (broadcast along a spatial dim) keeps the epilogue. */
+Test(cost, a_conv_residual_joins_the_library_call) {
+    const char *fmt = "input x float16[1, 256, 14, 14]\nconst w float16[256, 256, 3, 3] = random\n"
+                      "const b float16[256] = random\ninput s float16[%s]\n"
+                      "y = Conv(x, w, b) {pads=[1,1,1,1]}\nz = Add(y, s)\nr = Relu(z)\noutput r\n";
+    const char *shape[2] = {"1, 256, 14, 14", "1, 256, 1, 14"};
+    double us[2], call[2];
+    for (int i = 0; i < 2; i++) {
+        char text[512];
+        snprintf(text, sizeof text, fmt, shape[i]);
+        kf_model *m = gt_parse(text);
+        kf_plan *p = plan_on(m, "h200", false);
+        cr_assert_eq(p->ngroups, 1, "%s", shape[i]);
+        cr_expect_str_eq(p->groups[0].est_form, "lib_conv");
+        us[i] = p->groups[0].est_us, call[i] = us[i] - p->groups[0].est_epilogue_us;
+        if (i == 0) cr_expect_float_eq(p->groups[0].est_epilogue_us, 0, 1e-12, "no generated epilogue kernel");
+        else cr_expect_gt(p->groups[0].est_epilogue_us, 0, "the broadcast residual needs the epilogue kernel");
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+    cr_expect_lt(us[0], us[1], "one call against a call and a kernel");
+    cr_expect_geq(call[0], call[1], "the call reads the residual's bytes too");
+}
+
 Test(cost, a_bad_target_is_an_error_of_the_planner) {
     kf_model *m = gt_parse("input x float[4]\n"
                            "y = Relu(x)\n"

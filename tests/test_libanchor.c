@@ -35,7 +35,7 @@ static char *exec_matches_ref(const kf_model *m, bool lib);
 static bool nvrtc_epilogues;
 
 typedef struct tally {
-    uint32_t mapped, declined, with_epilogue, acts, biases, convs, ints;
+    uint32_t mapped, declined, with_epilogue, acts, biases, convs, ints, residuals;
     char first_reason[512];
 } tally;
 
@@ -55,6 +55,7 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
         cr_assert_eq(st, KF_OK, "group %u", gi);
         cr_assert_eq(kf_la_plan_group(m, p, gi, &la2, why, sizeof why), KF_OK);
         cr_assert(!memcmp(&la.gemm, &la2.gemm, sizeof la.gemm), "descriptor not deterministic");
+        cr_assert(!memcmp(&la.conv, &la2.conv, sizeof la.conv), "descriptor not deterministic");
         if (la.has_epilogue) cr_assert_str_eq(la.epilogue.body, la2.epilogue.body);
         kf_la_anchor_release(&la2);
         t->mapped++;
@@ -65,6 +66,7 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
         kf_la_anchor_values(&la, lv);
         t->acts += (la.is_conv ? C->act : G->act) != KF_LA_ACT_NONE;
         t->biases += lv[3] != 0;
+        t->residuals += la.is_conv && C->z;
         const kf_type *dt = &g->values[lv[4]].type;
         kf_tensor d = {0};
         cr_assert_eq(kf_tensor_alloc(&d, dt->dtype, dt->rank, dt->dims), KF_OK);
@@ -72,7 +74,9 @@ static void check_groups(const kf_model *m, const kf_plan *p, const cgu_refvals 
         if (la.is_conv) {
             K = C->c / C->groups;
             for (int i = 0; i < C->nspatial; i++) K *= C->kern[i];
-            cr_assert_eq(kf_la_conv_host(C, &r->t[C->x], &r->t[C->w], C->bias ? &r->t[C->bias] : NULL, &d), KF_OK,
+            cr_assert_eq(kf_la_conv_host(C, &r->t[C->x], &r->t[C->w], C->z ? &r->t[C->z] : NULL,
+                                         C->bias ? &r->t[C->bias] : NULL, &d),
+                         KF_OK,
                          "group %u: %s", gi, kf_last_error());
         } else {
             kf_tensor a = {0}; /* A as the device holds it */
@@ -597,8 +601,9 @@ Test(libanchor, conv_bias_relu_all_in_the_library) {
 Test(libanchor, conv_groups_depthwise_dilation_add_bias_residual) {
     cgu_need_opencl();
     /* grouped conv with a per-channel Add taken as the bias, then a residual
-     * in the epilogue; depthwise with dilation and ReLU without bias (the
-     * ReLU stays in the epilogue kernel: cuDNN fuses it only with a bias) */
+     * the call adds too (cuDNN's z); depthwise with dilation and ReLU
+     * without bias (the ReLU stays in the epilogue kernel: cuDNN fuses it
+     * only with a bias) */
     tally t = check_text("input x float[1, 8, 10, 10]\nconst w float[12, 4, 3, 3] = random\n"
                          "const cb float[12, 1, 1] = random\ninput res float[1, 12, 10, 10]\n"
                          "y = Conv(x, w) {group=2, pads=[1,1,1,1]}\nz = Add(y, cb)\nq = Add(z, res)\noutput q\n"
@@ -606,8 +611,46 @@ Test(libanchor, conv_groups_depthwise_dilation_add_bias_residual) {
                          "y2 = Conv(x, dw) {group=8, pads=[2,2,2,2], dilations=[2,2]}\nr2 = Relu(y2)\noutput r2\n");
     cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
     cr_assert_eq(t.biases, 1);
+    cr_assert_eq(t.residuals, 1);
     cr_assert_eq(t.acts, 0);
-    cr_assert_eq(t.with_epilogue, 2);
+    cr_assert_eq(t.with_epilogue, 1);
+}
+
+Test(libanchor, conv_residual_and_relu_in_the_call) {
+    cgu_need_opencl();
+    /* ResNet's block end: conv with bias, the skip connection, ReLU: one
+     * call (z = the skip, alpha2 1), no epilogue kernel; the same in
+     * float16, and with the residual added first (y + s, s + y alike) */
+    tally t = check_text("input x float[2, 8, 6, 6]\nconst w float[16, 8, 3, 3] = random\nconst b float[16] = random\n"
+                         "input s float[2, 16, 6, 6]\n"
+                         "y = Conv(x, w, b) {pads=[1,1,1,1]}\nz = Add(s, y)\nr = Relu(z)\noutput r\n"
+                         "input h float16[1, 4, 5, 5]\nconst wh float16[8, 4, 1, 1] = random\n"
+                         "const bh float16[8] = random\ninput sh float16[1, 8, 5, 5]\n"
+                         "yh = Conv(h, wh, bh)\nzh = Add(yh, sh)\nrh = Relu(zh)\noutput rh\n");
+    cr_assert_eq(t.mapped, 2, "%s", t.first_reason);
+    cr_assert_eq(t.residuals, 2);
+    cr_assert_eq(t.acts, 2);
+    cr_assert_eq(t.with_epilogue, 0);
+}
+
+Test(libanchor, conv_residual_the_call_declines) {
+    cgu_need_opencl();
+    /* what cuDNN's z cannot be: a broadcast residual, one after the ReLU
+     * (the call adds z before its activation), one without a bias (the
+     * fused op needs a bias), the conv's own output twice: each stays in
+     * the epilogue kernel, and the results still match */
+    tally t = check_text("input x float[1, 4, 6, 6]\nconst w float[8, 4, 3, 3] = random\nconst b float[8] = random\n"
+                         "input sb float[1, 8, 1, 6]\n"
+                         "y = Conv(x, w, b) {pads=[1,1,1,1]}\nz = Add(y, sb)\noutput z\n"
+                         "const w2 float[8, 4, 3, 3] = random\nconst b2 float[8] = random\ninput s2 float[1, 8, 6, 6]\n"
+                         "y2 = Conv(x, w2, b2) {pads=[1,1,1,1]}\nr2 = Relu(y2)\nz2 = Add(r2, s2)\noutput z2\n"
+                         "const w3 float[8, 4, 3, 3] = random\ninput s3 float[1, 8, 6, 6]\n"
+                         "y3 = Conv(x, w3) {pads=[1,1,1,1]}\nz3 = Add(y3, s3)\noutput z3\n"
+                         "const w4 float[8, 4, 3, 3] = random\nconst b4 float[8] = random\n"
+                         "y4 = Conv(x, w4, b4) {pads=[1,1,1,1]}\nz4 = Add(y4, y4)\noutput z4\n");
+    cr_assert_eq(t.mapped, 4, "%s", t.first_reason);
+    cr_assert_eq(t.residuals, 0);
+    cr_assert_eq(t.with_epilogue, 4);
 }
 
 Test(libanchor, conv_1d_3d_and_float16) {
@@ -647,7 +690,7 @@ Test(libanchor, cublaslt_reports_not_available_cleanly) {
     const char *dwhy = kf_cudnn_unavailable();
     cr_assert_not_null(dwhy, "cuDNN available without cuBLASLt's device?");
     kf_la_conv c = {.nspatial = 2, .n = 1, .c = 1, .k = 1, .groups = 1, .dtype = KF_DT_FLOAT};
-    cr_assert_eq(kf_cudnn_conv(NULL, &c, NULL, NULL, NULL, NULL), KF_ERR_NO_DEVICE);
+    cr_assert_eq(kf_cudnn_conv(NULL, &c, NULL, NULL, NULL, NULL, NULL), KF_ERR_NO_DEVICE);
     cr_assert_not_null(strstr(kf_last_error(), dwhy), "%s", kf_last_error());
     kf_clear_error();
 }
