@@ -774,6 +774,7 @@ static kf_status lib_step(kf_exec *e, spec *s, step *st, bool *lib_only) {
                 la.gemm.a_dtype ? " on " : "", la.gemm.a_dtype ? kf_dtype_name(la.gemm.a_dtype) : "",
                 la.gemm.a_dtype ? " weights" : "", la.has_epilogue ? " + epilogue kernel" : "");
     s->stats.launches++; /* the call; an epilogue kernel counts as one more below */
+    s->stats.groups_lib++;
     if (!la.has_epilogue) {
         st->kern = STEP_LIB;
         s->stats.groups_dev++;

@@ -128,6 +128,8 @@ typedef struct kf_exec_stats {
     uint32_t groups_dev;      /* groups run on the device: generated kernels, and views
                                * that alias their input's bytes (no launch) */
     uint32_t groups_ref;      /* groups on the reference evaluator (consts too) */
+    uint32_t groups_lib;      /* of groups_dev and the groups with an epilogue kernel: those
+                               * run as a library call (kf_libanchor.h) */
     uint32_t kernels_unique;  /* distinct kernel texts */
     uint32_t kernels_compiled;/* compiled this time (cache misses) */
     uint32_t cache_hits;      /* found in the kernel cache (memory or disk) */

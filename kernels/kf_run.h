@@ -17,6 +17,8 @@ typedef struct kf_run_summary {
     uint32_t groups_cl;  /* groups run as generated OpenCL kernels */
     uint32_t groups_ref; /* groups run node by node on the reference evaluator
                           * (plan-time constant groups included) */
+    uint32_t groups_lib; /* of those on the device: library calls (the host model of
+                          * the call on OpenCL, KFUSE_LIBANCHOR_HOST) */
 } kf_run_summary;
 
 /* Runs model m once on OpenCL with reference fallback, through a compiled

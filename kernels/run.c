@@ -27,6 +27,7 @@ kf_status kf_run_backend_steps(kf_model *m, kf_exec_backend b, kf_precision prec
     if (sum) {
         sum->groups_cl = es.groups_dev;
         sum->groups_ref = es.groups_ref;
+        sum->groups_lib = es.groups_lib;
     }
     kf_exec_free(x);
     return st;

@@ -3277,16 +3277,23 @@ bool rg_check(const kf_model *m, const kf_tensor *ins, int nins, const rg_check_
             kf_tensor *got = calloc(x.nwant + 1, sizeof(kf_tensor));
             if (!got) need(KF_ERR_NOMEM);
             kf_run_summary sum = {0};
+            /* RG_P_LIB: the anchors the library would run go through the
+             * host model of the call (its bias, activation and residual) */
+            bool lib = (o->paths & RG_P_LIB) != 0;
+            const char *cl_path = lib ? "opencl-lib" : "opencl", *had = getenv("KFUSE_LIBANCHOR_HOST");
+            if (lib) setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
             /* KF_RANDGRAPH_TRACE=1: where each group ran and why */
             if (!cs) cs = kf_run_opencl(c, ins, nins, got, getenv("KF_RANDGRAPH_TRACE") ? stderr : NULL, &sum);
+            if (lib && !had) unsetenv("KFUSE_LIBANCHOR_HOST");
             if (!cs && st) st->cl_groups_cl += sum.groups_cl, st->cl_groups_ref += sum.groups_ref;
             if (cs) {
-                ok = failed(&x, "opencl", "%s: %s", kf_status_name(cs), kf_last_error());
+                ok = failed(&x, cl_path, "%s: %s", kf_status_name(cs), kf_last_error());
             } else {
                 char w[512];
-                ok = same_outputs(got, c->graph->noutputs, x.want, x.nwant, w, sizeof w) || failed(&x, "opencl", "%s", w);
+                ok = same_outputs(got, c->graph->noutputs, x.want, x.nwant, w, sizeof w) || failed(&x, cl_path, "%s", w);
                 release_all(got, c->graph->noutputs);
                 if (ok && st) st->cl++;
+                if (ok && st && lib) st->cl_lib++, st->cl_groups_lib += sum.groups_lib;
             }
             free(got);
             if (c) kf_model_free(c);

@@ -44,10 +44,12 @@ enum {
     RG_P_FAMILY = 1 << 3, /* opt (and fuse) with one pass family disabled */
     RG_P_PREC = 1 << 4,   /* the fp16/bf16 pass (kf_fuse_precision, rg_check_opts.low) on ref,
                            * and the converted graph on OpenCL when RG_P_CL is set too */
-    RG_P_INT8 = 1 << 5    /* a graph with a QDQ product: its int8 form (kf_fuse_int8) on ref
+    RG_P_INT8 = 1 << 5,   /* a graph with a QDQ product: its int8 form (kf_fuse_int8) on ref
                            * against the original, and (with RG_P_CL) an int8 plan on OpenCL
                            * against ref on the int8 form; with RG_P_CL and low float16, a
                            * graph with E4M3FN/E5M2 values also as an fp8 plan on OpenCL */
+    RG_P_LIB = 1 << 6     /* with RG_P_CL: library anchors run as the host model of their
+                           * cuBLASLt/cuDNN call (KFUSE_LIBANCHOR_HOST), path "opencl-lib" */
 };
 
 /* Pass/rule families that can be disabled alone: each .kfp file of the
@@ -67,6 +69,7 @@ typedef struct rg_stats {
     uint64_t graphs, nodes;
     uint64_t ref, opt, fuse, cl, cl_skipped, family;
     uint64_t cl_groups_cl, cl_groups_ref; /* opencl path: groups run as kernels / on ref */
+    uint64_t cl_lib, cl_groups_lib;       /* opencl path with RG_P_LIB: graphs agreed, library calls */
     uint64_t prec, prec_cl, prec_skipped; /* RG_P_PREC: agreed on ref / on OpenCL; not judged:
                                            * past the low type's range, or ill-conditioned (the
                                            * float32 graph itself moves past the tolerance when

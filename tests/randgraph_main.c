@@ -31,6 +31,7 @@ static rg_check_opts only(const char *path, kf_dtype low) {
     if (!strcmp(path, "opt")) o.paths = RG_P_OPT;
     else if (!strcmp(path, "fuse")) o.paths = RG_P_FUSE;
     else if (!strcmp(path, "opencl")) o.paths = RG_P_CL;
+    else if (!strcmp(path, "opencl-lib")) o.paths = RG_P_CL | RG_P_LIB;
     else if (!strcmp(path, "prec")) o.paths = RG_P_PREC;
     else if (!strcmp(path, "prec-opencl")) o.paths = RG_P_PREC | RG_P_CL;
     else if (!strcmp(path, "int8")) o.paths = RG_P_INT8;
@@ -93,7 +94,8 @@ int main(int argc, char **argv) {
             return 3;
         }
         rg_check_opts o = {RG_P_OPT | RG_P_FUSE | RG_P_INT8, -1, NULL, KF_DT_FLOAT16};
-        if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL;
+        /* every other OpenCL run with the library calls' host model */
+        if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL | ((i / cl_every) % 2 ? RG_P_LIB : 0);
         if (prec) {
             o.paths |= RG_P_PREC;
             o.low = prec == 2 || (prec == 3 && i % 2) ? KF_DT_BFLOAT16 : KF_DT_FLOAT16;
@@ -134,14 +136,15 @@ int main(int argc, char **argv) {
     printf("graphs %llu (nodes %llu), agreed: ref %llu, opt %llu, fuse %llu, opencl %llu (skipped %llu), "
            "family-disabled %llu, fp16/bf16 ref %llu opencl %llu (out of range %llu), int8 plans ref %llu "
            "opencl %llu (int8-fp16 %llu), fp8 plans opencl %llu; failed %llu; slowest %.3f s (seed %llu)\n"
-           "opencl path: %llu groups ran as generated kernels, %llu on the reference evaluator\n",
+           "opencl path: %llu groups ran as generated kernels, %llu on the reference evaluator; "
+           "%llu graphs with the library calls' host model (%llu calls)\n",
            (unsigned long long)st.graphs, (unsigned long long)st.nodes, (unsigned long long)st.ref,
            (unsigned long long)st.opt, (unsigned long long)st.fuse, (unsigned long long)st.cl,
            (unsigned long long)st.cl_skipped, (unsigned long long)st.family, (unsigned long long)st.prec,
            (unsigned long long)st.prec_cl, (unsigned long long)st.prec_skipped, (unsigned long long)st.int8,
            (unsigned long long)st.int8_cl, (unsigned long long)st.int8_fp16_cl, (unsigned long long)st.fp8_cl, (unsigned long long)st.fail,
            st.slowest_s, (unsigned long long)st.slowest_seed, (unsigned long long)st.cl_groups_cl,
-           (unsigned long long)st.cl_groups_ref);
+           (unsigned long long)st.cl_groups_ref, (unsigned long long)st.cl_lib, (unsigned long long)st.cl_groups_lib);
     rg_write_rule_hits(stdout);
     return st.fail ? 1 : 0;
 }

@@ -51,6 +51,7 @@ static void report_failure(const kf_model *m, uint64_t seed, const char *path, c
     o.paths = !strcmp(path, "opt")      ? RG_P_OPT
               : !strcmp(path, "fuse")   ? RG_P_FUSE
               : !strcmp(path, "opencl") ? RG_P_CL
+              : !strcmp(path, "opencl-lib") ? RG_P_CL | RG_P_LIB
               : !strcmp(path, "int8")   ? RG_P_INT8
               : !strcmp(path, "int8-opencl") ? RG_P_INT8 | RG_P_CL
               : strstr(path, "-no-")    ? RG_P_FAMILY /* o.family is the graph's family */
@@ -83,7 +84,8 @@ Test(random_graphs, agree_on_every_path) {
         int nins;
         cr_assert_eq(rg_inputs(m, seed, &ins, &nins), KF_OK, "%s", kf_last_error());
         rg_check_opts o = {RG_P_OPT | RG_P_FUSE | RG_P_FAMILY | RG_P_INT8, (int)(i % nf), NULL, KF_DT_FLOAT16};
-        if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL;
+        /* every other OpenCL run with the library calls' host model */
+        if (cl_every > 0 && i % cl_every == 0) o.paths |= RG_P_CL | ((i / cl_every) % 2 ? RG_P_LIB : 0);
         char path[64], why[1024];
         double slow = st.slowest_s;
         if (!rg_check(m, ins, nins, &o, path, sizeof path, why, sizeof why, &st)) {
@@ -96,13 +98,15 @@ Test(random_graphs, agree_on_every_path) {
     }
     fprintf(stderr,
             "random graphs: seeds %llu..%llu: %llu graphs (%llu nodes); agreed: ref %llu, opt %llu, fuse %llu, "
-            "opencl %llu (skipped %llu: %s; %llu groups as kernels, %llu on ref), family-disabled %llu, "
+            "opencl %llu (skipped %llu: %s; %llu groups as kernels, %llu on ref; %llu graphs with the library "
+            "calls' host model, %llu calls), family-disabled %llu, "
             "int8 plans ref %llu opencl %llu (int8-fp16 %llu), fp8 plans opencl %llu; failed %llu; slowest %.3f s (seed %llu)\n",
             (unsigned long long)base, (unsigned long long)(base + (uint64_t)count - 1), (unsigned long long)st.graphs,
             (unsigned long long)st.nodes, (unsigned long long)st.ref, (unsigned long long)st.opt,
             (unsigned long long)st.fuse, (unsigned long long)st.cl, (unsigned long long)st.cl_skipped,
             kf_cl_unavailable() ? kf_cl_unavailable() : "none", (unsigned long long)st.cl_groups_cl,
-            (unsigned long long)st.cl_groups_ref, (unsigned long long)st.family, (unsigned long long)st.int8,
+            (unsigned long long)st.cl_groups_ref, (unsigned long long)st.cl_lib, (unsigned long long)st.cl_groups_lib,
+            (unsigned long long)st.family, (unsigned long long)st.int8,
             (unsigned long long)st.int8_cl, (unsigned long long)st.int8_fp16_cl, (unsigned long long)st.fp8_cl, (unsigned long long)st.fail, st.slowest_s,
             (unsigned long long)st.slowest_seed);
     rg_write_rule_hits(stderr);
