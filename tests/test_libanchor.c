@@ -706,6 +706,32 @@ Test(libanchor, host_model_rejects_short_buffers) {
     cr_assert_eq(kf_la_gemm_host(&g, &a, &b, NULL, NULL, &d), KF_ERR_INVALID_ARG);
     kf_clear_error();
     kf_tensor_release(&a), kf_tensor_release(&b), kf_tensor_release(&d);
+
+    /* a conv whose residual is missing or one element short; whole, it runs */
+    kf_la_conv c = {.nspatial = 1, .n = 1, .c = 2, .k = 3, .groups = 1, .in = {4}, .kern = {1}, .out = {4},
+                    .stride = {1}, .dilation = {1}, .dtype = KF_DT_FLOAT, .z = 7};
+    kf_tensor x = {0}, w = {0}, z = {0}, y = {0};
+    int64_t nx = 8, nw = 6, nz = 11, ny = 12;
+    cr_assert_eq(kf_tensor_alloc(&x, KF_DT_FLOAT, 1, &nx), KF_OK);
+    cr_assert_eq(kf_tensor_alloc(&w, KF_DT_FLOAT, 1, &nw), KF_OK);
+    cr_assert_eq(kf_tensor_alloc(&z, KF_DT_FLOAT, 1, &nz), KF_OK);
+    cr_assert_eq(kf_tensor_alloc(&y, KF_DT_FLOAT, 1, &ny), KF_OK);
+    cr_assert_eq(kf_la_conv_host(&c, &x, &w, NULL, NULL, &y), KF_ERR_INVALID_ARG);
+    kf_clear_error();
+    cr_assert_eq(kf_la_conv_host(&c, &x, &w, &z, NULL, &y), KF_ERR_INVALID_ARG);
+    kf_clear_error();
+    kf_tensor_release(&z);
+    cr_assert_eq(kf_tensor_alloc(&z, KF_DT_FLOAT, 1, &ny), KF_OK);
+    float *xf = x.data, *wf = w.data, *zf = z.data, *yf = y.data;
+    for (int64_t i = 0; i < nx; i++) xf[i] = (float)(i + 1);
+    for (int64_t i = 0; i < nw; i++) wf[i] = 0.5f * (float)(i - 2);
+    for (int64_t i = 0; i < ny; i++) zf[i] = (float)(3 * i - 7);
+    cr_assert_eq(kf_la_conv_host(&c, &x, &w, &z, NULL, &y), KF_OK, "%s", kf_last_error());
+    for (int64_t k = 0; k < 3; k++) /* 1x1: y[k, p] = w[k, 0] x[0, p] + w[k, 1] x[1, p] + z[k, p] */
+        for (int64_t q = 0; q < 4; q++)
+            cr_assert_float_eq(yf[k * 4 + q], wf[k * 2] * xf[q] + wf[k * 2 + 1] * xf[4 + q] + zf[k * 4 + q], 1e-6,
+                               "y[%lld, %lld]", (long long)k, (long long)q);
+    kf_tensor_release(&x), kf_tensor_release(&w), kf_tensor_release(&z), kf_tensor_release(&y);
 }
 
 /* ---- the exec path: library steps on OpenCL through the host model ------ */
