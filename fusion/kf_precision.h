@@ -56,7 +56,10 @@ typedef struct kf_int8_stats {
  * infer (a bug of this pass). */
 kf_status kf_fuse_int8(kf_model *m, kf_int8_stats *st);
 
-/* For precision FP8 (pass_qint.c): every float8 product whose weights
+/* For precision FP8 (pass_qint.c): a product or convolution whose input
+ * is a float8 DequantizeLinear other nodes read too gets its own copy of
+ * it where that makes it a float8 anchor (kf_fp8_anchor); then every
+ * float8 product whose weights
  * carry one float32 scale per output column (kf_fp8_product_form,
  * fusion/kf_cost.h) becomes the product of the float8 values with unit
  * scales, a Mul by the constant sx * sw per column, and Gemm's C added

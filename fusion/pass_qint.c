@@ -465,11 +465,51 @@ static kf_status fp8_per_column(kf_model *m, kf_id id) {
     return scale_then_bias(m, label, "fp8", raw, scale, c, scaled, y);
 }
 
+/* Product or conv id reads its input through a float8 DequantizeLinear
+ * other nodes read too (ResNet's downsampling block: the block's first conv
+ * and its shortcut conv share one): gives id a copy of it, so the float8
+ * form (kf_fp8_anchor) can hold both its DequantizeLinears in its group;
+ * kept only when id is then such an anchor. *copied: 1 when kept. */
+static kf_status fp8_own_input(kf_model *m, kf_id id, uint32_t *copied) {
+    kf_graph *g = m->graph;
+    const kf_node *n = &g->nodes[id];
+    *copied = 0;
+    if (n->dead || (n->op != KF_OP_CONV && n->op != KF_OP_MATMUL && n->op != KF_OP_GEMM) || n->nin < 2 || !n->in[0])
+        return KF_OK;
+    kf_id x = n->in[0], d = g->values[x].producer;
+    if (!d || g->values[x].nusers < 2 || g->values[x].is_output || n->in[1] == x) return KF_OK;
+    const kf_node *dn = &g->nodes[d];
+    if (dn->op != KF_OP_DEQUANTIZE_LINEAR || dn->nout != 1 || !dn->in[0]) return KF_OK;
+    kf_dtype q = g->values[dn->in[0]].type.dtype;
+    if (q != KF_DT_FLOAT8E4M3FN && q != KF_DT_FLOAT8E5M2) return KF_OK;
+    char label[200], name[256];
+    snprintf(label, sizeof label, "%s", kf_node_label(n));
+    snprintf(name, sizeof name, "%s_fp8_x", label);
+    kf_id in[3] = {dn->in[0], dn->in[1], dn->nin > 2 ? dn->in[2] : 0}, out, node;
+    KF_TRY(kf_graph_fresh_value(g, "fp8_x", &out));
+    KF_TRY(add_node(m, "DequantizeLinear", KF_OP_DEQUANTIZE_LINEAR, name, in, in[2] ? 3 : 2, out, &node));
+    for (int i = 0; i < g->nodes[d].nattrs; i++) KF_TRY(kf_node_add_attr(&g->nodes[node], &g->nodes[d].attrs[i]));
+    KF_TRY(kf_infer_node(m, node));
+    KF_TRY(kf_graph_set_input(g, id, 0, out));
+    if (kf_fp8_anchor(m, &g->nodes[id])) {
+        *copied = 1;
+        return KF_OK;
+    }
+    KF_TRY(kf_graph_set_input(g, id, 0, x)); /* no float8 form either way: as it was */
+    kf_graph_remove_node(g, node);
+    return KF_OK;
+}
+
 kf_status kf_fuse_fp8(kf_model *m, uint32_t *rewritten) {
     *rewritten = 0;
     KF_TRY(kf_infer_shapes(m));
     kf_graph *g = m->graph;
-    uint32_t nn = g->nnodes;
+    uint32_t nn = g->nnodes, copies = 0;
+    for (kf_id id = 1; id < nn; id++) {
+        uint32_t c;
+        KF_TRY(fp8_own_input(m, id, &c));
+        copies += c;
+    }
     for (kf_id id = 1; id < nn; id++) {
         const kf_node *n = &g->nodes[id];
         if (kf_fp8_product(m, n, NULL) || !kf_fp8_product_form(m, n, true, NULL)) continue;
@@ -479,7 +519,7 @@ kf_status kf_fuse_fp8(kf_model *m, uint32_t *rewritten) {
         KF_TRY(fp8_per_column(m, id));
         (*rewritten)++;
     }
-    if (!*rewritten) return KF_OK;
+    if (!*rewritten && !copies) return KF_OK;
     KF_TRY(kf_graph_dce(g, NULL));
     kf_status s = kf_infer_shapes(m);
     if (s && s != KF_ERR_NOMEM) return kf_fail(KF_ERR_INTERNAL, "the fp8 graph does not infer: %s", kf_last_error());

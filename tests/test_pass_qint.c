@@ -594,10 +594,44 @@ Test(pass_qint, fp8_per_column_plan_keeps_the_sums_float32) {
     "c2 = Conv(hd, d2, b2) {strides=[2,2]}\n"                                                          \
     "output c2\n"
 
-Test(pass_qint, fp8_plan_runs_float8_convolutions_on_the_tile) {
-    cgu_need_opencl();
-    kf_model *m = gt_parse(FP8_CONV_CHAIN), *c = optimized_quantized(m);
-    cr_assert_eq(kf_precision_passes(c, KF_PRECISION_FP8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
+/* The fp8 plan of m on OpenCL (library calls through their host model)
+ * against the reference on m, three random inputs. */
+static void fp8_exec_matches_ref(const kf_model *m) {
+    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
+    kf_exec_options o;
+    kf_exec_options_default(&o);
+    o.backend = KF_EXEC_OPENCL;
+    o.precision = KF_PRECISION_FP8;
+    kf_exec *x = NULL;
+    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
+    uint32_t depth[4], requant[4];
+    cr_assert_leq(m->graph->noutputs, 4);
+    cr_assert_eq(kf_run_output_depths(m, depth), KF_OK);
+    cr_assert_eq(kf_run_output_requants(m, requant), KF_OK);
+    for (int r = 0; r < 3; r++) {
+        kf_tensor *ins, want[4] = {{0}}, got[4] = {{0}};
+        uint32_t nins;
+        gt_random_inputs(m, &ins, &nins);
+        cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
+        cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "%s", kf_last_error());
+        for (uint32_t i = 0; i < m->graph->noutputs; i++) {
+            char why[640];
+            double db;
+            cr_assert(kf_run_close_requant(&got[i], &want[i], KF_PRECISION_FP8, depth[i], requant[i], &db, why, sizeof why),
+                      "run %d output %u: %s", r, i, why);
+            kf_tensor_release(&got[i]);
+            kf_tensor_release(&want[i]);
+        }
+        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
+        free(ins);
+    }
+    kf_exec_free(x);
+}
+
+/* Plans c (after the fp8 passes) for the H200 and checks that each float8
+ * convolution runs as the float8 tile with both its DequantizeLinears in
+ * its group; returns how many there are. */
+static uint32_t fp8_convs_on_the_tile(kf_model *c) {
     const kf_graph *g = c->graph;
     kf_plan_options po = {.fuel = -1, .target = "h200"};
     kf_plan *p = NULL;
@@ -616,37 +650,55 @@ Test(pass_qint, fp8_plan_runs_float8_convolutions_on_the_tile) {
         cr_assert_str_eq(k.name, "kf_f8conv", "node '%s'", kf_node_label(nd));
         kf_cg_kernel_release(&k);
     }
-    cr_assert_eq(convs, 2);
     kf_plan_free(p);
-    kf_model_free(c);
+    return convs;
+}
 
-    setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
-    kf_exec_options o;
-    kf_exec_options_default(&o);
-    o.backend = KF_EXEC_OPENCL;
-    o.precision = KF_PRECISION_FP8;
-    kf_exec *x = NULL;
-    cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    uint32_t depth, requant;
-    cr_assert_eq(kf_run_output_depths(m, &depth), KF_OK);
+Test(pass_qint, fp8_plan_runs_float8_convolutions_on_the_tile) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(FP8_CONV_CHAIN), *c = optimized_quantized(m);
+    cr_assert_eq(kf_precision_passes(c, KF_PRECISION_FP8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(fp8_convs_on_the_tile(c), 2);
+    kf_model_free(c);
+    uint32_t requant;
     cr_assert_eq(kf_run_output_requants(m, &requant), KF_OK);
-    cr_assert(requant & KF_RUN_REQUANT_SMALL_FLOAT);
-    for (int r = 0; r < 3; r++) {
-        kf_tensor *ins, want = {0}, got = {0};
-        uint32_t nins;
-        gt_random_inputs(m, &ins, &nins);
-        cr_assert_eq(kf_eval_model(m, ins, (int)nins, &want, NULL), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_exec_run(x, ins, nins, &got), KF_OK, "%s", kf_last_error());
-        char why[640];
-        double db;
-        cr_assert(kf_run_close_requant(&got, &want, KF_PRECISION_FP8, depth, requant, &db, why, sizeof why), "run %d: %s",
-                  r, why);
-        kf_tensor_release(&got);
-        kf_tensor_release(&want);
-        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
-        free(ins);
-    }
-    kf_exec_free(x);
+    cr_assert(requant & KF_RUN_REQUANT_SMALL_FLOAT, "the output comes after a float8 requantization");
+    fp8_exec_matches_ref(m);
+    kf_model_free(m);
+}
+
+/* ResNet's downsampling block: the block's first conv and the shortcut
+ * conv read one float8 DequantizeLinear. Each gets its own copy, so both
+ * run as the float8 tile; a grouped conv reading it too (no float8 form)
+ * keeps the original. */
+Test(pass_qint, fp8_convolutions_sharing_their_input_each_get_its_dequantization) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse("opset 21\ninput x float[2, 16, 12, 12]\n"
+                           "const w1 float[32, 16, 3, 3] = random\nconst w2 float[24, 16, 1, 1] = random\n"
+                           "const w3 float[16, 8, 3, 3] = random\n"
+                           "const sx float[] = 0.02\nconst s1 float[] = 0.01\nconst s2 float[] = 0.015\n"
+                           "const s3 float[] = 0.02\nconst b1 float[32] = random\n"
+                           "const z float8e4m3fn[] = 0\n"
+                           "xq = QuantizeLinear(x, sx, z)\nxd = DequantizeLinear(xq, sx, z)\n"
+                           "q1 = QuantizeLinear(w1, s1, z)\nd1 = DequantizeLinear(q1, s1, z)\n"
+                           "q2 = QuantizeLinear(w2, s2, z)\nd2 = DequantizeLinear(q2, s2, z)\n"
+                           "q3 = QuantizeLinear(w3, s3, z)\nd3 = DequantizeLinear(q3, s3, z)\n"
+                           "c1 = Conv(xd, d1, b1) {pads=[1,1,1,1], strides=[2,2]}\nr1 = Relu(c1)\n"
+                           "c2 = Conv(xd, d2) {strides=[2,2]}\n"
+                           "c3 = Conv(xd, d3) {pads=[1,1,1,1], group=2}\n"
+                           "output r1, c2, c3\n");
+    kf_model *c = optimized_quantized(m);
+    kf_id xd = kf_graph_find(c->graph, "xd");
+    cr_assert(xd && c->graph->values[xd].nusers == 3, "the three convs share xd before the pass");
+    cr_assert_eq(kf_precision_passes(c, KF_PRECISION_FP8, KF_EXEC_FOLD_CAP_BYTES, NULL), KF_OK, "%s", kf_last_error());
+    const kf_graph *g = c->graph;
+    xd = kf_graph_find(g, "xd");
+    cr_assert(xd && g->values[xd].nusers == 1, "the grouped conv alone keeps xd");
+    cr_assert_eq(g->nodes[g->values[xd].users[0]].op, KF_OP_CONV);
+    cr_assert_eq(kf_attr_i(&g->nodes[g->values[xd].users[0]], "group", 1), 2);
+    cr_assert_eq(fp8_convs_on_the_tile(c), 2);
+    kf_model_free(c);
+    fp8_exec_matches_ref(m);
     kf_model_free(m);
 }
 
