@@ -831,10 +831,11 @@ static kf_status make_steps(kf_exec *e, spec *s) {
             KF_TRY(lib_step(e, s, st, &lib_only));
             if (st->lib) reason = NULL;
         }
-        if (e->o.trace)
-            fprintf(e->o.trace, "kfuse: backend: group %u (%s, %u nodes, first '%s'): %s%s%s\n", gi,
+        if (e->o.trace) /* a generated group names its kernel */
+            fprintf(e->o.trace, "kfuse: backend: group %u (%s, %u nodes, first '%s'): %s%s%s%s\n", gi,
                     kind_name(gr->kind), gr->nnodes, gr->nnodes ? kf_node_label(&g->nodes[gr->nodes[0]]) : "-",
-                    reason ? "ref: " : e->dev->name, reason ? reason : st->lib ? " (library call)" : " (generated)", "");
+                    reason ? "ref: " : e->dev->name, reason ? reason : st->lib ? " (library call)" : " (generated)",
+                    !reason && !st->lib && st->k.name ? " " : "", !reason && !st->lib && st->k.name ? st->k.name : "");
         if (reason) {
             if (gr->kind == KF_GROUP_CONST) {
                 /* known before anything runs: computed once here; a group

@@ -2149,7 +2149,8 @@ static bool motif_qdq(gen *G) {
  * ConvInteger: the tensor-core tiles for one group, the direct template
  * for more. Sometimes (opset 19+) both are float8 instead, E4M3FN or E5M2
  * each (zero points 0): an fp8 plan's float8 convolution (the float8
- * tiles for one group). Bounded like emit_conv's. */
+ * tiles for one group), sometimes requantized for a second, 1x1 float8
+ * conv. Bounded like emit_conv's. */
 static bool motif_qdq_conv(gen *G) {
     if (G->ft != KF_DT_FLOAT || G->opset < 13 || G->nodes + 6 > G->target) return false;
     int64_t d[4], one = 1;
@@ -2196,6 +2197,30 @@ static bool motif_qdq_conv(gen *G) {
     if (chance(&G->r, 0.4)) {
         kf_id pre = y;
         mk(G, "Relu", &pre, 1, &y);
+    }
+    /* float8: sometimes requantized after (as in a QDQ ResNet) for a 1x1
+     * float8 conv: the planner's choice of the float8 tile reading codes
+     * the first conv's epilogue wrote, or (small shapes) both convs back
+     * to back with the requantization between */
+    if (at != KF_DT_UINT8 && G->nodes + 6 <= G->target && chance(&G->r, 0.6)) {
+        int64_t m2 = 1 + irand(&G->r, 6), w2d[4] = {m2, mch, 1, 1};
+        kf_id w2 = fconst(G, 4, w2d, -1 / sqrt((double)mch), 1 / sqrt((double)mch), false)->id;
+        double bound2 = colsum(G->g->values[w2].init, mch, m2, true) * 1.02 * bound;
+        if (bounded(G, -bound2, bound2)) {
+            kf_id sy = fscalar(G, bound / 200, false), sw2 = fscalar(G, 1.0 / 127, false);
+            kf_id zw2 = qconst(G, wt, 0, &one, 0);
+            kf_id yqin[3] = {y, sy, zx}, yq, yd, w2q, w2d_;
+            mk(G, "QuantizeLinear", yqin, 3, &yq);
+            kf_id ydin[3] = {yq, sy, zx};
+            mk(G, "DequantizeLinear", ydin, 3, &yd);
+            kf_id w2qin[3] = {w2, sw2, zw2};
+            mk(G, "QuantizeLinear", w2qin, 3, &w2q);
+            kf_id w2din[3] = {w2q, sw2, zw2};
+            mk(G, "DequantizeLinear", w2din, 3, &w2d_);
+            kf_id c2in[2] = {yd, w2d_};
+            mk(G, "Conv", c2in, 2, &y);
+            od[1] = m2, bound = bound2;
+        }
     }
     push(G, y, 4, od, -bound, bound, false);
     return true;
