@@ -104,11 +104,15 @@ char *cgu_exec_host_lib_trace(const kf_model *m, const kf_model *want, kf_exec_b
 
 void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs) { cgu_exec_matches_ref_model(x, m, runs, -1); }
 
-void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int prec) {
+/* cgu_exec_matches_ref_model's loop; with requant, an output after a
+ * requantization may pass on its SQNR as `run --check` allows
+ * (kf_run_close_requant). */
+static void exec_matches(kf_exec *x, const kf_model *m, int runs, int prec, bool requant) {
     uint32_t nout = m->graph->noutputs;
-    uint32_t *depth = calloc(nout + 1, sizeof *depth);
-    cr_assert(depth);
+    uint32_t *depth = calloc(nout + 1, sizeof *depth), *rq = calloc(nout + 1, sizeof *rq);
+    cr_assert(depth && rq);
     if (prec >= 0) cr_assert_eq(kf_run_output_depths(m, depth), KF_OK, "%s", kf_last_error());
+    if (requant) cr_assert_eq(kf_run_output_requants(m, rq), KF_OK, "%s", kf_last_error());
     cr_assert_eq(kf_exec_num_outputs(x), nout);
     for (int r = 0; r < runs; r++) {
         kf_tensor *ins;
@@ -118,9 +122,12 @@ void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int pre
         cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
         cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "run %d: %s", r, kf_last_error());
         for (uint32_t o = 0; o < nout; o++) {
-            char why[512];
-            bool close = prec < 0 ? kf_run_close(&got[o], &want[o], why, sizeof why)
-                                  : kf_run_close_model(&got[o], &want[o], (kf_precision)prec, depth[o], why, sizeof why);
+            char why[640];
+            double db;
+            bool close = prec < 0  ? kf_run_close(&got[o], &want[o], why, sizeof why)
+                         : requant ? kf_run_close_requant(&got[o], &want[o], (kf_precision)prec, depth[o], rq[o], &db,
+                                                          why, sizeof why)
+                                   : kf_run_close_model(&got[o], &want[o], (kf_precision)prec, depth[o], why, sizeof why);
             cr_assert(close, "run %d output %u: %s", r, o, why);
             kf_tensor_release(&got[o]);
             kf_tensor_release(&want[o]);
@@ -131,6 +138,15 @@ void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int pre
         free(want);
     }
     free(depth);
+    free(rq);
+}
+
+void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int prec) {
+    exec_matches(x, m, runs, prec, false);
+}
+
+void cgu_exec_matches_ref_requant(kf_exec *x, const kf_model *m, int runs, kf_precision prec) {
+    exec_matches(x, m, runs, (int)prec, true);
 }
 
 double cgu_dot_atol(int64_t K) {

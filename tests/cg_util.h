@@ -83,6 +83,9 @@ void cgu_exec_matches_ref(kf_exec *x, const kf_model *m, int runs);
  * outputs stay exact): for plans with long float dot products whose
  * results may cancel. prec < 0: kf_run_close. */
 void cgu_exec_matches_ref_model(kf_exec *x, const kf_model *m, int runs, int prec);
+/* The same, an output after a requantization of a computed value also
+ * passing on its SQNR as `kfuse run --check` allows (kf_run_close_requant). */
+void cgu_exec_matches_ref_requant(kf_exec *x, const kf_model *m, int runs, kf_precision prec);
 
 /* Compiles m for OpenCL with the default options, checks it against the
  * reference `runs` times (cgu_exec_matches_ref) and returns its stats. */

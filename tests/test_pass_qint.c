@@ -604,27 +604,7 @@ static void fp8_exec_matches_ref(const kf_model *m) {
     o.precision = KF_PRECISION_FP8;
     kf_exec *x = NULL;
     cr_assert_eq(kf_exec_create(m, &o, &x), KF_OK, "%s", kf_last_error());
-    uint32_t depth[4], requant[4];
-    cr_assert_leq(m->graph->noutputs, 4);
-    cr_assert_eq(kf_run_output_depths(m, depth), KF_OK);
-    cr_assert_eq(kf_run_output_requants(m, requant), KF_OK);
-    for (int r = 0; r < 3; r++) {
-        kf_tensor *ins, want[4] = {{0}}, got[4] = {{0}};
-        uint32_t nins;
-        gt_random_inputs(m, &ins, &nins);
-        cr_assert_eq(kf_eval_model(m, ins, (int)nins, want, NULL), KF_OK, "%s", kf_last_error());
-        cr_assert_eq(kf_exec_run(x, ins, nins, got), KF_OK, "%s", kf_last_error());
-        for (uint32_t i = 0; i < m->graph->noutputs; i++) {
-            char why[640];
-            double db;
-            cr_assert(kf_run_close_requant(&got[i], &want[i], KF_PRECISION_FP8, depth[i], requant[i], &db, why, sizeof why),
-                      "run %d output %u: %s", r, i, why);
-            kf_tensor_release(&got[i]);
-            kf_tensor_release(&want[i]);
-        }
-        for (uint32_t i = 0; i < nins; i++) kf_tensor_release(&ins[i]);
-        free(ins);
-    }
+    cgu_exec_matches_ref_requant(x, m, 3, KF_PRECISION_FP8);
     kf_exec_free(x);
 }
 
