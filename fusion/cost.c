@@ -860,15 +860,22 @@ static kf_id conv_residual(const kf_graph *g, const kf_node *a, const kf_node *n
 
 /* Would the library take node n, after the anchor, into its own epilogue?
  * A ReLU, a tanh GELU (cuBLASLt), the Add of a constant bias vector
- * along the output row, or a conv's residual (conv_residual); anything
- * else needs the generated epilogue kernel. */
+ * along the output row, a GEMM's pure reshape that keeps the row length,
+ * or a conv's residual (conv_residual); anything else needs the generated
+ * epilogue kernel (kernels/libanchor.c, take_epilogue, is the call's side). */
 static bool absorbed(const kf_model *m, const kf_node *a, const kf_node *n,
                      bool (*member)(const void *ctx, kf_id node), const void *ctx) {
     if (a->op == KF_OP_MATMUL_INTEGER) return false; /* the int8 GEMM takes no epilogue */
     if (n->op == KF_OP_RELU) return true;
     if (n->op == KF_OP_GELU && a->op != KF_OP_CONV) return !strcmp(kf_attr_s(n, "approximate", "none"), "tanh");
-    if (n->op != KF_OP_ADD || n->nin != 2) return false;
     const kf_graph *g = m->graph;
+    if (kf_plan_is_reshape(n) && a->op != KF_OP_CONV) { /* the same bytes, rows of N still: the call writes them */
+        const kf_type *yt = a->nout && a->out[0] ? &g->values[a->out[0]].type : NULL;
+        const kf_type *vt = n->nout && n->out[0] ? &g->values[n->out[0]].type : NULL;
+        return yt && vt && yt->rank > 0 && vt->rank > 0 && yt->dims[yt->rank - 1] > 0 &&
+               vt->dims[vt->rank - 1] == yt->dims[yt->rank - 1];
+    }
+    if (n->op != KF_OP_ADD || n->nin != 2) return false;
     if (conv_residual(g, a, n, member, ctx)) return true;
     for (int i = 0; i < 2; i++) {
         kf_id b = n->in[i];

@@ -181,6 +181,10 @@ const char *kf_plan_merge_reason(const kf_plan *p, uint32_t a, uint32_t b, bool 
  * row_epilogue_reason). */
 bool kf_plan_is_view(const kf_node *n);
 
+/* Is n a pure reshape: the same elements in the same order, only the
+ * shape changes (Reshape, Flatten, Squeeze, Unsqueeze)? */
+bool kf_plan_is_reshape(const kf_node *n);
+
 /* Frees a plan (NULL is fine). */
 void kf_plan_free(kf_plan *p);
 

@@ -343,8 +343,7 @@ bool pl_layout_op(const kf_graph *g, const kf_node *n) {
     }
 }
 
-/* Pure reshapes: same elements in the same order, only the shape changes. */
-bool pl_view_op(const kf_node *n) {
+bool kf_plan_is_reshape(const kf_node *n) {
     switch (n->op) {
     case KF_OP_RESHAPE:
     case KF_OP_FLATTEN:

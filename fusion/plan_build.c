@@ -162,11 +162,27 @@ static void trace_merge(const pl_state *s, bool on, const char *how, uint32_t a,
 typedef struct pl_edge {
     int64_t bytes; /* saved when the edge goes inside one group; -1 unknown */
     kf_id p, c, v;
+    bool late;     /* into a select (see select_edge) */
 } pl_edge;
 
-/* Most bytes first (unknown last), then lowest producer, consumer, value. */
+/* Is the edge into c a select's input (a Split, or a Gather of one
+ * constant index: slices of the value)? Such edges are offered after all
+ * others. Taken first, by the most bytes, the select joins its producer:
+ * after a library anchor that is an epilogue kernel of its own, which
+ * exists only to cut the slices apart (q, k and v of a merged projection
+ * after cuBLASLt). Offered last, the select's readers have formed their
+ * groups, and one that reads every slice (attention) can take the select
+ * as a prologue: it then reads the slices where they lie, and the pass
+ * disappears. Where no reader takes it, the producer still can. */
+static bool select_edge(const kf_graph *g, const kf_node *c, kf_id v) {
+    return (c->op == KF_OP_SPLIT || c->op == KF_OP_GATHER) && c->in[0] == v && pl_layout_op(g, c);
+}
+
+/* Selects last, then most bytes first (unknown last), then lowest
+ * producer, consumer, value. */
 static int edge_cmp(const void *x, const void *y) {
     const pl_edge *a = x, *b = y;
+    if (a->late != b->late) return a->late ? 1 : -1;
     if (a->bytes != b->bytes) return a->bytes > b->bytes ? -1 : 1;
     if (a->p != b->p) return a->p < b->p ? -1 : 1;
     if (a->c != b->c) return a->c < b->c ? -1 : 1;
@@ -236,7 +252,7 @@ static kf_status vertical(pl_state *s, pl_run *run) {
         for (int k = 0; k < n->nin; k++) {
             kf_id v = n->in[k], p = v ? g->values[v].producer : 0;
             if (!p || s->pos[p] == UINT32_MAX) continue;
-            e[ne++] = (pl_edge){pl_value_bytes(g, v), p, s->order[i], v};
+            e[ne++] = (pl_edge){pl_value_bytes(g, v), p, s->order[i], v, select_edge(g, n, v)};
         }
     }
     qsort(e, ne, sizeof *e, edge_cmp);
@@ -494,7 +510,7 @@ static kf_status fill_group(pl_state *s, kf_plan *p, uint32_t k, bool views) {
     }
     G->bytes_read = G->bytes_written = 0;
     G->view = views && G->kind == KF_GROUP_ELEMWISE;
-    for (uint32_t i = 0; i < G->nnodes && G->view; i++) G->view = pl_view_op(&g->nodes[G->nodes[i]]);
+    for (uint32_t i = 0; i < G->nnodes && G->view; i++) G->view = kf_plan_is_reshape(&g->nodes[G->nodes[i]]);
     if (G->kind == KF_GROUP_CONST || G->view) return KF_OK; /* no kernel: no traffic */
     for (uint32_t i = 0; i < G->ninputs; i++) acc_add(&G->bytes_read, read_bytes(g, p->group_of, k, G->inputs[i]));
     for (uint32_t i = 0; i < G->noutputs; i++) acc_add(&G->bytes_written, pl_value_bytes(g, G->outputs[i]));

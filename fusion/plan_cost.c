@@ -56,7 +56,7 @@ static void describe(pl_state *s, uint32_t ra, uint32_t rb, kf_cost_group *cg) {
     bool view = cg->kind == KF_GROUP_ELEMWISE;
     for (uint32_t x = A->head; x; x = s->next[x]) s->cbuf[n++] = x;
     for (uint32_t x = two ? B->head : 0; x; x = s->next[x]) s->cbuf[n++] = x;
-    for (uint32_t i = 0; i < n && view; i++) view = pl_view_op(&g->nodes[s->cbuf[i]]);
+    for (uint32_t i = 0; i < n && view; i++) view = kf_plan_is_reshape(&g->nodes[s->cbuf[i]]);
     cg->view = view;
     union_ctx c = {s, ra, rb};
     uint32_t nin = pl_union_inputs(s, ra, rb, s->vbuf);

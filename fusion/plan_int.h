@@ -65,7 +65,6 @@ typedef struct kf_plan_state pl_state;
 
 kf_fclass pl_fclass(const kf_graph *g, const kf_node *n);
 bool pl_layout_op(const kf_graph *g, const kf_node *n);
-bool pl_view_op(const kf_node *n);
 pl_same pl_space_cmp(const pl_state *s, kf_id a, kf_id b);
 void pl_space_classes(pl_state *s);
 uint32_t pl_find(pl_state *s, uint32_t x);

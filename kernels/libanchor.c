@@ -80,10 +80,6 @@ static kf_status library_dtype(const kf_node *an, const kf_type *xt, const kf_ty
     return KF_OK;
 }
 
-static bool pure_reshape(const kf_node *n) {
-    return n->op == KF_OP_RESHAPE || n->op == KF_OP_FLATTEN || n->op == KF_OP_SQUEEZE || n->op == KF_OP_UNSQUEEZE;
-}
-
 /* Resolves anchor input v: a group input, a pure reshape of one (the same
  * bytes) or a last-two-axes Transpose of one, whose only reader is the
  * anchor. Shapes are the anchor's view of the operand either way. */
@@ -95,7 +91,7 @@ static kf_status resolve(const kf_graph *g, const kf_plan *p, uint32_t gi, const
     const kf_node *n = &g->nodes[pn];
     kf_id src = n->nin ? n->in[0] : 0;
     bool tr = n->op == KF_OP_TRANSPOSE && src && swaps_last_two(n, g->values[src].type.rank);
-    if (!(tr || pure_reshape(n)) || !src || in_group(p, gi, g, src) || g->values[v].nusers != 1 ||
+    if (!(tr || kf_plan_is_reshape(n)) || !src || in_group(p, gi, g, src) || g->values[v].nusers != 1 ||
         g->values[v].is_output)
         return decline(why, whylen,
                        "node '%s': operand prologue '%s' (%s) is not a reshape or last-two-axes Transpose the library can take",
@@ -346,7 +342,7 @@ static int take_epilogue(const kf_graph *g, const kf_plan *p, uint32_t gi, const
                 !kf_type_same_shape(ut, &g->values[v].type))
                 break;
             *L->z = o;
-        } else if (!L->conv && pure_reshape(u) && u->nout == 1 && ut->rank > 0 && ut->dims[ut->rank - 1] == L->width) {
+        } else if (!L->conv && kf_plan_is_reshape(u) && u->nout == 1 && ut->rank > 0 && ut->dims[ut->rank - 1] == L->width) {
             /* the same bytes under another shape */
         } else if (u->op == KF_OP_RELU && *L->act == KF_LA_ACT_NONE && (!L->conv || *L->bias)) {
             /* cuDNN's fused op applies ReLU only together with a bias */

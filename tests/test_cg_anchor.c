@@ -208,6 +208,20 @@ static uint32_t check_anchors(const char *text, int64_t K, char **body_out, uint
     "kt = Transpose(k) {perm=[0,1,3,2]}\nm = MatMul(q, kt)\nsc = Mul(m, s)\na = Add(sc, mask)\n"         \
     "p = Softmax(a) {axis=-1}\no = MatMul(p, v)\noutput o\n"
 
+/* a merged QKV projection read by attention: the planner offers the
+ * Split to its readers first (plan_build.c, select_edge), so the
+ * attention group takes it as a prologue and loads q, k and v where they
+ * lie in the projection's output; the GEMM is left alone */
+#define QKV_SPLIT_ATTENTION                                                                           \
+    "opset 13\ninput x float[2, 19, 32]\nconst w float[32, 144] = random\nconst b float[144] = random\n" \
+    "const sp int64[3] = 48 48 48\nconst shp int64[4] = 2 19 3 16\nconst s float[] = 0.05\n"             \
+    "input mask float[2, 1, 1, 19]\n"                                                                    \
+    "y = MatMul(x, w)\nz = Add(y, b)\nq, k, v = Split(z, sp) {axis=-1}\n"                                \
+    "qr = Reshape(q, shp)\nqt = Transpose(qr) {perm=[0,2,1,3]}\nkr = Reshape(k, shp)\n"                  \
+    "kt = Transpose(kr) {perm=[0,2,3,1]}\nvr = Reshape(v, shp)\nvt = Transpose(vr) {perm=[0,2,1,3]}\n"    \
+    "m = MatMul(qt, kt)\nsc = Mul(m, s)\na = Add(sc, mask)\np = Softmax(a) {axis=-1}\n"                  \
+    "o = MatMul(p, vt)\not = Transpose(o) {perm=[0,2,1,3]}\noutput ot\n"
+
 Test(cg_anchor, gemm_bias_relu_off_tile_sizes) {
     cgu_need_opencl();
     char *body = NULL;
@@ -406,6 +420,23 @@ Test(cg_anchor, gemm_then_gemm_then_layernorm) {
 Test(cg_anchor, attention_qkt_softmax_v) {
     cgu_need_opencl();
     check_b2b(ATTENTION_B2B, 19, "kf_attention(");
+}
+
+Test(cg_anchor, attention_takes_the_split_of_a_merged_projection) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(QKV_SPLIT_ATTENTION);
+    kf_plan *p = cgu_plan(m);
+    uint32_t att = cgu_group_of(m, p, "o");
+    cr_expect_eq(cgu_group_of(m, p, "q"), att, "the Split is the attention's prologue");
+    cr_expect_eq(cgu_group_of(m, p, "m"), att);
+    cr_expect_neq(cgu_group_of(m, p, "z"), att);
+    cr_expect_eq(cgu_group_of(m, p, "y"), cgu_group_of(m, p, "z"), "the projection keeps its bias");
+    kf_plan_free(p);
+    kf_model_free(m);
+    char *body = NULL;
+    uint32_t n = check_anchors(QKV_SPLIT_ATTENTION, 48, &body, NULL); /* q, k, v sum 32 products each */
+    cr_assert_eq(n, 2, "the projection and the attention");
+    kf_free(body);
 }
 
 /* Reasons for anchor groups not generated yet; each names the node. */

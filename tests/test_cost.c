@@ -390,6 +390,54 @@ Test(cost, library_epilogues_the_runtime_takes_and_the_one_it_does_not) {
     kf_model_free(m);
 }
 
+/* BERT's merged Q/K/V projection: the attention group takes the Split as
+ * a prologue (offered its select first: plan_build.c, select_edge), so
+ * the library call keeps only its bias, with no epilogue kernel. */
+Test(cost, attention_takes_the_split_so_the_projection_is_one_call) {
+    kf_model *m = gt_parse("opset 13\ninput x float16[1, 128, 768]\nconst w float16[768, 2304] = random\n"
+                           "const b float16[2304] = random\nconst sp int64[3] = 768 768 768\n"
+                           "const shp int64[4] = 1 128 12 64\nconst s float16[] = 0.125\n"
+                           "input mask float16[1, 1, 1, 128]\n"
+                           "y = MatMul(x, w)\nz = Add(y, b)\nq, k, v = Split(z, sp) {axis=-1}\n"
+                           "qr = Reshape(q, shp)\nqt = Transpose(qr) {perm=[0,2,1,3]}\nkr = Reshape(k, shp)\n"
+                           "kt = Transpose(kr) {perm=[0,2,3,1]}\nvr = Reshape(v, shp)\n"
+                           "vt = Transpose(vr) {perm=[0,2,1,3]}\nm = MatMul(qt, kt)\nsc = Mul(m, s)\n"
+                           "a = Add(sc, mask)\np = Softmax(a) {axis=-1}\no = MatMul(p, vt)\noutput o\n");
+    kf_plan *p = plan_on(m, "h200", false);
+    uint32_t proj = group_of(m, p, "z"), att = group_of(m, p, "o");
+    cr_expect_eq(group_of(m, p, "q"), att, "the Split reads where q, k and v lie");
+    cr_expect_neq(proj, att);
+    cr_expect_str_eq(p->groups[proj].est_form, "lib_gemm");
+    cr_expect_float_eq(p->groups[proj].est_epilogue_us, 0, 1e-12, "bias only: no generated epilogue kernel");
+    cr_expect_str_eq(p->groups[att].est_form, "attention");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
+/* GPT-2's MLP: Gemm on rows, a Reshape back to [batch, seq, N], tanh
+ * GELU, a Reshape to rows again. The call writes the reshaped bytes and
+ * applies the GELU itself (kernels/libanchor.c take_epilogue), so the
+ * model prices no epilogue kernel; an erf GELU keeps one. */
+Test(cost, reshapes_around_a_tanh_gelu_stay_in_the_library_call) {
+    const char *fmt = "opset 20\ninput x float16[128, 768]\nconst w float16[768, 3072] = random\n"
+                      "const b float16[3072] = random\nconst s3 int64[3] = 1 128 3072\nconst s2 int64[2] = 128 3072\n"
+                      "y = Gemm(x, w, b)\nr = Reshape(y, s3)\ng = Gelu(r) {approximate=\"%s\"}\n"
+                      "o = Reshape(g, s2)\noutput o\n";
+    const char *approx[2] = {"tanh", "none"};
+    for (int i = 0; i < 2; i++) {
+        char text[640];
+        snprintf(text, sizeof text, fmt, approx[i]);
+        kf_model *m = gt_parse(text);
+        kf_plan *p = plan_on(m, "h200", false);
+        cr_assert_eq(p->ngroups, 1, "%s", approx[i]);
+        cr_expect_str_eq(p->groups[0].est_form, "lib_gemm");
+        if (i == 0) cr_expect_float_eq(p->groups[0].est_epilogue_us, 0, 1e-12, "tanh: one call");
+        else cr_expect_gt(p->groups[0].est_epilogue_us, 0, "erf: the GELU needs the epilogue kernel");
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
 /* An int8 plan's attention quantizes the probabilities between Softmax and
  * the second product: the streaming kernel runs it in two passes over the
  * keys (kf_att_passes), priced with the scores computed twice, so above
