@@ -136,6 +136,11 @@ typedef struct kf_plan_options {
      * does not go up; true makes every legal merge, as without a target,
      * and only estimates (what a bytes-only planner would have run). */
     bool legal_only;
+    /* The device runs no vendor library (OpenCL, unless the library's host
+     * model stands in): every anchor is generated, so an anchor group
+     * takes only the epilogues a generated anchor has, even where the
+     * target's library path would take more. */
+    bool no_library;
 } kf_plan_options;
 
 /* Defaults from the environment: KFUSE_DISABLE_FUSION, KFUSE_FUEL,
@@ -224,11 +229,13 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  *                  own, so elementwise ops on one slice join too (a merged
  *                  Q/K/V product's per-head QuantizeLinear);
  *   row reduction  after the anchor and its epilogue, one row reduction
- *                  (LayerNorm, RMSNorm, Softmax, LogSoftmax, Hardmax,
- *                  ReduceX over the last axis) whose rows are the anchor's
- *                  output rows, then its own epilogue: the block holds whole
- *                  output rows (GEMM + LayerNorm, QK^T + scale + mask +
- *                  Softmax);
+ *                  (LayerNorm, RMSNorm, Softmax, LogSoftmax) whose rows are
+ *                  the anchor's output rows, then its own epilogue: the
+ *                  block holds whole output rows (GEMM + LayerNorm, QK^T +
+ *                  scale + mask + Softmax); with the target's vendor
+ *                  library (and a device that has it) also any ReduceX over
+ *                  the last axis, which the epilogue kernel after the
+ *                  library call computes;
  *   back-to-back   anchor -> epilogue [-> row reduction -> epilogue] ->
  *                  anchor, the second reading the first's output rows as its
  *                  left operand (its K = the first's N) from on chip:
@@ -249,6 +256,9 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  * RED_AXIS         a reduction after an anchor that is not over the last
  *                  axis, or whose rows are not the anchor's output rows
  *                  (a layout op or broadcast changed them).
+ * RED_KIND         a ReduceX after an anchor where the anchor is generated
+ *                  (no vendor library): the generated row epilogues are
+ *                  Softmax, LogSoftmax, LayerNormalization, RMSNormalization.
  * ROW_CAP          the anchor's output row is too long to hold
  *                  KF_PLAN_ROW_TILE_M rows in KF_PLAN_ONCHIP_BYTES (not
  *                  asked of attention: a MatMul -> Softmax whose output is
@@ -269,6 +279,12 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  * SHAPES           the same for two elementwise/anchor groups.
  * SPACE            the element counts provably differ (a broadcast into a
  *                  larger space would recompute the producer per element).
+ *                  One exception: a small elementwise producer (at most
+ *                  4 ops: plan.c, PL_BCAST_MAX_NODES) whose every output is read only
+ *                  by the consumer's elementwise ops, through a broadcast
+ *                  into its space, joins it (a mask's Cast and Reshape);
+ *                  the kernel walks the consumer's space and recomputes the
+ *                  producer at each element's broadcast index.
  * H_NO_SHARED      horizontal merging pays only when one input is read once
  *                  (a shared plan-time constant does not count).
  * H_KIND           horizontal merging joins elementwise/injective groups only
@@ -303,6 +319,7 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
 #define KF_REASON_PROLOGUE_SHARED "anchor prologue value is also read outside the group"
 #define KF_REASON_ANCHOR_INJECTIVE "anchor data movement is reshape/transpose/split/select only (load/store index maps)"
 #define KF_REASON_RED_AXIS "reduction after an anchor is not over the anchor's output rows"
+#define KF_REASON_RED_KIND "reduction after an anchor is not a row epilogue (Softmax, LogSoftmax, LayerNormalization, RMSNormalization)"
 #define KF_REASON_ROW_CAP "row too long for an anchor+reduction epilogue (on-chip row tile cap)"
 #define KF_REASON_B2B_OPERAND "back-to-back anchors: the second must read only the first's rows, as its left operand"
 #define KF_REASON_B2B_CAP "back-to-back anchors: the first anchor's output row is too long to stay on chip"

@@ -503,6 +503,12 @@ static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
     /* conv rows are channels: not last in NCHW; an integer product's rows
      * are its int32 sums, scaled in the epilogue before the reduction */
     if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM && an->op != KF_OP_MATMUL_INTEGER) return KF_REASON_RED_AXIS;
+    /* the row epilogues a generated anchor has (cg_anchor.c, gen_gemm_rows);
+     * after a library call the epilogue is a kernel of its own, which
+     * computes any reduction (kernels/libanchor.c) */
+    if (rn->op != KF_OP_SOFTMAX && rn->op != KF_OP_LOG_SOFTMAX && rn->op != KF_OP_LAYER_NORMALIZATION &&
+        rn->op != KF_OP_RMS_NORMALIZATION && !s->lib)
+        return KF_REASON_RED_KIND;
     if (!last_axis_reduction(s, rn)) return KF_REASON_RED_AXIS;
     kf_id xo = an->out[0], ri = rn->in[0];
     pl_same c = pl_space_cmp(s, xo, ri);
@@ -724,6 +730,44 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
     return NULL;
 }
 
+/* ---- broadcast producers ------------------------------------------------------- */
+
+/* Is elementwise group A (ra) a small producer whose every output is read
+ * only by elementwise group B (rb), through a broadcast into B's space
+ * (which pl_space_cmp says differs from A's)? A mask is the usual case:
+ * Cast and Reshape of [B, S] ids, read by an And over [B, 1, S, S].
+ * Merged, the kernel walks B's space and recomputes A's few ops at each
+ * element's broadcast index (codegen's emit maps the index per input)
+ * instead of launching a kernel for them. Symbolic dims broadcast when
+ * they are the same symbol or a literal 1. */
+#define PL_BCAST_MAX_NODES 4 /* ops recomputed per element of the reader's space, at most */
+
+static bool broadcast_producer(pl_state *s, uint32_t ra, uint32_t rb) {
+    const pl_group *A = &s->gs[ra], *B = &s->gs[rb];
+    if (A->kind != KF_GROUP_ELEMWISE || B->kind != KF_GROUP_ELEMWISE || A->master || B->master ||
+        A->nnodes > PL_BCAST_MAX_NODES || !B->space)
+        return false;
+    const kf_type *bt = &s->g->values[B->space].type;
+    for (uint32_t i = 0; i < A->nout; i++) {
+        const kf_value *v = &s->g->values[A->out[i]];
+        const kf_type *vt = &v->type;
+        if (v->is_output || vt->rank > bt->rank) return false;
+        for (int d = 1; d <= vt->rank; d++) {
+            kf_sdim x = kf_type_sdim(vt, vt->rank - d), y = kf_type_sdim(bt, bt->rank - d);
+            if (!kf_sdim_known(y) || !(kf_sdim_eq(x, y) || kf_sdim_eq(x, kf_sdim_const(1)))) return false;
+        }
+        for (uint32_t u = 0; u < v->nusers; u++) {
+            const kf_node *c = &s->g->nodes[v->users[u]];
+            /* the reader broadcasts its operands to its own output, which
+             * is B's space; a layout op would index v by its own shape */
+            if (pl_find(s, v->users[u]) != rb || pl_layout_op(s->g, c) || !c->nout || !c->out[0] ||
+                pl_space_cmp(s, c->out[0], B->space) != PL_SAME)
+                return false;
+        }
+    }
+    return true;
+}
+
 /* ---- legality ------------------------------------------------------------------ */
 
 /* Does a node of group a produce a value a node of group b reads? */
@@ -768,7 +812,7 @@ const char *pl_legal(pl_state *s, uint32_t ra, uint32_t rb, bool horizontal) {
         } else {
             pl_same c = pl_space_cmp(s, A->space, B->space);
             if (c == PL_UNKNOWN) return KF_REASON_SHAPES;
-            if (c == PL_DIFFERENT) return KF_REASON_SPACE;
+            if (c == PL_DIFFERENT && (horizontal || !broadcast_producer(s, ra, rb))) return KF_REASON_SPACE;
         }
     }
     /* resource caps */
@@ -805,6 +849,11 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
     }
     pl_union_inputs(s, ra, rb, in);
     pl_union_outputs(s, ra, rb, out);
+    /* a broadcast producer joining its reader: the reader's space */
+    kf_id bspace = !A->master && !B->master && pl_space_cmp(s, A->space, B->space) == PL_DIFFERENT &&
+                           broadcast_producer(s, ra, rb)
+                       ? B->space
+                       : 0;
     uint32_t keep = ra, gone = rb;
     if (B->nnodes > A->nnodes || (B->nnodes == A->nnodes && rb < ra)) keep = rb, gone = ra;
     pl_group *K = &s->gs[keep], *G = &s->gs[gone];
@@ -831,6 +880,7 @@ kf_status pl_merge(pl_state *s, uint32_t ra, uint32_t rb) {
                kf_type_is_static(&s->g->values[G->space].type)) {
         m.space = G->space; /* the same space (checked); keep the more static name */
     }
+    if (bspace) m.space = bspace;
     m.nred = A->nred + B->nred;
     m.nanchor = A->nanchor + B->nanchor;
     m.red = A->red ? A->red : B->red;

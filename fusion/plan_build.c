@@ -682,6 +682,7 @@ kf_status kf_plan_build(kf_model *m, const kf_plan_options *o, kf_plan **out) {
         snprintf(p->target, sizeof p->target, "%s", s->target->name);
         s->math = o->math;
         s->legal_only = o->legal_only;
+        s->lib = s->target->vendor_lib && !o->no_library;
     }
     if ((st = kf_graph_topo(g, &s->order, &s->norder))) goto fail;
     size_t nn = g->nnodes ? g->nnodes : 1, nv = g->nvalues ? g->nvalues : 1;

@@ -58,6 +58,7 @@ struct kf_plan_state {
     struct kf_target *target; /* the cost model's device (owned); NULL: legality only */
     int math;          /* kf_cost_math */
     bool legal_only;   /* estimate, but merge whatever is legal */
+    bool lib;          /* anchors may go to the target's vendor library (kf_plan_options.no_library) */
     kf_id *cbuf;       /* scratch: the members of a union being costed */
     kf_id *vbuf;       /* scratch: its input and output values */
 };

@@ -977,6 +977,7 @@ static kf_status spec_build(kf_exec *e, const kf_type *t, spec **out) {
         else if (!po.target) po.target = KF_PLAN_DEFAULT_TARGET;
         if (e->o.fusion != KF_SWITCH_DEFAULT) po.disable = e->o.fusion == KF_SWITCH_OFF;
         po.math = e->o.precision == KF_PRECISION_TF32 ? KF_MATH_TF32 : KF_MATH_FP32;
+        po.no_library = !e->dev || !e->dev->lib;
         st = kf_plan_build(s->m, &po, &s->p);
     }
     uint32_t nv = s->m ? s->m->graph->nvalues : 0;

@@ -575,6 +575,64 @@ Test(plan_reason, does_not_fuse_different_iteration_spaces) {
     kf_model_free(m);
 }
 
+/* A mask's Cast and Reshape ([2, 9] -> [2, 1, 1, 9]) read through a
+ * broadcast by And over [2, 1, 9, 9]: the small producer joins its
+ * reader, which walks the larger space. It stays apart when its result is
+ * also a graph output (stored in its own space), when it is too long to
+ * recompute per element, and when a layout op reads it (indexing it by its
+ * own shape, not through a broadcast). */
+Test(plan_fuse, small_producer_read_through_a_broadcast_joins_its_reader) {
+    const char *head = "opset 13\ninput ids int64[2, 9]\nconst shp int64[4] = 2 1 1 9\n"
+                       "const tri bool[1, 1, 9, 1] = 1 1 0 1 1 0 1 1 1\nconst shp2 int64[2] = 2 81\n";
+    const char *body[4] = {
+        "c = Cast(ids) {to=9}\nr = Reshape(c, shp)\na = And(tri, r)\noutput a\n",
+        "c = Cast(ids) {to=9}\nr = Reshape(c, shp)\na = And(tri, r)\noutput a\noutput r\n",
+        "c = Cast(ids) {to=9}\nn1 = Not(c)\nn2 = Not(n1)\nn3 = Not(n2)\nr = Reshape(n3, shp)\na = And(tri, r)\noutput a\n",
+        "c = Cast(ids) {to=9}\nr = Reshape(c, shp)\na = And(tri, r)\nf = Reshape(a, shp2)\nx = Xor(f, f)\noutput x\n",
+    };
+    for (int i = 0; i < 4; i++) {
+        char text[1024];
+        snprintf(text, sizeof text, "%s%s", head, body[i]);
+        kf_model *m = gt_parse(text);
+        kf_plan *p = plan(m);
+        check_invariants(m, p);
+        if (i == 0) {
+            cr_expect_eq(p->ngroups, 1, "the mask is one kernel");
+        } else if (i < 3) {
+            cr_expect_neq(grp(m, p, "r"), grp(m, p, "a"), "case %d", i);
+            cr_expect_str_eq(breason(m, p, "r", "a"), KF_REASON_SPACE, "case %d", i);
+        } else {
+            cr_expect_eq(grp(m, p, "r"), grp(m, p, "a"), "the And still takes it");
+        }
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
+/* A ReduceMean after a GEMM (a decomposed RMSNorm) has no row epilogue in
+ * the generated anchor: refused without a library. With the target's
+ * library the epilogue is a kernel of its own after the call, which
+ * computes any reduction, so the merge is legal there; a device without
+ * the library (OpenCL) plans as if there were none. */
+Test(plan_reason, does_not_give_a_generated_anchor_a_reduce_mean_epilogue) {
+    kf_model *m = gt_parse("opset 17\ninput x float[128, 64]\nconst w float[64, 64] = random\n"
+                           "y = MatMul(x, w)\nr = ReduceMean(y) {axes=[-1], keepdims=1}\noutput r\n");
+    kf_plan_options o = {.fuel = -1};
+    kf_plan *p = plan_opts(m, &o);
+    check_invariants(m, p);
+    cr_expect_str_eq(breason(m, p, "y", "r"), KF_REASON_RED_KIND);
+    kf_plan_free(p);
+    o.target = "h200", o.legal_only = true;
+    p = plan_opts(m, &o);
+    cr_expect_eq(grp(m, p, "y"), grp(m, p, "r"), "the library call's epilogue kernel reduces");
+    kf_plan_free(p);
+    o.no_library = true;
+    p = plan_opts(m, &o);
+    cr_expect_str_eq(breason(m, p, "y", "r"), KF_REASON_RED_KIND);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(plan_reason, does_not_merge_siblings_without_a_shared_input) {
     kf_model *m = gt_parse("opset 17\n"
                            "input x float[4, 8]\n"
