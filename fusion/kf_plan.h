@@ -256,6 +256,11 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  * RED_AXIS         a reduction after an anchor that is not over the last
  *                  axis, or whose rows are not the anchor's output rows
  *                  (a layout op or broadcast changed them).
+ * EPI_PARTS        where the anchor is generated (no vendor library), an
+ *                  epilogue op reading two parts of the anchor's output:
+ *                  two slices of a select (SwiGLU's gate and up halves of
+ *                  one product) or the output and a transposed copy; the
+ *                  kernel holds one element of the output at a time.
  * RED_KIND         a ReduceX after an anchor where the anchor is generated
  *                  (no vendor library): the generated row epilogues are
  *                  Softmax, LogSoftmax, LayerNormalization, RMSNormalization.
@@ -280,11 +285,12 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
  * SPACE            the element counts provably differ (a broadcast into a
  *                  larger space would recompute the producer per element).
  *                  One exception: a small elementwise producer (at most
- *                  4 ops: plan.c, PL_BCAST_MAX_NODES) whose every output is read only
- *                  by the consumer's elementwise ops, through a broadcast
- *                  into its space, joins it (a mask's Cast and Reshape);
+ *                  4 ops: plan.c, PL_BCAST_MAX_NODES) whose every output is
+ *                  read only by the consumer, by elementwise ops through a
+ *                  broadcast into its space (a mask's Cast and Reshape) or
+ *                  by a Concat (rotary embedding's rotate-half), joins it;
  *                  the kernel walks the consumer's space and recomputes the
- *                  producer at each element's broadcast index.
+ *                  producer at the index each reader maps.
  * H_NO_SHARED      horizontal merging pays only when one input is read once
  *                  (a shared plan-time constant does not count).
  * H_KIND           horizontal merging joins elementwise/injective groups only
@@ -319,6 +325,7 @@ void kf_plan_print(const kf_model *m, const kf_plan *p, FILE *f);
 #define KF_REASON_PROLOGUE_SHARED "anchor prologue value is also read outside the group"
 #define KF_REASON_ANCHOR_INJECTIVE "anchor data movement is reshape/transpose/split/select only (load/store index maps)"
 #define KF_REASON_RED_AXIS "reduction after an anchor is not over the anchor's output rows"
+#define KF_REASON_EPI_PARTS "an epilogue op would combine two parts of the anchor's output (two slices, or a transposed copy)"
 #define KF_REASON_RED_KIND "reduction after an anchor is not a row epilogue (Softmax, LogSoftmax, LayerNormalization, RMSNormalization)"
 #define KF_REASON_ROW_CAP "row too long for an anchor+reduction epilogue (on-chip row tile cap)"
 #define KF_REASON_B2B_OPERAND "back-to-back anchors: the second must read only the first's rows, as its left operand"

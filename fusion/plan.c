@@ -533,6 +533,45 @@ static bool select_after_anchor(const pl_state *s, kf_id u) {
     return (n->op == KF_OP_SPLIT || n->op == KF_OP_GATHER) && pl_layout_op(s->g, n) && (s->up[u] & PL_M_X);
 }
 
+/* Which part of the anchor's output union value v is computed from: the
+ * output of the select (after an anchor) or of the Transpose it descends
+ * from (q, k or v of a merged projection; a transposed copy), the anchor's
+ * output itself, 0 when v is not computed from an anchor in the union, or
+ * PL_PARTS_MIXED when it combines two parts, or the search ran out of
+ * *visits. A generated anchor's epilogue has one element of the output at
+ * a time: it cannot combine two parts (SwiGLU's gate and up halves of one
+ * product, `Transpose(y) + y`). */
+#define PL_PARTS_MIXED ((kf_id)UINT32_MAX)
+
+static kf_id part_of(pl_state *s, kf_id v, uint32_t ra, uint32_t rb, int *visits) {
+    kf_id p = s->g->values[v].producer;
+    if (!p || !in_union(s, p, ra, rb)) return 0;
+    if (--*visits < 0) return PL_PARTS_MIXED;
+    const kf_node *n = &s->g->nodes[p];
+    if (pl_fclass(s->g, n) == KF_FC_ANCHOR || select_after_anchor(s, p) || n->op == KF_OP_TRANSPOSE) return v;
+    kf_id r = 0;
+    for (int k = 0; k < n->nin; k++) {
+        kf_id q = n->in[k] ? part_of(s, n->in[k], ra, rb, visits) : 0;
+        if (!q) continue;
+        if (q == PL_PARTS_MIXED || (r && r != q)) return PL_PARTS_MIXED;
+        r = q;
+    }
+    return r;
+}
+
+/* Does epilogue node x combine two parts of an anchor's output (part_of)? */
+static bool mixes_parts(pl_state *s, const kf_node *x, uint32_t ra, uint32_t rb) {
+    int visits = 64;
+    kf_id r = 0;
+    for (int k = 0; k < x->nin; k++) {
+        kf_id q = x->in[k] ? part_of(s, x->in[k], ra, rb, &visits) : 0;
+        if (!q) continue;
+        if (q == PL_PARTS_MIXED || (r && r != q)) return true;
+        r = q;
+    }
+    return false;
+}
+
 /* Does the output of non-master node x sit in one of the union's
  * iteration spaces? Anchor outputs, the reduction's input and output, the
  * slices a select after an anchor makes (ub: the union's nu nodes), and
@@ -726,6 +765,8 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
         }
         const char *why = node_space(s, id, X, nx, R, prologue, s->ubuf, n);
         if (why) return why;
+        /* after a library call the epilogue kernel reads the output from memory, any element */
+        if (!prologue && !s->lib && (up & PL_M_X) && mixes_parts(s, nd, ra, rb)) return KF_REASON_EPI_PARTS;
     }
     return NULL;
 }
@@ -733,13 +774,17 @@ static const char *anchor_union(pl_state *s, uint32_t ra, uint32_t rb) {
 /* ---- broadcast producers ------------------------------------------------------- */
 
 /* Is elementwise group A (ra) a small producer whose every output is read
- * only by elementwise group B (rb), through a broadcast into B's space
- * (which pl_space_cmp says differs from A's)? A mask is the usual case:
- * Cast and Reshape of [B, S] ids, read by an And over [B, 1, S, S].
- * Merged, the kernel walks B's space and recomputes A's few ops at each
- * element's broadcast index (codegen's emit maps the index per input)
- * instead of launching a kernel for them. Symbolic dims broadcast when
- * they are the same symbol or a literal 1. */
+ * only by elementwise group B (rb), in B's space (which pl_space_cmp says
+ * differs from A's), either through a broadcast or as an operand of a
+ * Concat? A mask is the usual broadcast: Cast and Reshape of [B, S] ids,
+ * read by an And over [B, 1, S, S]; rotary embedding's rotate-half the
+ * usual Concat: the two halves' Slices and the Neg of one, concatenated
+ * back. Merged, the kernel walks B's space and asks A's values at each
+ * element's index as its reader maps it (the broadcast index, or the
+ * operand's shifted index: codegen's emit), recomputing A's few ops there
+ * instead of launching a kernel for them; a Concat reads each element of
+ * its operands once. Symbolic dims broadcast when they are the same
+ * symbol or a literal 1. */
 #define PL_BCAST_MAX_NODES 4 /* ops recomputed per element of the reader's space, at most */
 
 static bool broadcast_producer(pl_state *s, uint32_t ra, uint32_t rb) {
@@ -752,17 +797,21 @@ static bool broadcast_producer(pl_state *s, uint32_t ra, uint32_t rb) {
         const kf_value *v = &s->g->values[A->out[i]];
         const kf_type *vt = &v->type;
         if (v->is_output || vt->rank > bt->rank) return false;
-        for (int d = 1; d <= vt->rank; d++) {
+        bool bcast = true; /* v's dims broadcast into B's space */
+        for (int d = 1; d <= vt->rank && bcast; d++) {
             kf_sdim x = kf_type_sdim(vt, vt->rank - d), y = kf_type_sdim(bt, bt->rank - d);
-            if (!kf_sdim_known(y) || !(kf_sdim_eq(x, y) || kf_sdim_eq(x, kf_sdim_const(1)))) return false;
+            bcast = kf_sdim_known(y) && (kf_sdim_eq(x, y) || kf_sdim_eq(x, kf_sdim_const(1)));
         }
         for (uint32_t u = 0; u < v->nusers; u++) {
             const kf_node *c = &s->g->nodes[v->users[u]];
-            /* the reader broadcasts its operands to its own output, which
-             * is B's space; a layout op would index v by its own shape */
-            if (pl_find(s, v->users[u]) != rb || pl_layout_op(s->g, c) || !c->nout || !c->out[0] ||
+            /* a reader whose output is B's space: an elementwise op
+             * broadcasts its operands to it, a Concat places each at its
+             * offset; a layout op would index v by its own shape */
+            if (pl_find(s, v->users[u]) != rb || !c->nout || !c->out[0] ||
                 pl_space_cmp(s, c->out[0], B->space) != PL_SAME)
                 return false;
+            if (c->op == KF_OP_CONCAT) continue;
+            if (!bcast || pl_layout_op(s->g, c) || pl_fclass(s->g, c) == KF_FC_INJECTIVE) return false;
         }
     }
     return true;

@@ -90,6 +90,27 @@ static const char *GELU_ERF = "opset 13\n"
     "const zero float[] = 0\nconst low float[] = -10000\n"                                              \
     "c = Cast(ids) {to=9}\nr = Reshape(c, shp)\na = And(tri, r)\nw = Where(a, zero, low)\noutput w\n"
 
+/* rotary embedding's rotate-half: the halves' Slices and a Neg, then the
+ * Concat, the cos/sin products and their sum; the planner puts the Slices
+ * and the Neg in the Concat's kernel, which reads each at its offset */
+#define ROTATE_HALF                                                                                   \
+    "opset 13\ninput x float[2, 3, 8]\ninput cs float[3, 8]\ninput sn float[3, 8]\n"                   \
+    "const s0 int64[1] = 0\nconst s4 int64[1] = 4\nconst s8 int64[1] = 8\nconst ax int64[1] = 2\n"      \
+    "a = Slice(x, s0, s4, ax)\nb = Slice(x, s4, s8, ax)\nn = Neg(b)\nr = Concat(n, a) {axis=2}\n"        \
+    "xc = Mul(x, cs)\nrs = Mul(r, sn)\ny = Add(xc, rs)\noutput y\n"
+
+Test(cg, rotate_half_halves_recomputed_in_the_concat_on_opencl) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse(ROTATE_HALF);
+    kf_plan *p = cgu_plan(m);
+    cr_expect_eq(p->ngroups, 1, "the Slices and the Neg join the Concat");
+    kf_plan_free(p);
+    kf_model_free(m);
+    uint32_t n = 0;
+    check_graph(ROTATE_HALF, &n);
+    cr_assert_eq(n, 1);
+}
+
 Test(cg, mask_producer_recomputed_at_the_broadcast_index_on_opencl) {
     cgu_need_opencl();
     kf_model *m = gt_parse(MASK_BROADCAST);

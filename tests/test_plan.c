@@ -633,6 +633,36 @@ Test(plan_reason, does_not_give_a_generated_anchor_a_reduce_mean_epilogue) {
     kf_model_free(m);
 }
 
+/* SwiGLU on a merged gate/up product (one MatMul, a Split, silu(gate) *
+ * up) and `Transpose(y) + y`: an epilogue op combining two parts of the
+ * product's output, which a generated GEMM (one output element at a time)
+ * cannot compute, so without a library it stays out; the library call's
+ * epilogue kernel reads the output from memory and takes it. */
+Test(plan_reason, does_not_give_a_generated_anchor_an_epilogue_over_two_parts) {
+    const char *text[2] = {"opset 13\ninput x float[16, 32]\nconst w float[32, 64] = random\n"
+                           "y = MatMul(x, w)\ng, u = Split(y) {axis=1}\nsg = Sigmoid(g)\nsl = Mul(g, sg)\n"
+                           "o = Mul(sl, u)\noutput o\n",
+                           "opset 13\ninput x float[16, 32]\nconst w float[32, 16] = random\n"
+                           "y = MatMul(x, w)\nt = Transpose(y) {perm=[1,0]}\no = Add(t, y)\noutput o\n"};
+    for (int i = 0; i < 2; i++) {
+        kf_model *m = gt_parse(text[i]);
+        kf_plan_options o = {.fuel = -1};
+        kf_plan *p = plan_opts(m, &o);
+        check_invariants(m, p);
+        cr_expect_neq(grp(m, p, "y"), grp(m, p, "o"), "case %d", i);
+        kf_plan_free(p);
+        o.target = "h200", o.legal_only = true;
+        p = plan_opts(m, &o);
+        cr_expect_eq(grp(m, p, "y"), grp(m, p, "o"), "case %d: one library call and its epilogue kernel", i);
+        kf_plan_free(p);
+        o.no_library = true;
+        p = plan_opts(m, &o);
+        cr_expect_neq(grp(m, p, "y"), grp(m, p, "o"), "case %d", i);
+        kf_plan_free(p);
+        kf_model_free(m);
+    }
+}
+
 Test(plan_reason, does_not_merge_siblings_without_a_shared_input) {
     kf_model *m = gt_parse("opset 17\n"
                            "input x float[4, 8]\n"
