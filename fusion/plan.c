@@ -548,7 +548,7 @@ static kf_id part_of(pl_state *s, kf_id v, uint32_t ra, uint32_t rb, int *visits
     if (!p || !in_union(s, p, ra, rb)) return 0;
     if (--*visits < 0) return PL_PARTS_MIXED;
     const kf_node *n = &s->g->nodes[p];
-    if (pl_fclass(s->g, n) == KF_FC_ANCHOR || select_after_anchor(s, p) || n->op == KF_OP_TRANSPOSE) return v;
+    if (pl_fclass(s->g, n) == KF_FC_ANCHOR) return v;
     kf_id r = 0;
     for (int k = 0; k < n->nin; k++) {
         kf_id q = n->in[k] ? part_of(s, n->in[k], ra, rb, visits) : 0;
@@ -556,6 +556,9 @@ static kf_id part_of(pl_state *s, kf_id v, uint32_t ra, uint32_t rb, int *visits
         if (q == PL_PARTS_MIXED || (r && r != q)) return PL_PARTS_MIXED;
         r = q;
     }
+    /* a slice or a transposed copy of a part is a part of its own (a
+     * Transpose of a value the anchor does not compute is not) */
+    if (r && (select_after_anchor(s, p) || n->op == KF_OP_TRANSPOSE)) return v;
     return r;
 }
 

@@ -661,6 +661,15 @@ Test(plan_reason, does_not_give_a_generated_anchor_an_epilogue_over_two_parts) {
         kf_plan_free(p);
         kf_model_free(m);
     }
+    /* a transposed input is no part of the product: it joins */
+    kf_model *m = gt_parse("opset 13\ninput x float[16, 32]\ninput u float[16, 16]\nconst w float[32, 16] = random\n"
+                           "y = MatMul(x, w)\nt = Transpose(u) {perm=[1,0]}\no = Add(y, t)\noutput o\n");
+    kf_plan_options o = {.fuel = -1};
+    kf_plan *p = plan_opts(m, &o);
+    cr_expect_eq(grp(m, p, "y"), grp(m, p, "o"));
+    cr_expect_eq(grp(m, p, "t"), grp(m, p, "o"));
+    kf_plan_free(p);
+    kf_model_free(m);
 }
 
 Test(plan_reason, does_not_merge_siblings_without_a_shared_input) {
