@@ -1958,8 +1958,24 @@ static bool motif_attention(gen *G) {
     sd[r - 1] = s; /* scores [.., s, s] */
     if (numel(r, sd) > MAX_NUMEL) return false;
     val k = q, v = q, *f;
-    if (chance(&G->r, 0.5) && (f = finput(G, r, q.dims))) k = *f;
-    if (chance(&G->r, 0.5) && (f = finput(G, r, q.dims))) v = *f;
+    if (chance(&G->r, 0.4) && G->nodes + 9 <= G->target) {
+        /* q, k and v of one merged projection, cut apart by a Split (the
+         * planner gives the Split to the attention group: plan_build.c,
+         * select_edge); weights within 1/d keep each within x's bound */
+        int64_t wd[2] = {d, 3 * d};
+        kf_id w = fconst(G, 2, wd, -1.0 / (double)d, 1.0 / (double)d, false)->id;
+        kf_id y = bin(G, "MatMul", q.id, w, false), qkv[3];
+        kf_node *sp = mk_multi(G, "Split", &y, 1, qkv, 3);
+        if (G->opset >= 18) attr_i(sp, "num_outputs", 3);
+        attr_i(sp, "axis", -1);
+        double m = vmax(&q);
+        q.lo = -m, q.hi = m, q.exact = false;
+        k = v = q;
+        q.id = qkv[0], k.id = qkv[1], v.id = qkv[2];
+    } else {
+        if (chance(&G->r, 0.5) && (f = finput(G, r, q.dims))) k = *f;
+        if (chance(&G->r, 0.5) && (f = finput(G, r, q.dims))) v = *f;
+    }
     double scale = 1 / sqrt((double)d), bound = (double)d * vmax(&q) * vmax(&k) * scale;
     if (!bounded(G, -bound - 4, bound)) return false;
     int64_t perm[MAX_R];
@@ -1988,6 +2004,74 @@ static bool motif_attention(gen *G) {
 static bool rank2plus_ok(const gen *G, const val *x) {
     (void)G;
     return x->rank >= 2;
+}
+
+static bool even_last_ok(const gen *G, const val *x) {
+    (void)G;
+    return x->rank >= 1 && x->dims[x->rank - 1] >= 2 && x->dims[x->rank - 1] % 2 == 0;
+}
+
+/* Rotary embedding as exporters write it without the opset-23 op:
+ * rotate_half(x) = Concat(-x2, x1) of x's halves along the last axis (two
+ * Slices and a Neg), then x cos + rotate_half(x) sin, cos and sin over the
+ * last one or two axes. The planner puts the Slices and the Neg in the
+ * Concat's kernel (plan.c, broadcast_producer). */
+static bool motif_rotate_half(gen *G) {
+    val *x = pick(G, even_last_ok);
+    if (!x || G->nodes + 8 > G->target) return false;
+    val xx = *x;
+    int r = xx.rank;
+    int64_t D = xx.dims[r - 1], h = D / 2, z = 0, ax = -1;
+    int64_t e = chance(&G->r, 0.3) ? 1000 : D; /* past the end: clamped */
+    double m = 2 * vmax(&xx);
+    if (!bounded(G, -m, m)) return false;
+    kf_id a, b, c;
+    kf_id in1[4] = {xx.id, ilist(G, 1, &z), ilist(G, 1, &h), ilist(G, 1, &ax)};
+    mk(G, "Slice", in1, 4, &a);
+    kf_id in2[4] = {xx.id, ilist(G, 1, &h), ilist(G, 1, &e), ilist(G, 1, &ax)};
+    mk(G, "Slice", in2, 4, &b);
+    kf_id cin[2] = {un(G, "Neg", b), a};
+    bool neg_axis = chance(&G->r, 0.5);
+    attr_i(mk(G, "Concat", cin, 2, &c), "axis", neg_axis ? -1 : r - 1);
+    int cr = r >= 2 && chance(&G->r, 0.5) ? 2 : 1;
+    int64_t cd[2] = {xx.dims[r - 2 >= 0 ? r - 2 : 0], D};
+    const int64_t *cdims = cr == 2 ? cd : &D;
+    kf_id cs = fconst(G, cr, cdims, -1, 1, false)->id;
+    kf_id sn = fconst(G, cr, cdims, -1, 1, false)->id;
+    kf_id xc = bin(G, "Mul", xx.id, cs, sw(G));
+    kf_id rs = bin(G, "Mul", c, sn, sw(G));
+    kf_id y = bin(G, "Add", xc, rs, sw(G));
+    push(G, y, r, xx.dims, -m, m, false);
+    return true;
+}
+
+/* SwiGLU on one merged product, as exporters write gate and up fused: a
+ * MatMul to 2F columns, a Split in two, silu(gate) * up. After a library
+ * call the epilogue kernel takes the tail; a generated GEMM cannot (two
+ * parts of its output in one op: plan.c, KF_REASON_EPI_PARTS). */
+static bool motif_split_glu(gen *G) {
+    val *x = pick(G, rank2plus_ok);
+    if (!x || G->nodes + 6 > G->target) return false;
+    val xx = *x;
+    int r = xx.rank;
+    int64_t K = xx.dims[r - 1], F = 1 + irand(&G->r, 8), od[MAX_R];
+    memcpy(od, xx.dims, sizeof od);
+    od[r - 1] = 2 * F;
+    if (numel(r, od) > MAX_NUMEL) return false;
+    od[r - 1] = F;
+    double m = vmax(&xx); /* weights within 1/K: |gate|, |up| <= m */
+    if (!bounded(G, -m * m - 1, m * m + 1)) return false;
+    int64_t wd[2] = {K, 2 * F};
+    kf_id w = fconst(G, 2, wd, -1.0 / (double)K, 1.0 / (double)K, false)->id;
+    kf_id y = bin(G, "MatMul", xx.id, w, false), gu[2];
+    kf_node *sp = mk_multi(G, "Split", &y, 1, gu, 2);
+    if (G->opset >= 18) attr_i(sp, "num_outputs", 2);
+    attr_i(sp, "axis", -1);
+    kf_id sg = un(G, "Sigmoid", gu[0]);
+    kf_id sl = bin(G, "Mul", gu[0], sg, sw(G));
+    kf_id o = bin(G, "Mul", sl, gu[1], sw(G));
+    push(G, o, r, od, -m * m - 1, m * m + 1, false);
+    return true;
 }
 
 /* What exporters write for dynamic axes: the leading two dims merged by a
@@ -2539,7 +2623,7 @@ static const emitter emitters[] = {
     {emit_pool, 3},      {emit_batchnorm, 1}, {emit_attention, 6}, {emit_rotary, 4}, {motif_attention, 2},
     {emit_if, 2},        {emit_loop, 2},       {motif_shape_reshape, 2}, {motif_qdq, 2}, {motif_qdq_conv, 2},
     {emit_scan, 2},      {emit_cumulative, 2}, {emit_bitcast, 2}, {emit_tensor_scatter, 3},
-    {emit_causal_conv, 4}, {emit_linear_attention, 6},
+    {emit_causal_conv, 4}, {emit_linear_attention, 6}, {motif_rotate_half, 2}, {motif_split_glu, 2},
 };
 /* emitters[FIRST_MOTIF..FIRST_MOTIF+3] need several nodes of room */
 #define FIRST_MOTIF 17
