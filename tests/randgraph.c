@@ -1947,6 +1947,19 @@ static bool rank3_ok(const gen *G, const val *x) { (void)G; return x->rank >= 3;
  * down to -4), Softmax over the keys, MatMul with v. q, k and v are one
  * value or fresh inputs of its shape (self- or cross-attention over the same
  * lengths); the planner makes it one group, codegen the streaming kernel. */
+/* A product of x (last axis K) with constant weights within 1/K, so each
+ * output stays within x's bound, cut by a Split into n equal parts of
+ * width columns along the last axis, as exporters write merged
+ * projections (q/k/v, gate/up); the parts' ids go to outs. */
+static void split_projection(gen *G, kf_id x, int64_t K, int n, int64_t width, kf_id *outs) {
+    int64_t wd[2] = {K, n * width};
+    kf_id w = fconst(G, 2, wd, -1.0 / (double)K, 1.0 / (double)K, false)->id;
+    kf_id y = bin(G, "MatMul", x, w, false);
+    kf_node *sp = mk_multi(G, "Split", &y, 1, outs, n);
+    if (G->opset >= 18) attr_i(sp, "num_outputs", n);
+    attr_i(sp, "axis", -1);
+}
+
 static bool motif_attention(gen *G) {
     val *x = pick(G, rank3_ok);
     if (!x || G->nodes + 6 > G->target) return false;
@@ -1962,12 +1975,8 @@ static bool motif_attention(gen *G) {
         /* q, k and v of one merged projection, cut apart by a Split (the
          * planner gives the Split to the attention group: plan_build.c,
          * select_edge); weights within 1/d keep each within x's bound */
-        int64_t wd[2] = {d, 3 * d};
-        kf_id w = fconst(G, 2, wd, -1.0 / (double)d, 1.0 / (double)d, false)->id;
-        kf_id y = bin(G, "MatMul", q.id, w, false), qkv[3];
-        kf_node *sp = mk_multi(G, "Split", &y, 1, qkv, 3);
-        if (G->opset >= 18) attr_i(sp, "num_outputs", 3);
-        attr_i(sp, "axis", -1);
+        kf_id qkv[3];
+        split_projection(G, q.id, d, 3, d, qkv);
         double m = vmax(&q);
         q.lo = -m, q.hi = m, q.exact = false;
         k = v = q;
@@ -2061,12 +2070,8 @@ static bool motif_split_glu(gen *G) {
     od[r - 1] = F;
     double m = vmax(&xx); /* weights within 1/K: |gate|, |up| <= m */
     if (!bounded(G, -m * m - 1, m * m + 1)) return false;
-    int64_t wd[2] = {K, 2 * F};
-    kf_id w = fconst(G, 2, wd, -1.0 / (double)K, 1.0 / (double)K, false)->id;
-    kf_id y = bin(G, "MatMul", xx.id, w, false), gu[2];
-    kf_node *sp = mk_multi(G, "Split", &y, 1, gu, 2);
-    if (G->opset >= 18) attr_i(sp, "num_outputs", 2);
-    attr_i(sp, "axis", -1);
+    kf_id gu[2];
+    split_projection(G, xx.id, K, 2, F, gu);
     kf_id sg = un(G, "Sigmoid", gu[0]);
     kf_id sl = bin(G, "Mul", gu[0], sg, sw(G));
     kf_id o = bin(G, "Mul", sl, gu[1], sw(G));
