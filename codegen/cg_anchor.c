@@ -874,8 +874,7 @@ static bool gen_gemm_rows(gen *st, kf_cg_str *s, const kf_node *n, const kf_node
                         kf_node_label(n), kf_node_label(n2));
     }
     if (r) {
-        if (r->op != KF_OP_SOFTMAX && r->op != KF_OP_LOG_SOFTMAX && r->op != KF_OP_LAYER_NORMALIZATION &&
-            r->op != KF_OP_RMS_NORMALIZATION)
+        if (!kf_plan_row_epilogue(r))
             return fail(st, "node '%s': %s after a GEMM is not generated (Softmax, LogSoftmax, LayerNormalization, "
                             "RMSNormalization are)", kf_node_label(r), r->op_type);
         for (int j = 1; j < r->nout; j++)

@@ -190,6 +190,11 @@ bool kf_plan_is_view(const kf_node *n);
  * shape changes (Reshape, Flatten, Squeeze, Unsqueeze)? */
 bool kf_plan_is_reshape(const kf_node *n);
 
+/* Is reduction r one a generated anchor computes over its output rows
+ * (Softmax, LogSoftmax, LayerNormalization, RMSNormalization: codegen's
+ * row epilogues, and what the planner lets follow a generated anchor)? */
+bool kf_plan_row_epilogue(const kf_node *r);
+
 /* Frees a plan (NULL is fine). */
 void kf_plan_free(kf_plan *p);
 

@@ -343,6 +343,11 @@ bool pl_layout_op(const kf_graph *g, const kf_node *n) {
     }
 }
 
+bool kf_plan_row_epilogue(const kf_node *r) {
+    return r->op == KF_OP_SOFTMAX || r->op == KF_OP_LOG_SOFTMAX || r->op == KF_OP_LAYER_NORMALIZATION ||
+           r->op == KF_OP_RMS_NORMALIZATION;
+}
+
 bool kf_plan_is_reshape(const kf_node *n) {
     switch (n->op) {
     case KF_OP_RESHAPE:
@@ -503,12 +508,9 @@ static const char *row_reduction_reason(pl_state *s, kf_id x, kf_id r) {
     /* conv rows are channels: not last in NCHW; an integer product's rows
      * are its int32 sums, scaled in the epilogue before the reduction */
     if (an->op != KF_OP_MATMUL && an->op != KF_OP_GEMM && an->op != KF_OP_MATMUL_INTEGER) return KF_REASON_RED_AXIS;
-    /* the row epilogues a generated anchor has (cg_anchor.c, gen_gemm_rows);
-     * after a library call the epilogue is a kernel of its own, which
+    /* after a library call the epilogue is a kernel of its own, which
      * computes any reduction (kernels/libanchor.c) */
-    if (rn->op != KF_OP_SOFTMAX && rn->op != KF_OP_LOG_SOFTMAX && rn->op != KF_OP_LAYER_NORMALIZATION &&
-        rn->op != KF_OP_RMS_NORMALIZATION && !s->lib)
-        return KF_REASON_RED_KIND;
+    if (!kf_plan_row_epilogue(rn) && !s->lib) return KF_REASON_RED_KIND;
     if (!last_axis_reduction(s, rn)) return KF_REASON_RED_AXIS;
     kf_id xo = an->out[0], ri = rn->in[0];
     pl_same c = pl_space_cmp(s, xo, ri);
