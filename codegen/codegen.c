@@ -294,12 +294,27 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_GROUP_ID get_group_id(0)\n"
                       "#define KF_NUM_GROUPS get_num_groups(0)\n"
                       "#define KF_INF INFINITY\n"
-                      /* float16 storage: vload_half/vstore_half need no cl_khr_fp16 */
+                      /* float16 storage: loads by vload_half (no cl_khr_fp16 needed);
+                       * stores and roundings by integer operations, round to nearest
+                       * even with the spec's overflow to infinity and NaN kept quiet.
+                       * Not vstore_half_rte: PoCL 3.1 (Debian 12) dropped a whole
+                       * store block of a kf_gemm_rows kernel that used it
+                       * (random_regress/fp16_gemm_rows_with_transposed_outputs_on_opencl).
+                       * Both functions gave the bits of vstore_half_rte on all 2^32
+                       * float patterns when written. */
                       "#define KF_HALF half\n"
                       "#define KF_LOAD_HALF(p, i) vload_half((i), (p))\n"
-                      "#define KF_STORE_HALF(p, i, v) vstore_half_rte((v), (i), (p))\n"
-                      "float kf_round_half(float x) { ushort u; vstore_half_rte(x, 0, (__private half *)&u); "
-                      "return vload_half(0, (const __private half *)&u); }\n"
+                      "ushort kf_f2h(float x) { const uint u = as_uint(x), a = u & 0x7fffffffu, s = (u >> 16) & 0x8000u; "
+                      "if (a > 0x7f800000u) return (ushort)(s | 0x7e00u | ((a >> 13) & 0x3ffu)); "
+                      "if (a >= 0x477ff000u) return (ushort)(s | 0x7c00u); "
+                      "if (a < 0x38800000u) return (ushort)(s | (uint)rint(as_float(a) * 16777216.0f)); "
+                      "return (ushort)(s | (((a + 0xfffu + ((a >> 13) & 1u)) >> 13) - 0x1c000u)); }\n"
+                      "float kf_round_half(float x) { const uint u = as_uint(x), a = u & 0x7fffffffu, s = u & 0x80000000u; "
+                      "if (a >= 0x7f800000u) return x; "
+                      "if (a >= 0x477ff000u) return as_float(s | 0x7f800000u); "
+                      "if (a < 0x38800000u) return rint(x * 16777216.0f) * 5.9604644775390625e-8f; "
+                      "return as_float(s | ((a + 0xfffu + ((a >> 13) & 1u)) & 0xffffe000u)); }\n"
+                      "#define KF_STORE_HALF(p, i, v) (((__global ushort *)(p))[i] = kf_f2h(v))\n"
                       "#define KF_ROUND_HALF(x) kf_round_half(x)\n"
                       /* bfloat16 storage: bit operations, the same as the CUDA prelude's */
                       "#define KF_BF16 ushort\n"
@@ -332,9 +347,11 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                       "#define KF_VLOAD_B8(p, q) vload8((q), (p))\n"
                       "#define KF_VH_AT(u, k) ((u).s##k)\n"
                       "#define KF_VB_AT(u, k) kf_bf2f((u).s##k)\n"
-                      "#define KF_VSTORE_H4(p, q, a, b, c, d) vstore_half4_rte((float4)((a), (b), (c), (d)), (q), (p))\n"
+                      "#define KF_VSTORE_H4(p, q, a, b, c, d) "
+                      "vstore4((ushort4)(kf_f2h(a), kf_f2h(b), kf_f2h(c), kf_f2h(d)), (q), (__global ushort *)(p))\n"
                       "#define KF_VSTORE_H8(p, q, a, b, c, d, e, f, g, h) "
-                      "vstore_half8_rte((float8)((a), (b), (c), (d), (e), (f), (g), (h)), (q), (p))\n"
+                      "vstore8((ushort8)(kf_f2h(a), kf_f2h(b), kf_f2h(c), kf_f2h(d), kf_f2h(e), kf_f2h(f), kf_f2h(g), "
+                      "kf_f2h(h)), (q), (__global ushort *)(p))\n"
                       "#define KF_VSTORE_B4(p, q, a, b, c, d) "
                       "vstore4((ushort4)(kf_f2bf(a), kf_f2bf(b), kf_f2bf(c), kf_f2bf(d)), (q), (p))\n"
                       "#define KF_VSTORE_B8(p, q, a, b, c, d, e, f, g, h) "
@@ -364,10 +381,10 @@ void kf_cg_prelude(kf_cg_target t, kf_cg_str *s) {
                        * elements by FMAs) */
                       "#define KF_UNROLL\n"
                       /* float16 in local memory: ushort words (a half array needs
-                       * cl_khr_fp16), converted through half pointers */
+                       * cl_khr_fp16), loaded through half pointers, stored as kf_f2h bits */
                       "#define KF_SHALF ushort\n"
                       "#define KF_SLOAD_HALF(p, i) vload_half((i), (__local const half *)(p))\n"
-                      "#define KF_SSTORE_HALF(p, i, v) vstore_half_rte((v), (i), (__local half *)(p))\n"
+                      "#define KF_SSTORE_HALF(p, i, v) ((p)[i] = kf_f2h(v))\n"
                       "#define KF_ALIGN16 __attribute__((aligned(16)))\n"
                       "#define KF_MMA_X(LD, c, A, ao, lda, B, bo, ldb, lane) { \\\n"
                       "    const int g_ = (lane) >> 2, t_ = ((lane) & 3) * 2; \\\n"

@@ -3067,6 +3067,12 @@ static bool failed(ctx *x, const char *path, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(x->why, x->whylen, fmt, ap);
     va_end(ap);
+    /* KF_RANDGRAPH_SAVE=FILE: the failing graph as ONNX, for `kfuse run` */
+    const char *save = getenv("KF_RANDGRAPH_SAVE");
+    if (save && *save && kf_model_save(x->m, save)) {
+        fprintf(stderr, "kfuse_randgraph: could not save the graph to %s: %s\n", save, kf_last_error());
+        kf_clear_error();
+    }
     return false;
 }
 

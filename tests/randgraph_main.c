@@ -21,7 +21,8 @@ static int usage(void) {
             "  graph i has seed S+i; --opencl-every 1 runs every graph on OpenCL (0: none; default 20)\n"
             "  --families rotate: graph i disables family i mod F alone (default); all: every family\n"
             "  --precision: every graph also through the fp16/bf16 pass on ref (and on OpenCL where\n"
-            "    --opencl-every picks it); both: fp16 and bf16 by turns\n");
+            "    --opencl-every picks it); both: fp16 and bf16 by turns\n"
+            "  KF_RANDGRAPH_SAVE=FILE: each failing graph is saved there as ONNX (for kfuse run)\n");
     return 2;
 }
 

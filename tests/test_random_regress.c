@@ -271,6 +271,59 @@ Test(random_regress, fp16_gemm_transposed_then_log_softmax_on_opencl) {
                       "output v4, v3\n");
 }
 
+/* Random-graph seed 6004 (--precision fp16), shrunk by hand: int8 Q/DQ
+ * into a MatMul, then LayerNormalization, and the MatMul's transpose and
+ * its Exp as outputs, one kf_gemm_rows group at fp16. PoCL 3.1's compiler
+ * dropped the group's whole output store block (outputs left as they were:
+ * garbage or zeros), with float16 stored by vstore_half_rte. The OpenCL
+ * prelude now stores and rounds float16 by integer operations (checked
+ * equal to vstore_half_rte on all 2^32 float bit patterns when written). */
+Test(random_regress, fp16_gemm_rows_with_transposed_outputs_on_opencl) {
+    const char *why = kf_cl_unavailable();
+    if (why) cr_skip_test("OpenCL: %s", why);
+    kf_model *m = gt_parse("opset 21\n"
+                           "const c7 float[] = 0.0157480314\n"
+                           "const c8 uint8[] = 100\n"
+                           "const c11 float[1, 4] = 0.646168292 0.43820703 -0.501942694 0.797218144\n"
+                           "const c12 float[4] = 0.00881456491 0.0111678857 0.0116649615 0.00816743076\n"
+                           "const c13 int8[4] = 0 0 0 0\n"
+                           "const c17 float[4] = 0.739240587 0.953365326 0.595335305 0.703890145\n"
+                           "input x6 float[2, 5, 1]\n"
+                           "v9 = QuantizeLinear(x6, c7, c8)\n"
+                           "v10 = DequantizeLinear(v9, c7, c8)\n"
+                           "v14 = QuantizeLinear(c11, c12, c13) {axis=1}\n"
+                           "v15 = DequantizeLinear(v14, c12, c13) {axis=1}\n"
+                           "v16 = MatMul(v10, v15)\n"
+                           "v18 = LayerNormalization(v16, c17) {epsilon=0.01}\n"
+                           "v19 = Neg(v16)\n"
+                           "v20 = Neg(v18)\n"
+                           "v68 = Transpose(v16)\n"
+                           "v69 = Transpose(v68) {perm=[2, 0, 1]}\n"
+                           "v71 = Exp(v69)\n"
+                           "output v19, v20, v69, v71\n");
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    kf_tensor *ins;
+    uint32_t n, nout = m->graph->noutputs, depth[4];
+    cr_assert_eq(nout, 4);
+    gt_random_inputs(m, &ins, &n);
+    kf_tensor want[4] = {0}, got[4] = {0};
+    cr_assert_eq(kf_eval_model(m, ins, (int)n, want, NULL), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_run_output_depths(m, depth), KF_OK, "%s", kf_last_error());
+    kf_model *c = gt_copy(m);
+    cr_assert_eq(kf_run_backend(c, KF_EXEC_OPENCL, KF_PRECISION_FP16, ins, (int)n, got, NULL, NULL), KF_OK, "%s",
+                 kf_last_error());
+    for (uint32_t o = 0; o < nout; o++) {
+        char w[512];
+        cr_expect(kf_run_close_model(&got[o], &want[o], KF_PRECISION_FP16, depth[o], w, sizeof w), "output %u: %s", o, w);
+        kf_tensor_release(&got[o]);
+        kf_tensor_release(&want[o]);
+    }
+    for (uint32_t i = 0; i < n; i++) kf_tensor_release(&ins[i]);
+    free(ins);
+    kf_model_free(c);
+    kf_model_free(m);
+}
+
 /* Runs a graph on ref and on OpenCL; asserts every output agrees (skips
  * with the reason when there is no OpenCL device). */
 static void outputs_on_opencl(const char *text) {
