@@ -639,10 +639,31 @@ static bool gen_igemm(gen *st, kf_cg_str *s, const kf_node *n, const gemm *gmp) 
     return tiles_end(st, s, &body, ntiles, ok);
 }
 
+struct conv;
+/* The 8-bit operands of the tensor-core tile (gen_mma8): w gives its rows,
+ * x its columns. ConvInteger's and MatMulInteger's (int8/uint8 with zero
+ * points; MatMulInteger's A is w, B is x), or a float8 convolution's
+ * (kf_fp8_conv with both DequantizeLinears in the group): the float8 codes
+ * behind the two DequantizeLinears, loaded as bytes into the same packed
+ * words, with float sums scaled by sx sw[channel] after the k loop. Float8
+ * padding and edges load code 0, which is 0 in both formats. */
+typedef struct mma8 {
+    kf_id x, w;        /* the values whose bytes the tile loads: columns, rows */
+    kf_id sx, sw;      /* float8: the DequantizeLinears' scales; 0 for ConvInteger */
+    kf_dtype fx, fw;   /* float8: their formats */
+} mma8;
+
+static bool gen_mma8(gen *st, kf_cg_str *s, const kf_node *n, const struct conv *cvp, const gemm *gmp,
+                     const mma8 *mm, int T);
+
 static bool gen_gemm(gen *st, kf_cg_str *s, const kf_node *n) {
     gemm gm;
     if (!gemm_setup(st, n, &gm)) return false;
-    if (st->iacc) return gen_igemm(st, s, n, &gm);
+    if (st->iacc) {
+        int it = kf_imma_gemm_tile(st->g, n);
+        mma8 mm = {.x = gm.b, .w = gm.a}; /* A the rows, B the columns */
+        return it ? gen_mma8(st, s, n, NULL, &gm, &mm, it) : gen_igemm(st, s, n, &gm);
+    }
     const kf_type *ot = &st->g->values[n->out[0]].type;
     const char *I = st->ity;
     int64_t tm, tn, ntiles;
@@ -1146,17 +1167,6 @@ static bool conv_value(gen *st, const kf_node *n, const ix *oi, int q, char *rhs
 #define ICONV_WG 128 /* 4 warps */
 #define ICONV_LD 12  /* shared words per row / column of a tile */
 
-/* The 8-bit operands of a convolution on tensor cores: ConvInteger's
- * (int8/uint8 with zero points), or a float8 convolution's (kf_fp8_conv
- * with both DequantizeLinears in the group): the float8 codes behind the
- * two DequantizeLinears, loaded as bytes into the same packed words, with
- * float sums scaled by sx sw[channel] after the k loop. Float8 padding and
- * edges load code 0, which is 0 in both formats. */
-typedef struct mma8 {
-    kf_id x, w;        /* the values whose bytes the tile loads */
-    kf_id sx, sw;      /* float8: the DequantizeLinears' scales; 0 for ConvInteger */
-    kf_dtype fx, fw;   /* float8: their formats */
-} mma8;
 
 /* The float8 form of Conv n in the group being generated, into *mm: both
  * DequantizeLinears members, their float8 values group inputs. */
@@ -1307,28 +1317,109 @@ static bool iconv_load(gen *st, const kf_node *n, const conv *cv, const mma8 *mm
     return ok;
 }
 
-static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, const mma8 *mm, int T) {
-    const conv cv = *cvp;
+/* One k step's loads of a MatMulInteger operand on the 8-bit tile for the
+ * slot of work-item KF_LOCAL_ID + ICONV_WG * slot: A's row e / 8, word e % 8
+ * (is_a: rows are contiguous in k, eight work-items read one row's 32 k),
+ * or B's column e % T, word e / T (consecutive work-items read consecutive
+ * columns); four values at k0 + 4 word + j as int8 lanes, 0 past M, N and
+ * K, packed into the shared tile, their sum added to register sum (when not
+ * NULL). Batch dims broadcast through operand_ix; ot is the output's type. */
+static bool gemm8_load(gen *st, const gemm *gm, const kf_type *ot, bool is_a, int T, int slot, const char *sum) {
+    const char *I = st->ity;
+    kf_cg_str *b = st->s;
+    kf_id v = is_a ? gm->a : gm->b;
+    const kf_type *t = &st->g->values[v].type;
+    int shift = t->dtype == KF_DT_UINT8 ? 128 : 0;
+    kf_cg_printf(b, "            {\n                const int e = KF_LOCAL_ID + %d;\n", ICONV_WG * slot);
+    st->ind = "                ";
+    if (is_a) kf_cg_printf(b, "                const int lr = e / 8, word = e %% 8;\n                const %s gm = tm * %d + lr;\n", I, T);
+    else kf_cg_printf(b, "                const int lc = e %% %d, word = e / %d;\n                const %s gn = tn * %d + lc;\n", T, T, I, T);
+    /* A read as it is stored (a kernel parameter, rows of K a multiple of 4,
+     * 2-D or with the output's batch dims): a word at a time, as the conv's
+     * weights (uint8 lanes moved to int8 by flipping their top bits) */
+    bool stored = is_a && gm->K % 4 == 0 && (t->rank == 2 || t->rank - 2 == gm->nb);
+    for (int d = 0; stored && d < t->rank - 2; d++) stored = t->dims[d] == ot->dims[d];
+    int wp = stored ? param_of(st, v) : -1;
+    if (wp >= 0) {
+        char row[64]; /* "(tb * 123456789 + gm)" */
+        if (t->rank > 2) snprintf(row, sizeof row, "(tb * %lld + gm)", (long long)gm->M);
+        else snprintf(row, sizeof row, "gm");
+        kf_cg_printf(b, "                int wv = 0;\n"
+                        "                if (gm < %lld && k0 + word * 4 < %lld) wv = KF_LOAD_W4(in%d, (%s * %lld + k0 + word * 4) / 4)%s;\n"
+                        "                kf_a[lr * %d + word] = wv;\n",
+                     (long long)gm->M, (long long)gm->K, wp, row, (long long)gm->K, shift ? " ^ (int)0x80808080u" : "",
+                     ICONV_LD);
+        if (sum) kf_cg_printf(b, "                %s = KF_DOT4(wv, 0x01010101, %s);\n", sum, sum);
+        kf_cg_puts(b, "            }\n");
+        return true;
+    }
+    bool ok = true;
+    for (int j = 0; ok && j < 4; j++) {
+        char gk[8], reg[8], cond[128]; /* two compares of a name with a number */
+        snprintf(gk, sizeof gk, "gk%d", j);
+        snprintf(reg, sizeof reg, "x%d", j);
+        kf_cg_printf(b, "                const %s %s = k0 + word * 4 + %d;\n", I, gk, j);
+        if (is_a) snprintf(cond, sizeof cond, "gm < %lld && %s < %lld", (long long)gm->M, gk, (long long)gm->K);
+        else snprintf(cond, sizeof cond, "%s < %lld && gn < %lld", gk, (long long)gm->K, (long long)gm->N);
+        ix at;
+        operand_ix(gm, t, is_a, is_a ? "gm" : gk, is_a ? gk : "gn", &at);
+        ok = load_guarded(st, reg, cond, v, &at, 0, NULL, shift);
+    }
+    if (is_a) kf_cg_printf(b, "                kf_a[lr * %d + word] = KF_PACK4(x0, x1, x2, x3);\n", ICONV_LD);
+    else kf_cg_printf(b, "                kf_b[lc * %d + word] = KF_PACK4(x0, x1, x2, x3);\n", ICONV_LD);
+    if (sum) kf_cg_printf(b, "                %s += x0 + x1 + x2 + x3;\n", sum);
+    kf_cg_puts(b, "            }\n");
+    return ok;
+}
+
+/* The 8-bit tensor-core tile: a convolution's implicit GEMM (cvp; mm its
+ * operands: the weights are the rows, the gathered input the columns) or
+ * a MatMulInteger (gmp; A the rows, B the columns, per batch of the
+ * output), in T x T tiles. The sums, zero points and epilogue are the
+ * same for both: only the loads, the output coordinates and which zero
+ * point goes with which operand differ. */
+static bool gen_mma8(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, const gemm *gmp, const mma8 *mm, int T) {
     const char *I = st->ity;
     const bool f8 = mm->sx != 0;
-    int64_t K = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1), NP = cv.N * cv.npix;
-    int64_t tm = (cv.M + T - 1) / T, tn = (NP + T - 1) / T, ntiles = tm * tn;
+    const kf_type *ot = &st->g->values[n->out[0]].type;
+    int64_t M, NP, K, nbatch = 1;
+    if (cvp) {
+        M = cvp->M;
+        NP = cvp->N * cvp->npix;
+        K = numel_of(cvp->wt) / (M > 0 ? M : 1);
+    } else {
+        M = gmp->M;
+        NP = gmp->N;
+        K = gmp->K;
+        for (int d = 0; d < gmp->nb; d++) nbatch *= ot->dims[d];
+    }
+    int64_t tm = (M + T - 1) / T, tn = (NP + T - 1) / T, ntiles = nbatch * tm * tn;
     if (ntiles > INT32_MAX / ICONV_WG) return fail(st, "node '%s': %lld tiles (not generated)", kf_node_label(n), (long long)ntiles);
     kf_free(st->k->name);
-    if (!(st->k->name = kf_strdup(f8 ? "kf_f8conv" : "kf_iconv"))) return fail_oom(st);
+    if (!(st->k->name = kf_strdup(f8 ? "kf_f8conv" : cvp ? "kf_iconv" : "kf_imma"))) return fail_oom(st);
     st->k->block = ICONV_WG;
     st->k->numel = ntiles * ICONV_WG;
     if (f8) st->k->parts |= KF_CG_PART_F8 | KF_CG_PART_F8MMA;
     const int slots = T * 8 / ICONV_WG, wt = T / 2, mt = wt / 16, nt = wt / 8;
-    kf_id zx = !f8 && n->nin > 2 ? n->in[2] : 0, zw = !f8 && n->nin > 3 ? n->in[3] : 0;
-    /* row sums of w matter when x's zero point (as int8) is not 0, column sums of x when w's is not */
-    bool rows = zx || st->g->values[mm->x].type.dtype == KF_DT_UINT8;
-    bool cols = zw || st->g->values[mm->w].type.dtype == KF_DT_UINT8;
+    /* the rows' and the columns' zero points (ConvInteger: the weights' is
+     * per channel, the input's per tensor; MatMulInteger: A's per row or
+     * tensor, B's per column or tensor) */
+    kf_id zcol = 0, zrow = 0;
+    const char *zcol_at = "0";
+    if (cvp && !f8) zcol = n->nin > 2 ? n->in[2] : 0, zrow = n->nin > 3 ? n->in[3] : 0;
+    if (gmp) zrow = gmp->za, zcol = gmp->zb, zcol_at = "gn";
+    /* row sums matter when the columns' zero point (as int8) is not 0, column sums when the rows' is not */
+    bool rows = zcol || st->g->values[mm->x].type.dtype == KF_DT_UINT8;
+    bool cols = zrow || st->g->values[mm->w].type.dtype == KF_DT_UINT8;
 
     kf_cg_str body = {0};
     st->s = &body;
-    kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
-    kf_cg_printf(&body, "        const %s tm = tile / %lld;\n", I, (long long)tn);
+    st->ind = "        ";
+    if (gmp) tile_coords(st, gmp, ot, tm, tn);
+    else {
+        kf_cg_printf(&body, "        const %s tn = tile %% %lld;\n", I, (long long)tn);
+        kf_cg_printf(&body, "        const %s tm = tile / %lld;\n", I, (long long)tn);
+    }
     kf_cg_printf(&body, "        %s acc[%d][%d][4];\n"
                         "        KF_UNROLL for (int p = 0; p < %d; p++)\n"
                         "            KF_UNROLL for (int q = 0; q < %d; q++) acc[p][q][0] = acc[p][q][1] = acc[p][q][2] = acc[p][q][3] = 0;\n",
@@ -1339,16 +1430,13 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
     }
     kf_cg_printf(&body, "        for (%s k0 = 0; k0 < %lld; k0 += 32) {\n", I, (long long)K);
     bool ok = true;
-    for (int sl = 0; ok && sl < slots; sl++) {
-        char sum[8];
-        snprintf(sum, sizeof sum, "ra%d", sl);
-        ok = iconv_load(st, n, &cv, mm, true, T, sl, rows ? sum : NULL, K);
-    }
-    for (int sl = 0; ok && sl < slots; sl++) {
-        char sum[8];
-        snprintf(sum, sizeof sum, "cb%d", sl);
-        ok = iconv_load(st, n, &cv, mm, false, T, sl, cols ? sum : NULL, K);
-    }
+    for (int pass = 0; pass < 2; pass++)
+        for (int sl = 0; ok && sl < slots; sl++) {
+            char sum[8];
+            snprintf(sum, sizeof sum, pass ? "cb%d" : "ra%d", sl);
+            const char *use = (pass ? cols : rows) ? sum : NULL;
+            ok = cvp ? iconv_load(st, n, cvp, mm, !pass, T, sl, use, K) : gemm8_load(st, gmp, ot, !pass, T, sl, use);
+        }
     kf_cg_printf(&body, "            KF_BARRIER;\n"
                         "            KF_UNROLL for (int p = 0; p < %d; p++)\n"
                         "                KF_UNROLL for (int q = 0; q < %d; q++)\n"
@@ -1377,15 +1465,18 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
                         "                    const %s gm = tm * %d + lr;\n"
                         "                    const %s gc = tn * %d + lc;\n",
                  mt, nt, wt, wt, I, T, I, T);
-    kf_cg_printf(&body, "                    if (gm < %lld && gc < %lld) {\n", (long long)cv.M, (long long)NP);
+    kf_cg_printf(&body, "                    if (gm < %lld && gc < %lld) {\n", (long long)M, (long long)NP);
     const char *ind = "                        ";
     st->ind = ind;
-    kf_cg_printf(&body, "%sconst %s nb = gc / %lld;\n", ind, I, (long long)cv.npix);
-    int64_t stride = 1;
-    for (int d = cv.nsp - 1; d >= 0; d--) {
-        kf_cg_printf(&body, "%sconst %s o%d = (gc / %lld) %% %lld;\n", ind, I, d, (long long)stride, (long long)cv.ot->dims[2 + d]);
-        stride *= cv.ot->dims[2 + d];
-    }
+    if (cvp) {
+        kf_cg_printf(&body, "%sconst %s nb = gc / %lld;\n", ind, I, (long long)cvp->npix);
+        int64_t stride = 1;
+        for (int d = cvp->nsp - 1; d >= 0; d--) {
+            kf_cg_printf(&body, "%sconst %s o%d = (gc / %lld) %% %lld;\n", ind, I, d, (long long)stride,
+                         (long long)cvp->ot->dims[2 + d]);
+            stride *= cvp->ot->dims[2 + d];
+        }
+    } else kf_cg_printf(&body, "%sconst %s gn = gc;\n", ind, I);
     if (rows) kf_cg_printf(&body, "%sconst int sw = kf_ra[lr * 8] + kf_ra[lr * 8 + 1] + kf_ra[lr * 8 + 2] + kf_ra[lr * 8 + 3] + "
                                   "kf_ra[lr * 8 + 4] + kf_ra[lr * 8 + 5] + kf_ra[lr * 8 + 6] + kf_ra[lr * 8 + 7];\n", ind);
     if (cols) {
@@ -1394,7 +1485,7 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
         kf_cg_puts(&body, ";\n");
     }
     uint32_t mark = st->nmemo;
-    kf_cg_str sum = {0};
+    kf_cg_str sum = {0}, rhs = {0};
     kf_cg_puts(&sum, "(acc[p][q][f]");
     if (f8) {
         /* the float8 sums scaled as the DequantizeLinears scale, then Conv's bias */
@@ -1411,24 +1502,29 @@ static bool gen_iconv(gen *st, kf_cg_str *s, const kf_node *n, const conv *cvp, 
             if (ok) kf_cg_printf(&sum, " + %s", bv);
         }
     } else {
-        char zxs[NAMELEN + 16], zws[NAMELEN + 16]; /* "(name - 128)" */
-        ok = ok && izero(st, n->in[0], zx, "0", zxs, sizeof zxs) && izero(st, n->in[1], zw, "gm", zws, sizeof zws);
-        if (cols) kf_cg_printf(&sum, " - %s * sx", zws);
-        if (rows) kf_cg_printf(&sum, " - %s * sw", zxs);
-        if (rows && cols) kf_cg_printf(&sum, " + %lld * %s * %s", (long long)K, zxs, zws);
+        char zcs[NAMELEN + 16], zrs[NAMELEN + 16]; /* "(name - 128)" */
+        ok = ok && izero(st, mm->x, zcol, zcol_at, zcs, sizeof zcs) && izero(st, mm->w, zrow, "gm", zrs, sizeof zrs);
+        if (cols) kf_cg_printf(&sum, " - %s * sx", zrs);
+        if (rows) kf_cg_printf(&sum, " - %s * sw", zcs);
+        if (rows && cols) kf_cg_printf(&sum, " + %lld * %s * %s", (long long)K, zcs, zrs);
     }
     kf_cg_puts(&sum, ")");
     if (sum.oom) ok = fail_oom(st);
     ix oi;
-    conv_out_ix(&cv, "gm", &oi);
-    ok = ok && epilogue(st, n->out[0], &oi, sum.p, NULL);
+    if (cvp) {
+        conv_out_ix(cvp, "gm", &oi);
+        ok = ok && epilogue(st, n->out[0], &oi, sum.p, NULL);
+    } else ok = ok && anchor_value(st, n, gmp, sum.p, &oi, &rhs) && epilogue(st, n->out[0], &oi, rhs.p, NULL);
     st->nmemo = mark;
     kf_cg_str_release(&sum);
+    kf_cg_str_release(&rhs);
     kf_cg_puts(&body, "                    }\n                }\n");
     if (ok) {
         char title[96];
-        snprintf(title, sizeof title, "%s convolution on tensor cores (implicit GEMM, %d x %d tiles)",
-                 f8 ? "float8" : "integer", T, T);
+        if (cvp)
+            snprintf(title, sizeof title, "%s convolution on tensor cores (implicit GEMM, %d x %d tiles)",
+                     f8 ? "float8" : "integer", T, T);
+        else snprintf(title, sizeof title, "integer GEMM on tensor cores (%d x %d tiles)", T, T);
         header(st, s, title);
         kf_cg_printf(s, "    KF_SHARED int kf_a[%d] KF_ALIGN16;\n    KF_SHARED int kf_b[%d] KF_ALIGN16;\n", T * ICONV_LD,
                      T * ICONV_LD);
@@ -1445,8 +1541,8 @@ static bool gen_conv(gen *st, kf_cg_str *s, const kf_node *n) {
     if (!conv_setup(st, n, &cv)) return false;
     int iconv_t = st->iacc ? kf_iconv_tile(st->g, n) : 0;
     mma8 mm = {.x = n->in[0], .w = n->in[1]};
-    if (iconv_t) return gen_iconv(st, s, n, &cv, &mm, iconv_t);
-    if (f8conv_operands(st, n, &mm)) return gen_iconv(st, s, n, &cv, &mm, kf_mma_conv_tile(cv.ot));
+    if (iconv_t) return gen_mma8(st, s, n, &cv, NULL, &mm, iconv_t);
+    if (f8conv_operands(st, n, &mm)) return gen_mma8(st, s, n, &cv, NULL, &mm, kf_mma_conv_tile(cv.ot));
     int64_t taps = numel_of(cv.wt) / (cv.M > 0 ? cv.M : 1); /* products summed per output */
     if (st->iacc && taps > INT_SUM_MAX_K)
         return fail(st, "node '%s': windows of %lld taps could overflow the int sums (not generated)", kf_node_label(n),

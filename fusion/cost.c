@@ -209,6 +209,21 @@ int kf_iconv_tile(const kf_graph *g, const kf_node *n) {
     return kf_mma_conv_tile(ot);
 }
 
+int kf_imma_gemm_tile(const kf_graph *g, const kf_node *n) {
+    if (n->op != KF_OP_MATMUL_INTEGER || n->nin < 2 || !n->in[0] || !n->in[1] || !n->out[0]) return 0;
+    const kf_type *at = &g->values[n->in[0]].type, *bt = &g->values[n->in[1]].type, *ot = &g->values[n->out[0]].type;
+    if (!kf_type_is_static(at) || !kf_type_is_static(bt) || !kf_type_is_static(ot) || at->rank < 2 || bt->rank < 2 ||
+        ot->rank < 2)
+        return 0;
+    bool a8 = at->dtype == KF_DT_INT8 || at->dtype == KF_DT_UINT8, b8 = bt->dtype == KF_DT_INT8 || bt->dtype == KF_DT_UINT8;
+    int64_t k = at->dims[at->rank - 1];
+    if (!a8 || !b8 || k > INT32_MAX / (255 * 255)) return 0;
+    int64_t batch = 1;
+    for (int d = 0; d < ot->rank - 2; d++) batch *= ot->dims[d];
+    int64_t m = ot->dims[ot->rank - 2], nn = ot->dims[ot->rank - 1];
+    return ceil_div(m, 64) * ceil_div(nn, 64) * batch >= KF_GEMM_FILL_TILES ? 64 : 32;
+}
+
 int kf_mma_conv_tile(const kf_type *ot) {
     int64_t cols = ot->dims[0];
     for (int d = 2; d < ot->rank; d++) cols *= ot->dims[d];
@@ -742,6 +757,18 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             c->form = cg->anchor2 ? "gemm_b2b" : "gemm_rows";
             generated(t, cg->flops, blocks, gemm_rate(t, (double)rm / 4), KF_COST_ROW_BYTES + 8704, bytes,
                       (double)blocks * (wbytes + w2), c);
+            return;
+        }
+        int it = kf_imma_gemm_tile(g, a);
+        if (it) {
+            /* the integer tensor-core tile: priced as the integer conv's
+             * below, each T x T tile reading T rows of A and T columns of B
+             * per k */
+            int64_t tiles = ceil_div(d.m, it) * ceil_div(d.n, it) * d.batch;
+            double peak = t->tc_tops_int8 > 0 ? t->tc_tops_int8 : t->fma_tflops_fp32;
+            c->form = "imma";
+            generated_at(t, peak, cg->flops, tiles, t->imma_blk_frac * (it == 64 ? 1.0 : 0.25), (int64_t)it * 12 * 4 * 2 + it * 64,
+                         bytes, (double)tiles * 2.0 * (double)it * (double)d.k, c);
             return;
         }
         if (a->op == KF_OP_MATMUL_INTEGER) {

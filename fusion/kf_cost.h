@@ -220,6 +220,13 @@ int kf_iconv_tile(const kf_graph *g, const kf_node *n);
 /* The tile T of that kernel for a convolution output of (static) type ot;
  * a float8 convolution (kf_fp8_conv) runs on the same kernel. */
 int kf_mma_conv_tile(const kf_type *ot);
+/* MatMulInteger on the same tensor-core tile (codegen/cg_anchor.c,
+ * gen_mma8): static shapes, 8-bit operands of rank 2 or more (batch dims
+ * broadcast), K of at most INT32_MAX / 255^2 (exact int sums); rows are M,
+ * columns N, per batch. T: 64 while the output gives at least
+ * KF_GEMM_FILL_TILES tiles, else 32; 0 when n is not such a MatMulInteger
+ * (a 1-D operand keeps the packed GEMM of kf_igemm_tile). */
+int kf_imma_gemm_tile(const kf_graph *g, const kf_node *n);
 
 /* The streaming attention kernel's passes over the keys for back-to-back
  * MatMuls a -> b with Softmax r (over the keys) between

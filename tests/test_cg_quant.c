@@ -103,8 +103,8 @@
     "n = MatMulInteger(as, bq, zs)\n"                                                                  \
     "output o\noutput n\n"
 
-/* The packed integer GEMM over several tiles each way (M 70, N 130, K 300:
- * not a multiple of the 16-deep k step nor of the 4 lanes of a word) with
+/* The integer GEMM over several tiles each way (M 70, N 130, K 300: not a
+ * multiple of the 32-deep k step nor of the 4 lanes of a word) with
  * every zero-point form of its sums: uint8 x uint8 with both zero points
  * (row and column sums and the K za zb term), uint8 without a zero point
  * (moved to int8, its zero point -128), int8 x int8 with none (no sums), and
@@ -123,7 +123,7 @@
     "m3 = MatMulInteger(as, cs)\n"                                                                     \
     "output m1\noutput m2\noutput m3\n"
 
-/* Enough output tiles for the 64 x 64 integer GEMM (5 x 27 = 135 of
+/* Enough output tiles for the 64 x 64 integer GEMM tile (5 x 27 = 135 of
  * them, KF_GEMM_FILL_TILES), the other tests' shapes taking 32 x 32. */
 #define MATMUL_INTEGER_BIG                                                                             \
     "opset 13\ninput a float[260, 20]\n"                                                              \
@@ -249,22 +249,106 @@ Test(cg_quant, matmul_integer_with_requantize_bit_for_bit_on_opencl) {
     cr_assert_eq(run_kinds(MATMUL_INTEGER, ANCHOR, 0), 2);
 }
 
-/* The planner puts the requantising epilogue in the integer anchor's
- * group, and the whole plan runs nothing on the host. */
-Test(cg_quant, packed_integer_gemm_every_zero_point_form_bit_for_bit_on_opencl) {
-    cgu_need_opencl();
-    cr_assert_eq(run_kinds(MATMUL_INTEGER_TILES, ANCHOR, 0), 3);
+/* The tile size a kf_imma or kf_iconv kernel says it took. */
+static void mma8_tile_seen(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    (void)p, (void)gi;
+    int *tiles = ctx;
+    cr_assert_not_null(strstr(k->body, "KF_MMA_I8("), "%s", k->body);
+    if (strstr(k->body, "64 x 64 tiles")) tiles[1]++;
+    else if (strstr(k->body, "32 x 32 tiles")) tiles[0]++;
 }
 
-/* Both tile sizes of the integer GEMM: the kernel text says which it took. */
-Test(cg_quant, integer_gemm_takes_64_tiles_only_when_there_are_enough) {
+/* MatMulInteger takes the integer convolution's tensor-core tile: both
+ * tile sizes, every zero-point form, a batch of B broadcast against 2-D A;
+ * the kernel text says which tile it took. */
+Test(cg_quant, integer_gemm_on_tensor_core_tiles_every_zero_point_form_bit_for_bit_on_opencl) {
+    cgu_need_opencl();
+    int tiles[2] = {0, 0};
+    cgu_run_opts o = {ANCHOR, "kf_imma", 0, 0, 0, 0, mma8_tile_seen, tiles};
+    cr_assert_eq(cgu_run_groups(MATMUL_INTEGER_TILES, &o), 3);
+    cr_assert_eq(cgu_run_groups(MATMUL_INTEGER, &o), 2);
+    cr_assert_eq(tiles[0], 5, "32 x 32 tiles for these small outputs");
+    cr_assert_eq(cgu_run_groups(MATMUL_INTEGER_BIG, &o), 1);
+    cr_assert_eq(tiles[1], 1, "64 x 64 tiles when there are enough");
+}
+
+/* A read a word at a time (a kernel parameter, K a multiple of 4): int8 A
+ * batched like the output against 2-D and batched B, with A's zero point
+ * (B's column sums); uint8 A (lanes flipped to int8) against uint8 B with
+ * per-column zero points (both sums and the K za zb term). */
+#define MATMUL_INTEGER_STORED                                                                          \
+    "opset 13\ninput a int8[2, 40, 96]\ninput u uint8[70, 64]\n"                                       \
+    "const b int8[96, 80] = random\nconst c int8[2, 96, 50] = random\nconst w uint8[64, 30] = random\n" \
+    "const za int8[] = 3\nconst zu uint8[] = 140\n"                                                    \
+    "const zw uint8[30] = 120 128 131 7 200 0 255 128 90 128\n"                                          \
+    "m1 = MatMulInteger(a, b, za)\n"                                                                   \
+    "m2 = MatMulInteger(a, c)\n"                                                                       \
+    "m3 = MatMulInteger(u, w, zu, zw)\n"                                                               \
+    "output m1\noutput m2\noutput m3\n"
+
+/* The word loads of A: the kernels read in0 through KF_LOAD_W4. */
+static void a_words_seen(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
+    (void)p, (void)gi;
+    cr_assert_not_null(strstr(k->body, "KF_LOAD_W4(in0,"), "%s", k->body);
+    ++*(int *)ctx;
+}
+
+Test(cg_quant, integer_gemm_reads_a_stored_operand_a_word_at_a_time_on_opencl) {
+    cgu_need_opencl();
+    int seen = 0;
+    cgu_run_opts o = {ANCHOR, "kf_imma", 0, 0, 0, 0, a_words_seen, &seen};
+    cr_assert_eq(cgu_run_groups(MATMUL_INTEGER_STORED, &o), 3);
+    cr_assert_eq(seen, 3);
+}
+
+/* Which MatMulInteger takes the tensor-core tile, and which size. */
+Test(cg_quant, integer_gemm_tile_choice) {
+    kf_model *m = gt_parse("opset 13\ninput a int8[2, 128, 768]\ninput v uint8[768]\ninput f float[128, 768]\n"
+                           "input u uint8[512, 768]\n"
+                           "const w int8[768, 3072] = random\nconst w2 int8[2, 768, 768] = random\n"
+                           "const wf float[768, 768] = random\n"
+                           "m1 = MatMulInteger(a, w)\nm2 = MatMulInteger(u, w)\nm3 = MatMulInteger(v, w)\n"
+                           "m4 = MatMulInteger(a, w2)\nm5 = MatMul(f, wf)\n"
+                           "output m1, m2, m3, m4, m5\n");
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    const kf_graph *g = m->graph;
+    int t[5], k = 0;
+    for (kf_id i = 1; i < g->nnodes && k < 5; i++)
+        if (!g->nodes[i].dead) t[k++] = kf_imma_gemm_tile(g, &g->nodes[i]);
+    cr_assert_eq(k, 5);
+    cr_expect_eq(t[0], 64, "a batch of 2 x 2 x 48 tiles of 64: %d", t[0]);
+    cr_expect_eq(t[1], 64, "8 x 48 tiles of 64: %d", t[1]);
+    cr_expect_eq(t[2], 0, "a 1-D A keeps the packed GEMM: %d", t[2]);
+    cr_expect_eq(t[3], 32, "2 x 2 x 12 tiles of 64 are too few: %d", t[3]);
+    cr_expect_eq(t[4], 0, "a float MatMul: %d", t[4]);
+    kf_model_free(m);
+}
+
+/* A MatMulInteger of a vector keeps the packed integer GEMM (kf_igemm:
+ * four 8-bit lanes a word, KF_DOT4): uint8 vector x int8 matrix with both
+ * zero points, and an int8 matrix x uint8 vector. */
+#define MATMUL_INTEGER_VECTOR                                                                          \
+    "opset 13\ninput a float[37]\ninput c float[70, 37]\n"                                            \
+    "const b float[37, 70] = random\n"                                                                 \
+    "const s float[] = 0.02\nconst za uint8[] = 131\nconst zb int8[] = -3\n"                          \
+    "aq = QuantizeLinear(a, s, za)\n"                                                                  \
+    "bq = QuantizeLinear(b, s, zb)\n"                                                                  \
+    "cq = QuantizeLinear(c, s, zb)\n"                                                                  \
+    "m1 = MatMulInteger(aq, bq, za, zb)\n"                                                             \
+    "m2 = MatMulInteger(cq, aq, zb, za)\n"                                                             \
+    "output m1\noutput m2\n"
+
+/* Both tile sizes of the packed integer GEMM (kf_igemm_tile), and its
+ * vector forms on OpenCL. */
+Test(cg_quant, packed_integer_gemm_of_a_vector_bit_for_bit_on_opencl) {
     cr_expect_eq(kf_igemm_tile(128, 768, 1), 32, "BERT-base's 128 x 768: 24 tiles of 64");
     cr_expect_eq(kf_igemm_tile(128, 3072, 1), 32, "96 tiles of 64");
     cr_expect_eq(kf_igemm_tile(512, 3072, 1), 64);
     cr_expect_eq(kf_igemm_tile(128, 768, 8), 64, "a batch of 8: 192 tiles");
     cr_expect_eq(kf_igemm_tile(260, 1700, 1), 64);
     cgu_need_opencl();
-    cr_assert_eq(run_kinds(MATMUL_INTEGER_BIG, ANCHOR, 0), 1);
+    cgu_run_opts o = {ANCHOR, "kf_igemm", 0, 0, 0, 0, NULL, NULL};
+    cr_assert_eq(cgu_run_groups(MATMUL_INTEGER_VECTOR, &o), 2);
 }
 
 /* The tile size a kf_iconv kernel says it took. */
@@ -436,6 +520,8 @@ Test(cg_quant, cuda_text_compiles_with_nvrtc_sm80_sm90) {
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER, ANCHOR), 2);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_TILES, ANCHOR), 3);
     cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_BIG, ANCHOR), 1);
+    cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_VECTOR, ANCHOR), 2);
+    cr_assert_eq(cgu_nvrtc_check_text(MATMUL_INTEGER_STORED, ANCHOR), 3);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER_TILES, ANCHOR), 4);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_INTEGER_BIG, ANCHOR), 1);
     cr_assert_eq(cgu_nvrtc_check_text(CONV_FLOAT8_TILES, ANCHOR), 4);

@@ -7,8 +7,9 @@
 # each element of its row once (its 128-bit loads of the row input = the
 # steps a lane holds, no loop over the row), and nothing may spill; the
 # attention kernels (attn_*) must hold tensor-core instructions (HMMA), and
-# the integer GEMM (kf_igemm) dot products of four 8-bit lanes (IDP.4A), the
-# integer convolution (kf_iconv) int8 tensor-core instructions (IMMA), the
+# the integer GEMM (kf_imma) and the integer convolution (kf_iconv) int8
+# tensor-core instructions (IMMA), the packed integer GEMM of a 1-D operand
+# (kf_igemm) dot products of four 8-bit lanes (IDP.4A), the
 # float8 convolution (kf_f8conv) float8 tensor-core instructions on sm_89
 # (QMMA) and, on sm_90, where mma.sync has no float8 form, float16 ones
 # (HMMA) fed by the hardware's float8 unpacking (F2FP ... E4M3.UNPACK).
@@ -65,11 +66,12 @@ for m in "$root"/bench/sass/models/*.onnx; do
     note=""
     # compute kernels: their products must be on the instruction named; their
     # tile loads are element or byte loads (not held to the 128-bit rule):
-    # attention on tensor cores (HMMA) for 16-bit data, the integer GEMM by
-    # dot products of four 8-bit lanes (IDP.4A), the integer conv on int8
-    # tensor cores (IMMA)
+    # attention on tensor cores (HMMA) for 16-bit data, the integer GEMM and
+    # conv on int8 tensor cores (IMMA), the packed integer GEMM by dot
+    # products of four 8-bit lanes (IDP.4A)
     form=""
-    for f in "kf_attention:HMMA:attention" "kf_igemm:IDP\.4A:integer GEMM" "kf_iconv:IMMA:integer conv" \
+    for f in "kf_attention:HMMA:attention" "kf_imma:IMMA:integer GEMM" "kf_igemm:IDP\.4A:packed integer GEMM" \
+             "kf_iconv:IMMA:integer conv" \
              "kf_f8conv:HMMA:float8 conv"; do
       IFS=: read -r entry instr label <<<"$f"
       grep -q "$entry" "$cu" && { form=$label; break; }
@@ -103,4 +105,4 @@ for m in "$root"/bench/sass/models/*.onnx; do
   done
 done
 [ "$bad" -eq 0 ] || { echo "sass check: FAILED (see notes)"; exit 1; }
-echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM on IDP.4A, the integer conv on IMMA, the float8 conv on QMMA (sm_89) and unpacked to HMMA (sm_90), no spills (sm_80, sm_90)"
+echo "sass check: every memory-bound kernel 128-bit loads and stores only, attention on HMMA, the integer GEMM and conv on IMMA, the float8 conv on QMMA (sm_89) and unpacked to HMMA (sm_90), no spills (sm_80, sm_90)"
