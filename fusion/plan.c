@@ -107,7 +107,8 @@ kf_fclass pl_fclass(const kf_graph *g, const kf_node *n) {
 }
 
 /* Register cost of one node (see pl_regs): an elementwise op keeps about
- * one live result; a row reduction keeps accumulators, the row statistics
+ * one live result (a layout op none: pl_init_node; it only changes the
+ * index a value is read or stored at); a row reduction keeps accumulators, the row statistics
  * and warp-shuffle temporaries (~16); a GEMM/conv tile keeps its output
  * accumulators and operand fragments (128x128 tile over 256 threads = 64
  * floats, plus ~32 for fragments). */
@@ -1040,7 +1041,7 @@ kf_status pl_init_node(pl_state *s, kf_id x) {
     s->next[x] = 0;
     G->minpos = G->maxpos = s->pos[x];
     G->nnodes = 1;
-    G->cost = G->kind == KF_GROUP_CONST ? 0 : node_cost(fc);
+    G->cost = G->kind == KF_GROUP_CONST || G->layout_only ? 0 : node_cost(fc);
     G->flops = G->kind == KF_GROUP_CONST ? 0 : pl_node_flops(s->g, n);
     kf_id out0 = n->nout > 0 ? n->out[0] : 0, in0 = n->nin > 0 ? n->in[0] : 0;
     if (G->kind == KF_GROUP_REDUCTION) {

@@ -390,6 +390,30 @@ Test(cost, library_epilogues_the_runtime_takes_and_the_one_it_does_not) {
     kf_model_free(m);
 }
 
+/* Layout ops (Reshape, Transpose, Squeeze, ...) are index maps: they hold
+ * no registers, so an attention group near the register cap still takes
+ * a long chain of them (ViT's q/k/v cut by Reshape, Transpose, Squeeze and
+ * Gather, its output's Transpose and Reshape). At one register each, the
+ * 30 Transposes of k here pass the cap (255) and were refused. */
+Test(cost, layout_ops_hold_no_registers) {
+    char text[4096];
+    int n = snprintf(text, sizeof text, "opset 17\ninput q float16[1, 2, 16, 8]\ninput k0 float16[1, 2, 8, 16]\n"
+                                        "input v float16[1, 2, 16, 8]\nconst c float16[] = 0.35\n");
+    for (int i = 1; i <= 30; i++) /* an even count: k comes back to [1, 2, 8, 16] */
+        n += snprintf(text + n, sizeof text - (size_t)n, "k%d = Transpose(k%d) {perm=[0, 1, 3, 2]}\n", i, i - 1);
+    snprintf(text + n, sizeof text - (size_t)n,
+             "s = MatMul(q, k30)\nm = Mul(s, c)\np = Softmax(m) {axis=-1}\no = MatMul(p, v)\n"
+             "t = Transpose(o) {perm=[0, 2, 1, 3]}\nr = Flatten(t) {axis=2}\noutput r\n");
+    kf_model *m = gt_parse(text);
+    kf_plan *p = plan_on(m, "h200", false);
+    uint32_t g = group_of(m, p, "o");
+    cr_expect_eq(group_of(m, p, "k1"), g, "the Transposes of k are the attention's prologue");
+    cr_expect_eq(group_of(m, p, "r"), g, "the output's Transpose and Flatten its epilogue");
+    cr_expect_str_eq(p->groups[g].est_form, "attention");
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 /* BERT's merged Q/K/V projection: the attention group takes the Split as
  * a prologue (offered its select first: plan_build.c, select_edge), so
  * the library call keeps only its bias, with no epilogue kernel. */
