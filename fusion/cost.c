@@ -683,6 +683,12 @@ bool kf_cost_library(const kf_target *t, const kf_graph *g, const kf_cost_group 
     return true;
 }
 
+static void generated_anchor(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c);
+
+/* An anchor group: the library call (with its epilogue kernel) where the
+ * target's library takes the group, unless it is a float GEMM whose
+ * generated kernel is estimated faster (a small one, where the call's
+ * fixed cost dominates); the runtime follows the form (kernels/exec.c). */
 static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
     const kf_node *a = &g->nodes[cg->anchor];
     int64_t bytes = bytes_of(cg);
@@ -692,7 +698,11 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
     }
     bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE || a->op == KF_OP_CONV_INTEGER;
     kf_dtype dt = cg->operand_dtype ? cg->operand_dtype : a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
-    if (kf_cost_library(t, g, cg)) {
+    if (!kf_cost_library(t, g, cg)) {
+        generated_anchor(t, g, cg, c);
+        return;
+    }
+    {
         double flops = 0; /* doubles: products of dims may pass 64 bits on hostile shapes */
         int64_t tiles = 1, k = 1;
         bool tc_ok = true;
@@ -724,8 +734,26 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
             c->epilogue_us = epilogue_us(t, g, cg, a);
             c->us += c->epilogue_us;
         }
+        /* only where the generated kernel's rate is calibrated (kf_gemm,
+         * kf_gemm_rows: bench/RESULTS.md); the direct convolution's and the
+         * 8-bit tiles' are assumed */
+        if (conv || a->op == KF_OP_MATMUL_INTEGER || cg->fp8) return;
+        kf_cost gen = {.form = "none", .bound = "launch"};
+        generated_anchor(t, g, cg, &gen);
+        if (gen.known && gen.us < c->us) {
+            gen.lib_us = c->us;
+            *c = gen;
+        }
         return;
     }
+}
+
+/* An anchor group as a generated kernel. */
+static void generated_anchor(const kf_target *t, const kf_graph *g, const kf_cost_group *cg, kf_cost *c) {
+    const kf_node *a = &g->nodes[cg->anchor];
+    int64_t bytes = bytes_of(cg);
+    bool conv = a->op == KF_OP_CONV || a->op == KF_OP_CONV_TRANSPOSE || a->op == KF_OP_CONV_INTEGER;
+    kf_dtype dt = cg->operand_dtype ? cg->operand_dtype : a->nin && a->in[0] ? g->values[a->in[0]].type.dtype : KF_DT_FLOAT;
     c->known = true;
     if (!conv) {
         gemm_dims d;

@@ -524,7 +524,7 @@ void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_f
         fputs(", \"est_bound\": ", f);
         if (grp->est_bound) json_str(f, grp->est_bound);
         else fputs("null", f);
-        fprintf(f, ", \"est_epilogue_us\": %.3f, \"inputs\": ", grp->est_epilogue_us);
+        fprintf(f, ", \"est_epilogue_us\": %.3f, \"est_lib_us\": %.3f, \"inputs\": ", grp->est_epilogue_us, grp->est_lib_us);
         json_values(f, g, grp->inputs, grp->ninputs);
         fputs(", \"outputs\": ", f);
         json_values(f, g, grp->outputs, grp->noutputs);

@@ -101,6 +101,8 @@ typedef struct kf_cost {
                          * "latency", "launch" */
     bool known;         /* false: shapes unknown, us is a floor (launch only) */
     double epilogue_us; /* library forms: the generated epilogue kernel's part of us (0: none) */
+    double lib_us;      /* a group the library could run, estimated faster as the generated
+                         * kernel of `form`: the library call's estimate (0: not so) */
 } kf_cost;
 
 /* A group as the cost model sees it; kf_cost_of_group fills one from a

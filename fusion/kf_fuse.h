@@ -78,7 +78,7 @@ typedef struct kf_fuse_summary {
  * modeled_bytes_lower_bound, arena_bytes, arena_lower_bound, target (the
  * cost model's device, null without one), est_us (its estimate of one run),
  * cost_refusals, groups [{id, kind, launch, ops, nodes, bytes_read,
- * bytes_written, flops, est_us, est_blocks, est_form, est_bound, est_epilogue_us, inputs,
+ * bytes_written, flops, est_us, est_blocks, est_form, est_bound, est_epilogue_us, est_lib_us, inputs,
  * outputs}] and boundaries [{from, to, value, reason}]. Unknown figures are
  * -1 (est_us too without a target). */
 void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_fuse_summary *s);

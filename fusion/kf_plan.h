@@ -55,6 +55,8 @@ typedef struct kf_group {
     const char *est_form;  /* kernel form ("ew", "reduce", "lib_gemm", "gemm_b2b", ...) */
     const char *est_bound; /* what limits it ("memory", "compute", "latency", "launch") */
     double est_epilogue_us; /* a library form's generated epilogue kernel, part of est_us */
+    double est_lib_us;  /* > 0: the library could run this group, but its generated kernel is
+                         * estimated faster (est_us against this); the runtime then generates it */
 } kf_group;
 
 /* Why two adjacent groups were not merged: value `value` flows from a node

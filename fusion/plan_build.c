@@ -611,6 +611,7 @@ static void estimates(pl_state *s, kf_plan *p) {
         G->est_us = -1;
         G->est_blocks = 0;
         G->est_form = G->est_bound = NULL;
+        G->est_lib_us = 0;
         if (!s->target) continue;
         kf_cost_group cg;
         kf_cost c;
@@ -621,6 +622,7 @@ static void estimates(pl_state *s, kf_plan *p) {
         G->est_form = c.form;
         G->est_bound = c.bound;
         G->est_epilogue_us = c.epilogue_us;
+        G->est_lib_us = c.lib_us;
         p->est_us += c.us;
         if (G->launch != UINT32_MAX && G->launch == last_launch) p->est_us -= s->target->launch_us;
         if (G->launch != UINT32_MAX) last_launch = G->launch;

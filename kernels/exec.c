@@ -825,9 +825,15 @@ static kf_status make_steps(kf_exec *e, spec *s) {
                 return cst;
             }
         }
-        /* an anchor the library takes runs there, also when codegen declined it */
-        bool lib_only = false;
-        if (gr->kind == KF_GROUP_ANCHOR && e->dev) {
+        /* an anchor the library takes runs there, also when codegen declined
+         * it, unless the plan's estimate puts it on its generated kernel (a
+         * small float GEMM, where the call's fixed cost dominates:
+         * fusion/cost.c) and that kernel was generated */
+        bool lib_only = false, generated = !reason && gr->est_lib_us > 0;
+        if (generated && gr->kind == KF_GROUP_ANCHOR && e->dev && e->dev->lib && e->o.trace)
+            fprintf(e->o.trace, "kfuse: backend: group %u: generated, not the library: %s estimated %.1f us, the call %.1f us\n",
+                    gi, st->k.name ? st->k.name : gr->est_form, gr->est_us, gr->est_lib_us);
+        if (gr->kind == KF_GROUP_ANCHOR && e->dev && !generated) {
             KF_TRY(lib_step(e, s, st, &lib_only));
             if (st->lib) reason = NULL;
         }

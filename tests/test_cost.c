@@ -296,6 +296,29 @@ Test(cost, tiny_back_to_back_beats_two_library_calls) {
     kf_model_free(m);
 }
 
+/* A library call's fixed cost dominates a small GEMM: its generated kernel
+ * is estimated faster, and the group keeps the call's estimate (the
+ * runtime then generates it: kernels/exec.c). A BERT-sized GEMM stays the
+ * call, and so does a small convolution (the generated direct
+ * convolution's rate is assumed, not calibrated). */
+Test(cost, a_small_gemm_is_generated_where_the_call_costs_more) {
+    kf_model *m = gt_parse("input x float[8, 32]\nconst w float[32, 16] = random\ny = MatMul(x, w)\n"
+                           "input a float[128, 768]\nconst v float[768, 768] = random\nz = MatMul(a, v)\n"
+                           "input c float[1, 4, 8, 8]\nconst k float[4, 4, 3, 3] = random\nq = Conv(c, k)\n"
+                           "output y, z, q\n");
+    kf_plan *p = plan_on(m, "h200", false);
+    const kf_group *gy = &p->groups[group_of(m, p, "y")], *gz = &p->groups[group_of(m, p, "z")],
+                   *gq = &p->groups[group_of(m, p, "q")];
+    cr_expect_str_eq(gy->est_form, "gemm");
+    cr_expect_gt(gy->est_lib_us, gy->est_us, "the call %.2f us, generated %.2f us", gy->est_lib_us, gy->est_us);
+    cr_expect_str_eq(gz->est_form, "lib_gemm");
+    cr_expect_float_eq(gz->est_lib_us, 0, 1e-12);
+    cr_expect_str_eq(gq->est_form, "lib_conv");
+    cr_expect_float_eq(gq->est_lib_us, 0, 1e-12);
+    kf_plan_free(p);
+    kf_model_free(m);
+}
+
 Test(cost, a_bias_epilogue_joins_the_library_call) {
     kf_model *m = gt_parse("input x float[128, 768]\n"
                            "const w float[768, 768] = random\n"

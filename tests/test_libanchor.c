@@ -740,10 +740,13 @@ Test(libanchor, host_model_rejects_short_buffers) {
  * library call replaced by kf_la_gemm_host on downloaded buffers, the
  * epilogue kernels on PoCL) and compares every output with the reference
  * evaluator on the unoptimized model; returns the trace (caller frees). */
-static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend);
-static char *exec_matches_ref(const kf_model *m, bool lib) { return exec_on(m, lib, KF_EXEC_OPENCL); }
+static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend, const char *target);
+/* no cost model ("none"): at these test sizes it would put the small GEMMs
+ * on generated kernels (kf_group.est_lib_us), and these tests are about
+ * the library path */
+static char *exec_matches_ref(const kf_model *m, bool lib) { return exec_on(m, lib, KF_EXEC_OPENCL, "none"); }
 
-static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend) {
+static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend, const char *target) {
     setenv("KFUSE_LIBANCHOR_HOST", "1", 1);
     char *trace = NULL;
     size_t tlen = 0;
@@ -753,6 +756,7 @@ static char *exec_on(const kf_model *m, bool lib, kf_exec_backend backend) {
     o.backend = backend;
     o.trace = tf;
     o.no_vendor_lib = !lib;
+    o.target = target;
     char dir[] = "/tmp/kf_libanchor_XXXXXX";
     cr_assert_not_null(mkdtemp(dir));
     o.cache_dir = dir;
@@ -813,6 +817,25 @@ Test(libanchor, exec_runs_library_steps_and_epilogues_on_opencl) {
     /* and the kill switch: no library step */
     trace = exec_matches_ref(m, false);
     cr_assert_null(strstr(trace, "library GEMM"), "%s", trace);
+    free(trace);
+    kf_model_free(m);
+}
+
+/* With the cost model (h200), a small GEMM runs as its generated kernel,
+ * which the plan estimates faster than the call (kf_group.est_lib_us); a
+ * BERT-sized projection stays the library call. Both match the reference. */
+Test(libanchor, exec_follows_the_plan_estimate_library_or_generated) {
+    cgu_need_opencl();
+    kf_model *m = gt_parse("input x float[8, 32]\nconst w float[32, 16] = random\ny = MatMul(x, w)\n"
+                           "input a float[128, 768]\nconst v float[768, 768] = random\nz = MatMul(a, v)\n"
+                           "output y, z\n");
+    char *trace = exec_on(m, true, KF_EXEC_OPENCL, "h200");
+    uint32_t calls = 0, generated = 0;
+    for (const char *t = trace; (t = strstr(t, "library GEMM")); t++) calls++;
+    for (const char *t = trace; (t = strstr(t, "generated, not the library")); t++) generated++;
+    cr_expect_eq(calls, 1, "%s", trace);
+    cr_expect_eq(generated, 1, "%s", trace);
+    cr_expect_not_null(strstr(trace, "library GEMM 768x128x768"), "%s", trace); /* the call computes the transpose */
     free(trace);
     kf_model_free(m);
 }
@@ -933,7 +956,7 @@ Test(libanchor, cuda_library_calls_match_ref, .timeout = 300) {
     if (why) cr_skip_test("no CUDA device: %s", why);
     if ((why = kf_cublaslt_unavailable())) cr_skip_test("%s", why);
     kf_model *m = gt_parse(EXEC_MIX);
-    char *trace = exec_on(m, true, KF_EXEC_CUDA);
+    char *trace = exec_on(m, true, KF_EXEC_CUDA, "none");
     cr_assert_not_null(strstr(trace, "library GEMM"), "%s", trace);
     free(trace);
     kf_model_free(m);
@@ -943,7 +966,7 @@ Test(libanchor, cuda_library_calls_match_ref, .timeout = 300) {
                  "y = Conv(x, w, b) {pads=[1,1,1,1], strides=[2,1]}\nr = Relu(y)\noutput r\n"
                  "input h float[1, 8, 10, 10]\nconst dw float[8, 1, 3, 3] = random\n"
                  "y2 = Conv(h, dw) {group=8, pads=[2,2,2,2], dilations=[2,2]}\ns2 = Sigmoid(y2)\noutput s2\n");
-    trace = exec_on(m, true, KF_EXEC_CUDA);
+    trace = exec_on(m, true, KF_EXEC_CUDA, "none");
     cr_assert_not_null(strstr(trace, "library conv"), "%s", trace);
     free(trace);
     kf_model_free(m);
