@@ -702,49 +702,46 @@ static void anchor(const kf_target *t, kf_cost_math math, const kf_graph *g, con
         generated_anchor(t, g, cg, c);
         return;
     }
-    {
-        double flops = 0; /* doubles: products of dims may pass 64 bits on hostile shapes */
-        int64_t tiles = 1, k = 1;
-        bool tc_ok = true;
-        if (conv) {
-            int64_t cout, pix, batch;
-            const kf_type *w = &g->values[a->in[1]].type;
-            if (!conv_shape(g, a, &cout, &pix, &batch) || !kf_type_is_static(w)) return;
-            int64_t wn = numel_of(g, a->in[1]);
-            k = w->dims[0] > 0 ? wn / w->dims[0] : 1;
-            tc_ok = w->rank > 1 && w->dims[1] >= 8;
-            flops = 2.0 * (double)batch * (double)pix * (double)cout * (double)k;
-            tiles = ceil_div(batch * pix, 128) * ceil_div(cout, 64);
-        } else {
-            gemm_dims d;
-            if (!gemm_shape(g, a, &d)) return;
-            k = d.k;
-            flops = 2.0 * (double)d.m * (double)d.n * (double)d.k * (double)d.batch;
-            tiles = lib_tiles(t, d.m, d.n, d.batch, d.k);
-        }
-        c->known = true;
-        c->form = conv ? "lib_conv" : a->op == KF_OP_MATMUL_INTEGER ? "lib_igemm" : cg->fp8 ? "lib_gemm_fp8" : "lib_gemm";
-        if (cg->fp8) dt = KF_DT_FLOAT8E4M3FN; /* float8 tensor cores */
-        /* the call reads its operands and writes its output; the rest is
-         * the epilogue kernel's */
-        double call_bytes = (double)(cg->operand_bytes > 0 ? cg->operand_bytes : 0) + (double)value_bytes(g, a->out[0]);
-        library(t, math, flops, dt, tc_ok, conv ? t->lib_conv_frac : t->lib_gemm_frac,
-                conv ? t->lib_conv_fixed_us : t->lib_fixed_us, tiles, k, call_bytes, c);
-        if (cg->epilogue || cg->reduction) {
-            c->epilogue_us = epilogue_us(t, g, cg, a);
-            c->us += c->epilogue_us;
-        }
-        /* only where the generated kernel's rate is calibrated (kf_gemm,
-         * kf_gemm_rows: bench/RESULTS.md); the direct convolution's and the
-         * 8-bit tiles' are assumed */
-        if (conv || a->op == KF_OP_MATMUL_INTEGER || cg->fp8) return;
-        kf_cost gen = {.form = "none", .bound = "launch"};
-        generated_anchor(t, g, cg, &gen);
-        if (gen.known && gen.us < c->us) {
-            gen.lib_us = c->us;
-            *c = gen;
-        }
-        return;
+    double flops = 0; /* doubles: products of dims may pass 64 bits on hostile shapes */
+    int64_t tiles = 1, k = 1;
+    bool tc_ok = true;
+    if (conv) {
+        int64_t cout, pix, batch;
+        const kf_type *w = &g->values[a->in[1]].type;
+        if (!conv_shape(g, a, &cout, &pix, &batch) || !kf_type_is_static(w)) return;
+        int64_t wn = numel_of(g, a->in[1]);
+        k = w->dims[0] > 0 ? wn / w->dims[0] : 1;
+        tc_ok = w->rank > 1 && w->dims[1] >= 8;
+        flops = 2.0 * (double)batch * (double)pix * (double)cout * (double)k;
+        tiles = ceil_div(batch * pix, 128) * ceil_div(cout, 64);
+    } else {
+        gemm_dims d;
+        if (!gemm_shape(g, a, &d)) return;
+        k = d.k;
+        flops = 2.0 * (double)d.m * (double)d.n * (double)d.k * (double)d.batch;
+        tiles = lib_tiles(t, d.m, d.n, d.batch, d.k);
+    }
+    c->known = true;
+    c->form = conv ? "lib_conv" : a->op == KF_OP_MATMUL_INTEGER ? "lib_igemm" : cg->fp8 ? "lib_gemm_fp8" : "lib_gemm";
+    if (cg->fp8) dt = KF_DT_FLOAT8E4M3FN; /* float8 tensor cores */
+    /* the call reads its operands and writes its output; the rest is
+     * the epilogue kernel's */
+    double call_bytes = (double)(cg->operand_bytes > 0 ? cg->operand_bytes : 0) + (double)value_bytes(g, a->out[0]);
+    library(t, math, flops, dt, tc_ok, conv ? t->lib_conv_frac : t->lib_gemm_frac,
+            conv ? t->lib_conv_fixed_us : t->lib_fixed_us, tiles, k, call_bytes, c);
+    if (cg->epilogue || cg->reduction) {
+        c->epilogue_us = epilogue_us(t, g, cg, a);
+        c->us += c->epilogue_us;
+    }
+    /* only where the generated kernel's rate is calibrated (kf_gemm,
+     * kf_gemm_rows: bench/RESULTS.md); the direct convolution's and the
+     * 8-bit tiles' are assumed */
+    if (conv || a->op == KF_OP_MATMUL_INTEGER || cg->fp8) return;
+    kf_cost gen = {.form = "none", .bound = "launch"};
+    generated_anchor(t, g, cg, &gen);
+    if (gen.known && gen.us < c->us) {
+        gen.lib_us = c->us;
+        *c = gen;
     }
 }
 
