@@ -1167,7 +1167,6 @@ static bool conv_value(gen *st, const kf_node *n, const ix *oi, int q, char *rhs
 #define ICONV_WG 128 /* 4 warps */
 #define ICONV_LD 12  /* shared words per row / column of a tile */
 
-
 /* The float8 form of Conv n in the group being generated, into *mm: both
  * DequantizeLinears members, their float8 values group inputs. */
 static bool f8conv_operands(gen *st, const kf_node *n, mma8 *mm) {
