@@ -170,6 +170,7 @@ asan_unit_tests() { # a Criterion worker reports leaks at its exit without faili
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 LSAN_OPTIONS=exitcode=0:print_suppressions=0 \
     "$root/build-asan/tests/kfuse_tests" --jobs "$jobs" >"$log" 2>&1; local rc=$?
   grep -E "^\[FAIL\]|Synthesis" "$log"
+  grep -A3 "Assertion Failed" "$log" | head -60 # what a failing test asserted
   local ours; ours=$(awk -v root="$root/" '/ERROR: LeakSanitizer/ {rep = $0 "\n"; mine = 0; inrep = 1; next}
     inrep { rep = rep $0 "\n"; if (index($0, root)) mine = 1 }
     inrep && /^SUMMARY: AddressSanitizer/ { if (mine) printf "%s", rep; inrep = 0 }' "$log")
