@@ -351,19 +351,10 @@ Test(cg_quant, packed_integer_gemm_of_a_vector_bit_for_bit_on_opencl) {
     cr_assert_eq(cgu_run_groups(MATMUL_INTEGER_VECTOR, &o), 2);
 }
 
-/* The tile size a kf_iconv kernel says it took. */
-static void iconv_tile_seen(const kf_plan *p, uint32_t gi, const kf_cg_kernel *k, void *ctx) {
-    (void)p, (void)gi;
-    int *tiles = ctx;
-    cr_assert_not_null(strstr(k->body, "KF_MMA_I8("), "%s", k->body);
-    if (strstr(k->body, "64 x 64 tiles")) tiles[1]++;
-    else if (strstr(k->body, "32 x 32 tiles")) tiles[0]++;
-}
-
 Test(cg_quant, conv_integer_on_tensor_core_tiles_every_zero_point_form_bit_for_bit_on_opencl) {
     cgu_need_opencl();
     int tiles[2] = {0, 0};
-    cgu_run_opts o = {ANCHOR, "kf_iconv", 0, 0, 0, 0, iconv_tile_seen, tiles};
+    cgu_run_opts o = {ANCHOR, "kf_iconv", 0, 0, 0, 0, mma8_tile_seen, tiles};
     cr_assert_eq(cgu_run_groups(CONV_INTEGER_TILES, &o), 4);
     cr_assert_eq(cgu_run_groups(CONV_INTEGER, &o), 1);
     cr_assert_eq(tiles[0], 5, "32 x 32 tiles for these small outputs");
