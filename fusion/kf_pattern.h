@@ -148,6 +148,12 @@ typedef struct kf_rule {
     kf_pat_example *examples;
     int nexamples;
     const char *root_op; /* op type at the root (callbacks: the op they start from) */
+    kf_op root_opid;     /* root_op resolved in the op table (0: none) */
+    /* A built-in rule not parsed yet (kf_rules_add_builtin_lazy): its text,
+     * which outlives the rule; NULL once parsed. Until then only name,
+     * file, line, root_op, root_opid and opt_in are set. */
+    const char *lazy_text;
+    size_t lazy_len;
     kf_rule_fn fn;
     void *user;
     /* statistics of the last kf_rewrite run */
@@ -168,6 +174,11 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
 kf_status kf_rules_load_file(kf_ruleset *rs, const char *path);
 /* Appends the built-in rules (the .kfp files of fusion/patterns, embedded). */
 kf_status kf_rules_add_builtin(kf_ruleset *rs);
+/* The same rules, each parsed on its first kf_rule_try (kf_rule_complete):
+ * a run parses only the rules whose root op the graph has. */
+kf_status kf_rules_add_builtin_lazy(kf_ruleset *rs);
+/* Parses a rule added by kf_rules_add_builtin_lazy (no-op otherwise). */
+kf_status kf_rule_complete(kf_rule *r);
 /* Appends a C callback rule for nodes of op type root_op. */
 kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *root_op, kf_rule_fn fn,
                                 void *user);

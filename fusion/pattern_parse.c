@@ -613,8 +613,8 @@ static void attr_free(kf_pat_attr *a) {
     kf_free(a->ref_attr);
 }
 
-static void rule_free(kf_rule *r) {
-    if (!r) return;
+/* Frees what a rule's list entries, name, file and near misses hold. */
+static void rule_free_contents(kf_rule *r) {
     kf_free(r->name);
     kf_free(r->file);
     for (int i = 0; i < r->nvars; i++) kf_free(r->vars[i].name);
@@ -643,6 +643,11 @@ static void rule_free(kf_rule *r) {
         kf_free(r->near[i].node);
         kf_free(r->near[i].reason);
     }
+}
+
+static void rule_free(kf_rule *r) {
+    if (!r) return;
+    rule_free_contents(r);
     kf_free(r->vars);
     kf_free(r->src);
     kf_free(r->guards);
@@ -651,34 +656,69 @@ static void rule_free(kf_rule *r) {
     kf_free(r);
 }
 
-/* A text rule being parsed: its lists at their maxima, zeroed. */
-static kf_rule *rule_new_text(void) {
+/* Frees a rule whose lists may still be (some of) the scratch lists l: their
+ * contents are freed, the scratch entries zeroed, and only lists of the
+ * rule's own are freed. */
+struct rule_lists;
+static void rule_drop_scratch(kf_rule *r, struct rule_lists *l);
+/* The lists of the rule being parsed, at their maxima. One set serves every
+ * rule of a kf_rules_parse call: a finished rule takes copies of the entries
+ * it used and those are zeroed again, so each rule zeroes only what it
+ * wrote (zeroing the maxima per rule was most of the cost of a rule set). */
+typedef struct rule_lists {
+    kf_pat_var vars[KF_PAT_MAX_VARS];
+    kf_pat_node src[KF_PAT_MAX_NODES];
+    kf_pat_guard guards[KF_PAT_MAX_GUARDS];
+    kf_pat_node dst[KF_PAT_MAX_NODES];
+    kf_pat_example examples[KF_PAT_MAX_VARS];
+} rule_lists;
+
+static void rule_drop_scratch(kf_rule *r, rule_lists *l) {
+    if (!r) return;
+    rule_free_contents(r);
+    void *lists[5] = {r->vars, r->src, r->guards, r->dst, r->examples};
+    void *scratch[5] = {l->vars, l->src, l->guards, l->dst, l->examples};
+    for (int i = 0; i < 5; i++)
+        if (lists[i] != scratch[i]) kf_free(lists[i]);
+    memset(l, 0, sizeof *l); /* a half-parsed entry past a count is zeroed too */
+    kf_free(r);
+}
+
+/* A text rule being parsed, its lists in the zeroed scratch lists. */
+static kf_rule *rule_new_text(rule_lists *l) {
     kf_rule *r = kf_calloc(1, sizeof *r);
     if (!r) return NULL;
-    r->vars = kf_calloc(KF_PAT_MAX_VARS, sizeof *r->vars);
-    r->src = kf_calloc(KF_PAT_MAX_NODES, sizeof *r->src);
-    r->guards = kf_calloc(KF_PAT_MAX_GUARDS, sizeof *r->guards);
-    r->dst = kf_calloc(KF_PAT_MAX_NODES, sizeof *r->dst);
-    r->examples = kf_calloc(KF_PAT_MAX_VARS, sizeof *r->examples);
-    if (!r->vars || !r->src || !r->guards || !r->dst || !r->examples) {
-        rule_free(r);
-        return NULL;
-    }
+    r->vars = l->vars;
+    r->src = l->src;
+    r->guards = l->guards;
+    r->dst = l->dst;
+    r->examples = l->examples;
     return r;
 }
 
-/* Gives a list back all but its used entries (a failed shrink keeps it). */
-static void shrink(void **list, int n, size_t size) {
-    void *p = kf_realloc(*list, (size_t)(n > 0 ? n : 1) * size);
-    if (p) *list = p;
+/* A copy of the used entries of a scratch list, which are zeroed again. */
+static kf_status take_list(void **list, int n, size_t size) {
+    void *p = kf_malloc((size_t)(n > 0 ? n : 1) * size);
+    if (!p) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    memcpy(p, *list, (size_t)n * size);
+    memset(*list, 0, (size_t)n * size);
+    *list = p;
+    return KF_OK;
 }
 
-static void rule_shrink(kf_rule *r) {
-    shrink((void **)&r->vars, r->nvars, sizeof *r->vars);
-    shrink((void **)&r->src, r->nsrc, sizeof *r->src);
-    shrink((void **)&r->guards, r->nguards, sizeof *r->guards);
-    shrink((void **)&r->dst, r->ndst, sizeof *r->dst);
-    shrink((void **)&r->examples, r->nexamples, sizeof *r->examples);
+/* Gives a finished rule lists of its own. On failure the lists not yet
+ * taken are dropped (with their contents) and the rule keeps the rest. */
+static kf_status rule_take_lists(kf_rule *r, rule_lists *l) {
+    void **lists[5] = {(void **)&r->vars, (void **)&r->src, (void **)&r->guards, (void **)&r->dst,
+                       (void **)&r->examples};
+    int counts[5] = {r->nvars, r->nsrc, r->nguards, r->ndst, r->nexamples};
+    size_t sizes[5] = {sizeof *r->vars, sizeof *r->src, sizeof *r->guards, sizeof *r->dst, sizeof *r->examples};
+    for (int i = 0; i < 5; i++)
+        if (take_list(lists[i], counts[i], sizes[i])) {
+            rule_drop_scratch(r, l);
+            return KF_ERR_NOMEM;
+        }
+    return KF_OK;
 }
 
 void kf_rules_free(kf_ruleset *rs) {
@@ -727,12 +767,14 @@ static kf_status finish_rule(lexer *lx, kf_rule *r) {
             return perr(&at, "match node '%s' does not feed the root (patterns are DAGs with one root)", r->src[i].op);
         }
     }
+    r->root_opid = root->opid;
     return KF_OK;
 }
 
-kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const char *file) {
-    lexer lx = {text, text + len, file ? file : "<patterns>", 0, {0}};
+static kf_status parse_text(kf_ruleset *rs, const char *text, size_t len, const char *file, int line0) {
+    lexer lx = {text, text + len, file ? file : "<patterns>", line0, {0}};
     kf_rule *r = NULL;
+    rule_lists *scratch = NULL;
     section sec = SEC_NONE;
     char syms[16][64];
     int nsyms = 0;
@@ -757,7 +799,11 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
                 st = perr(&lx, "expected a rule name%s", "");
                 break;
             }
-            r = rule_new_text();
+            if (!scratch && !(scratch = kf_calloc(1, sizeof *scratch))) {
+                st = kf_fail(KF_ERR_NOMEM, "out of memory");
+                break;
+            }
+            r = rule_new_text(scratch);
             if (!r) {
                 st = kf_fail(KF_ERR_NOMEM, "out of memory");
                 break;
@@ -788,9 +834,10 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
                     break;
                 }
             if (st) break;
-            rule_shrink(r);
-            st = add_rule(rs, r);
-            r = NULL;
+            kf_rule *done = r;
+            r = NULL; /* rule_take_lists frees it on failure */
+            if ((st = rule_take_lists(done, scratch))) break;
+            st = add_rule(rs, done);
             continue;
         }
         if (is(&lx, "match") || is(&lx, "where") || is(&lx, "replace")) {
@@ -833,8 +880,13 @@ kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const cha
         }
     }
     if (!st && r) st = perr(&lx, "rule '%s' is missing 'end'", r->name);
-    if (st) rule_free(r);
+    if (st) rule_drop_scratch(r, scratch);
+    kf_free(scratch);
     return st;
+}
+
+kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const char *file) {
+    return parse_text(rs, text, len, file, 0);
 }
 
 kf_status kf_rules_load_file(kf_ruleset *rs, const char *path) {
@@ -874,6 +926,7 @@ kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *ro
     r->name = kf_strdup(name);
     r->file = kf_strdup("<callback>");
     r->root_op = root_op;
+    r->root_opid = root_op ? kf_op_lookup("", root_op) : 0;
     r->fn = fn;
     r->user = user;
     r->result_var = -1;
@@ -890,6 +943,119 @@ struct kf_builtin_patterns_entry {
     size_t len;
 };
 extern const struct kf_builtin_patterns_entry kf_builtin_patterns[];
+
+/* The rules of one built-in file as stubs: each rule's span of text, name,
+ * root op (the op of the last line of its match section) and opt_in, found
+ * by the lexer alone. A file the skim cannot read is parsed whole, which
+ * reports what is wrong with it. */
+static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, const char *file) {
+    uint32_t first = rs->n;
+    lexer lx = {text, text + len, file, 0, {0}};
+    const char *start = NULL, *p = text;
+    int start_line = 0;
+    bool in_match = false, opt_in = false;
+    char name[128] = "", root[128] = "";
+    kf_status st = KF_OK;
+    while (p < text + len && !st) {
+        lx.line++;
+        const char *eol = memchr(p, '\n', (size_t)(text + len - p));
+        if (!eol) eol = text + len;
+        const char *line = p;
+        lx.p = p;
+        lx.end = eol;
+        next(&lx);
+        p = eol + 1;
+        if (lx.t.kind == T_END) continue;
+        if (is(&lx, "rule")) {
+            next(&lx);
+            if (start || lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof name) goto whole;
+            snprintf(name, sizeof name, "%s", lx.t.text);
+            start = line;
+            start_line = lx.line;
+            in_match = opt_in = false;
+            root[0] = 0;
+        } else if (!start) {
+            goto whole;
+        } else if (is(&lx, "end")) {
+            char *sep = strstr(root, "::");
+            if (sep) *sep = 0;
+            kf_op op = root[0] ? kf_op_lookup(sep ? root : "", sep ? sep + 2 : root) : 0;
+            if (!op) goto whole;
+            kf_rule *r = kf_calloc(1, sizeof *r);
+            if (!r) return kf_fail(KF_ERR_NOMEM, "out of memory");
+            r->name = kf_strdup(name);
+            r->file = kf_strdup(file);
+            r->line = start_line;
+            r->root_opid = op;
+            r->root_op = kf_op_get(op)->name;
+            r->opt_in = opt_in;
+            r->result_var = -1;
+            r->lazy_text = start;
+            r->lazy_len = (size_t)(p > text + len ? text + len - start : p - start);
+            if (!r->name || !r->file) {
+                rule_free(r);
+                return kf_fail(KF_ERR_NOMEM, "out of memory");
+            }
+            if ((st = add_rule(rs, r))) return st;
+            start = NULL;
+        } else if (is(&lx, "match") || is(&lx, "where") || is(&lx, "replace") || is(&lx, "example") ||
+                   is(&lx, "requires") || is(&lx, "refines")) {
+            in_match = is(&lx, "match");
+        } else if (is(&lx, "opt_in")) {
+            opt_in = true;
+        } else if (in_match) { /* outs = Op(...): the last one is the root */
+            while (lx.t.kind == T_IDENT || is(&lx, ",")) next(&lx);
+            if (!is(&lx, "=")) goto whole;
+            next(&lx);
+            if (lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof root) goto whole;
+            snprintf(root, sizeof root, "%s", lx.t.text);
+        }
+    }
+    if (!start) return KF_OK;
+whole:
+    for (uint32_t i = first; i < rs->n; i++) rule_free(rs->rules[i]);
+    rs->n = first;
+    return parse_text(rs, text, len, file, 0);
+}
+
+kf_status kf_rule_complete(kf_rule *r) {
+    if (!r->lazy_text) return KF_OK;
+    kf_ruleset one = {0};
+    int line0 = r->line - 1;
+    kf_status st = parse_text(&one, r->lazy_text, r->lazy_len, r->file, line0);
+    if (!st && (one.n != 1 || strcmp(one.rules[0]->name, r->name) || one.rules[0]->root_opid != r->root_opid ||
+                one.rules[0]->opt_in != r->opt_in))
+        st = kf_fail(KF_ERR_INTERNAL, "%s:%d: rule '%s' parses unlike its skim", r->file, r->line, r->name);
+    if (st) {
+        kf_rules_free(&one);
+        return st;
+    }
+    /* the parsed rule's lists and fields move into r; r keeps its statistics */
+    kf_rule *q = one.rules[0];
+    r->vars = q->vars, r->nvars = q->nvars;
+    r->src = q->src, r->nsrc = q->nsrc;
+    r->guards = q->guards, r->nguards = q->nguards;
+    r->dst = q->dst, r->ndst = q->ndst;
+    r->examples = q->examples, r->nexamples = q->nexamples;
+    r->result_var = q->result_var;
+    r->min_opset = q->min_opset;
+    r->nan_refined = q->nan_refined;
+    r->root_op = q->root_op;
+    r->lazy_text = NULL;
+    q->vars = NULL, q->src = NULL, q->guards = NULL, q->dst = NULL, q->examples = NULL;
+    q->nvars = q->nsrc = q->nguards = q->ndst = q->nexamples = 0;
+    kf_rules_free(&one);
+    return KF_OK;
+}
+
+kf_status kf_rules_add_builtin_lazy(kf_ruleset *rs) {
+    for (const struct kf_builtin_patterns_entry *p = kf_builtin_patterns; p->name; p++) {
+        char file[256];
+        snprintf(file, sizeof file, "builtin:%s", p->name);
+        KF_TRY(skim_builtin(rs, p->text, p->len, file));
+    }
+    return KF_OK;
+}
 
 kf_status kf_rules_add_builtin(kf_ruleset *rs) {
     for (const struct kf_builtin_patterns_entry *p = kf_builtin_patterns; p->name; p++) {

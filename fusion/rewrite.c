@@ -37,12 +37,6 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
     kf_graph *g = m->graph;
     uint64_t total = 0;
     const char *last_rule = NULL;
-    kf_op *root_ops = kf_calloc(rs->n + 1, sizeof(kf_op));
-    if (!root_ops) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    for (uint32_t i = 0; i < rs->n; i++) {
-        kf_rule *r = rs->rules[i];
-        root_ops[i] = r->root_op ? kf_op_lookup(r->nsrc ? r->src[r->nsrc - 1].domain : "", r->root_op) : 0;
-    }
     kf_status st = kf_infer_shapes(m);
     int sweep = 0;
     bool out_of_fuel = false;
@@ -56,7 +50,7 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
             for (uint32_t i = 0; i < rs->n && !st; i++) {
                 const kf_node *n = &g->nodes[nid];
                 if (!node_live(g, n)) break;
-                if (root_ops[i] != n->op || !n->op) continue;
+                if (rs->rules[i]->root_opid != n->op || !n->op) continue;
                 if (opts && opts->fuel == 0) {
                     out_of_fuel = true;
                     break;
@@ -76,7 +70,6 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
         if (!st) st = kf_graph_dce(g, NULL);
         if (total == before) break;
     }
-    kf_free(root_ops);
     if (!st && sweep >= KF_REWRITE_MAX_SWEEPS)
         st = kf_fail(KF_ERR_INTERNAL, "rewriting did not reach a fixed point after %d sweeps; last rule applied: %s",
                      KF_REWRITE_MAX_SWEEPS, last_rule ? last_rule : "(none)");

@@ -293,6 +293,68 @@ Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
     kf_rules_free(&rs);
 }
 
+/* The optimizer adds the built-in rules as stubs (name, root op, opt_in from
+ * a skim of the text) and parses each on its first try. Every stub must
+ * agree with the eager parse of the same rule, and complete to the same
+ * rule: its lists, guards, opset and source lines. */
+Test(patterns, lazy_builtin_rules_complete_to_the_eager_parse) {
+    kf_ruleset eager = {0}, lazy = {0};
+    cr_assert_eq(kf_rules_add_builtin(&eager), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_rules_add_builtin_lazy(&lazy), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(lazy.n, eager.n);
+    for (uint32_t i = 0; i < eager.n; i++) {
+        kf_rule *e = eager.rules[i], *l = lazy.rules[i];
+        cr_assert_str_eq(l->name, e->name);
+        cr_assert_str_eq(l->file, e->file);
+        cr_assert_not_null(l->lazy_text, "rule '%s' was parsed eagerly", l->name);
+        cr_assert_eq(l->nsrc, 0, "rule '%s'", l->name);
+        cr_assert_eq(l->line, e->line, "rule '%s'", l->name);
+        cr_assert_eq(l->root_opid, e->root_opid, "rule '%s': root %s, skimmed %s", l->name, e->root_op, l->root_op);
+        cr_assert_neq(l->root_opid, 0, "rule '%s'", l->name);
+        cr_assert_eq(l->opt_in, e->opt_in, "rule '%s'", l->name);
+        cr_assert_eq(kf_rule_complete(l), KF_OK, "%s", kf_last_error());
+        cr_assert_null(l->lazy_text);
+        cr_assert_str_eq(l->root_op, e->root_op);
+        cr_assert(l->nsrc == e->nsrc && l->ndst == e->ndst && l->nvars == e->nvars && l->nguards == e->nguards &&
+                      l->nexamples == e->nexamples && l->result_var == e->result_var,
+                  "rule '%s' completes to a different rule", l->name);
+        cr_assert(l->min_opset == e->min_opset && l->nan_refined == e->nan_refined, "rule '%s'", l->name);
+        for (int k = 0; k < e->nsrc; k++) {
+            cr_assert_str_eq(l->src[k].op, e->src[k].op);
+            cr_assert_eq(l->src[k].line, e->src[k].line, "rule '%s'", l->name);
+        }
+        for (int k = 0; k < e->nguards; k++)
+            cr_assert(l->guards[k].kind == e->guards[k].kind && l->guards[k].line == e->guards[k].line,
+                      "rule '%s', guard %d", l->name, k);
+        cr_assert_eq(kf_rule_complete(l), KF_OK, "completing twice is a no-op");
+    }
+    kf_rules_free(&eager);
+    kf_rules_free(&lazy);
+}
+
+/* A rule is parsed when the driver first tries it: a graph without the
+ * root op of a rule leaves that rule a stub. */
+Test(patterns, lazy_rules_are_parsed_only_for_root_ops_the_graph_has) {
+    kf_model *m = gt_parse("input x float[2, 3]\n"
+                           "y = Relu(x)\n"
+                           "output y\n");
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    kf_opt_result res;
+    cr_assert_eq(kf_optimize(m, &o, &res), KF_OK, "%s", kf_last_error());
+    int stubs = 0, parsed = 0;
+    for (uint32_t i = 0; i < res.rules.n; i++) {
+        const kf_rule *r = res.rules.rules[i];
+        if (r->lazy_text) stubs++;
+        else if (r->nsrc) parsed++;
+        cr_assert(!r->lazy_text || !r->attempts, "rule '%s' was tried unparsed", r->name);
+    }
+    cr_assert_gt(stubs, 40, "most built-in rules stay stubs on a graph of one Relu");
+    cr_assert_eq(parsed, 0, "no built-in rule is rooted at Relu");
+    kf_rules_free(&res.rules);
+    kf_model_free(m);
+}
+
 /* Quantised rules: integer inputs span their type's whole range and
  * integer results must agree exactly, so a rule wrong only below the zero
  * point (where Relu acts) is caught for both types an integer dtype guard
