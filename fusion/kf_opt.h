@@ -51,9 +51,11 @@ typedef struct kf_opt_options {
                                        * 0: folding never inflates the model by more than 1 MiB a node */
     bool keep_quantized;              /* never fold a DequantizeLinear of constants (an int8 plan
                                        * computes on the 8-bit weights: pass_qint.c) */
+    bool every_node;                  /* the rules try every node every sweep instead of only where an
+                                       * edit reached (the same result, slower; KFUSE_REWRITE=all) */
 } kf_opt_options;
 
-/* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE). */
+/* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE, KFUSE_REWRITE). */
 void kf_opt_options_default(kf_opt_options *o);
 
 typedef struct kf_opt_result {

@@ -148,6 +148,8 @@ typedef struct kf_rule {
     kf_pat_example *examples;
     int nexamples;
     const char *root_op; /* op type at the root (callbacks: the op they start from) */
+    int reach;           /* nodes upstream of the root the rule reads (its match nodes; callbacks
+                          * KF_CALLBACK_REACH) */
     kf_op root_opid;     /* root_op resolved in the op table (0: none) */
     /* A built-in rule not parsed yet (kf_rules_add_builtin_lazy): its text,
      * which outlives the rule; NULL once parsed. Until then only name,
@@ -193,12 +195,20 @@ typedef struct kf_rewrite_opts {
     bool trace;       /* print each hit to stderr (KFUSE_TRACE=rules) */
 } kf_rewrite_opts;
 
+/* How far upstream of its root a C callback rule looks (nodes): what
+ * kf_rewrite assumes when it retries only where the graph changed. */
+#define KF_CALLBACK_REACH 4
+
 /* Clears every rule's statistics and near misses. */
 void kf_rules_reset_stats(kf_ruleset *rs);
 
 /* Runs rules to a fixed point (KF_REWRITE_MAX_SWEEPS sweeps at most;
  * hitting the cap is KF_ERR_INTERNAL naming the last rule applied), with
- * shape inference refreshed between sweeps and dead code removed.
+ * shape inference refreshed first and dead code removed after each sweep.
+ * With edit tracking on (kf_graph_track), a node is tried only when an edit
+ * since it was last tried touched a value within reach of it (see
+ * rewrite.c), which gives the result of trying every node every sweep;
+ * g->touch_all (set it for the first call) tries every node once.
  * *rewrites (may be NULL) gets the number of rewrites applied; opts->fuel
  * is decremented. Graph outputs keep their names. Rule statistics add up
  * across calls (see kf_rules_reset_stats). */

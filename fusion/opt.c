@@ -40,6 +40,8 @@ void kf_opt_options_default(kf_opt_options *o) {
     o->trace = trace && strstr(trace, "rules");
     o->trace_time = trace && strstr(trace, "time");
     o->disable = getenv("KFUSE_DISABLE_PASSES");
+    const char *rw = getenv("KFUSE_REWRITE");
+    o->every_node = rw && !strcmp(rw, "all");
 }
 
 /* True when name appears in the comma-separated list. */
@@ -161,6 +163,10 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
             st = kf_infer_shapes(m);
         }
     }
+    /* the rules retry only where edits reached (rewrite.c): every node the
+     * first time and after an opset raise */
+    kf_graph_track(m->graph, !o->every_node);
+    m->graph->touch_all = true;
     for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
         uint64_t n = 0;
         st = kf_rewrite(m, &res->rules, &ro, &n);
@@ -203,6 +209,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
                 if (o->trace)
                     fprintf(stderr, "kfuse: raised the model's opset %lld -> %lld for rules that need it\n",
                             (long long)res->opset_before, (long long)res->opset_after);
+                m->graph->touch_all = m->graph->track;
                 if ((st = kf_infer_shapes(m))) break;
                 stage_mark(&clk, "raise", round);
                 continue;
@@ -213,6 +220,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
             break;
         }
     }
+    kf_graph_track(m->graph, false);
     for (int p = 0; graph_passes[p].name; p++)
         if (gp_stats[p]) gp_stats[p]->hits = gp_stats[p]->attempts = graph_changes[p];
     for (uint32_t i = 0; i < off.n; i++) {

@@ -79,6 +79,7 @@ static kf_status commit(kf_graph *g, kf_id node, kf_tensor *outs) {
         val->init = held[j];
         kf_type_of_tensor(&val->type, held[j]);
         val->has_type = true;
+        kf_graph_touch(g, v, KF_TOUCH_DEF);
     }
     kf_free(held);
     return KF_OK;

@@ -81,6 +81,22 @@ static bool attr_equal(const kf_attr *a, const kf_attr *b) {
 static bool solve(mctx *c, mstate *s);
 static bool guards_hold(mctx *c, const mstate *s);
 
+/* The used part of a search state (the arrays are sized for the largest
+ * rule; copying or zeroing them whole was most of a failed try). */
+static void state_copy(mstate *dst, const mstate *src, const kf_rule *r) {
+    memcpy(dst->bind, src->bind, (size_t)r->nvars * sizeof *dst->bind);
+    memcpy(dst->node_of, src->node_of, (size_t)r->nsrc * sizeof *dst->node_of);
+    memcpy(dst->goals, src->goals, (size_t)src->ngoals * sizeof *dst->goals);
+    dst->matched = src->matched;
+    dst->ngoals = src->ngoals;
+}
+
+static void state_clear(mstate *s, const kf_rule *r) {
+    memset(s->bind, 0, (size_t)r->nvars * sizeof *s->bind);
+    memset(s->node_of, 0, (size_t)r->nsrc * sizeof *s->node_of);
+    s->matched = s->ngoals = 0;
+}
+
 /* Expands source node sn matched at graph node gn into goals. */
 static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
     const kf_pat_node *pn = &c->r->src[sn];
@@ -121,14 +137,14 @@ static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
             c->oom = true;
             return false;
         }
-        *alt = *s;
+        state_copy(alt, s, c->r);
         s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[0]};
         s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[1]};
         if (solve(c, s)) {
             kf_free(alt);
             return true;
         }
-        *s = *alt;
+        state_copy(s, alt, c->r);
         kf_free(alt);
         s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[1]};
         s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[0]};
@@ -461,9 +477,12 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     const kf_pat_node *root = &r->src[r->nsrc - 1];
     if (root->opid != n->op) return KF_OK;
-    mctx c = {r, g, m, "", -1, false, ""};
-    mstate *s = kf_calloc(1, sizeof *s);
+    mctx c; /* the reason buffers are strings: only their first bytes need clearing */
+    c.r = r, c.g = g, c.m = m, c.why_depth = -1, c.oom = false;
+    c.why[0] = c.guard_why[0] = 0;
+    mstate *s = kf_malloc(sizeof *s);
     if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    state_clear(s, r);
     kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
     s->goals[s->ngoals++] = (goal){&root_arg, n->out[0]};
     kf_status st = KF_OK;

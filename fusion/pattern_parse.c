@@ -768,6 +768,7 @@ static kf_status finish_rule(lexer *lx, kf_rule *r) {
         }
     }
     r->root_opid = root->opid;
+    r->reach = r->nsrc;
     return KF_OK;
 }
 
@@ -927,6 +928,7 @@ kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *ro
     r->file = kf_strdup("<callback>");
     r->root_op = root_op;
     r->root_opid = root_op ? kf_op_lookup("", root_op) : 0;
+    r->reach = KF_CALLBACK_REACH;
     r->fn = fn;
     r->user = user;
     r->result_var = -1;
@@ -954,6 +956,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
     const char *start = NULL, *p = text;
     int start_line = 0;
     bool in_match = false, opt_in = false;
+    int nmatch = 0;
     char name[128] = "", root[128] = "";
     kf_status st = KF_OK;
     while (p < text + len && !st) {
@@ -973,6 +976,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
             start = line;
             start_line = lx.line;
             in_match = opt_in = false;
+            nmatch = 0;
             root[0] = 0;
         } else if (!start) {
             goto whole;
@@ -989,6 +993,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
             r->root_opid = op;
             r->root_op = kf_op_get(op)->name;
             r->opt_in = opt_in;
+            r->reach = nmatch;
             r->result_var = -1;
             r->lazy_text = start;
             r->lazy_len = (size_t)(p > text + len ? text + len - start : p - start);
@@ -1009,6 +1014,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
             next(&lx);
             if (lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof root) goto whole;
             snprintf(root, sizeof root, "%s", lx.t.text);
+            nmatch++;
         }
     }
     if (!start) return KF_OK;
@@ -1024,7 +1030,7 @@ kf_status kf_rule_complete(kf_rule *r) {
     int line0 = r->line - 1;
     kf_status st = parse_text(&one, r->lazy_text, r->lazy_len, r->file, line0);
     if (!st && (one.n != 1 || strcmp(one.rules[0]->name, r->name) || one.rules[0]->root_opid != r->root_opid ||
-                one.rules[0]->opt_in != r->opt_in))
+                one.rules[0]->opt_in != r->opt_in || one.rules[0]->reach != r->reach))
         st = kf_fail(KF_ERR_INTERNAL, "%s:%d: rule '%s' parses unlike its skim", r->file, r->line, r->name);
     if (st) {
         kf_rules_free(&one);

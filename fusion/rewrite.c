@@ -33,20 +33,131 @@ void kf_rules_reset_stats(kf_ruleset *rs) {
     }
 }
 
+/* ---- where to try again ----------------------------------------------------
+ * A rule rooted at node n reads the graph at most `reach` nodes upstream of
+ * n: the nodes it matches, their inputs (types, contents, use lists) and
+ * their attributes. So after an edit touches value v, the nodes that can
+ * newly match are v's producer (which may read its output's users) and the
+ * nodes up to `reach` steps downstream of v. (A rule that reads beside its
+ * root, like the merge of sibling MatMuls, gives the same rewrite from any
+ * of the siblings, so the one woken suffices.) A use-list change on a value with more than KF_TOUCH_FANOUT users wakes
+ * only its producer: no rule asks more of such a value than that it is
+ * shared. The sweep visits nodes in topological order, so a node woken
+ * ahead of the sweep is tried in it and one behind in the next, exactly
+ * when trying every node every sweep would first find the match. */
+#define KF_TOUCH_FANOUT 64
+
+typedef struct wake {
+    uint8_t *dirty;    /* per node: try it */
+    uint8_t *left;     /* per node: steps downstream still to wake, this drain */
+    uint32_t cap;
+    kf_id **bucket;    /* bucket[k]: nodes woken with k steps left (stale entries skipped) */
+    uint32_t *nbucket, *capbucket;
+    int nbuckets;
+} wake;
+
+static kf_status wake_init(wake *w, int reach) {
+    w->nbuckets = reach + 1;
+    w->bucket = kf_calloc((size_t)w->nbuckets, sizeof *w->bucket);
+    w->nbucket = kf_calloc((size_t)w->nbuckets, sizeof *w->nbucket);
+    w->capbucket = kf_calloc((size_t)w->nbuckets, sizeof *w->capbucket);
+    return w->bucket && w->nbucket && w->capbucket ? KF_OK : kf_fail(KF_ERR_NOMEM, "out of memory");
+}
+
+static void wake_free(wake *w) {
+    kf_free(w->dirty);
+    kf_free(w->left);
+    for (int k = 0; w->bucket && k < w->nbuckets; k++) kf_free(w->bucket[k]);
+    kf_free(w->bucket);
+    kf_free(w->nbucket);
+    kf_free(w->capbucket);
+}
+
+/* Wakes node n with `steps` left to go downstream (0: itself only). */
+static kf_status wake_node(wake *w, const kf_graph *g, kf_id n, int steps) {
+    if (!n || g->nodes[n].dead) return KF_OK;
+    w->dirty[n] = 1;
+    if (steps < 0) steps = 0;
+    if (steps >= w->nbuckets) steps = w->nbuckets - 1;
+    if (steps + 1 <= w->left[n]) return KF_OK;
+    w->left[n] = (uint8_t)(steps + 1);
+    KF_TRY(kf_grow((void **)&w->bucket[steps], &w->capbucket[steps], w->nbucket[steps] + 1, sizeof(kf_id)));
+    w->bucket[steps][w->nbucket[steps]++] = n;
+    return KF_OK;
+}
+
+/* Turns the touched values of g into woken nodes and empties the list. */
+static kf_status drain(kf_graph *g, wake *w, int reach) {
+    if (g->nnodes > w->cap) {
+        uint32_t c = w->cap;
+        KF_TRY(kf_grow((void **)&w->dirty, &c, g->nnodes, sizeof *w->dirty));
+        c = w->cap;
+        KF_TRY(kf_grow((void **)&w->left, &c, g->nnodes, sizeof *w->left));
+        w->cap = c;
+    }
+    if (g->touch_all) {
+        for (kf_id n = 1; n < g->nnodes; n++) w->dirty[n] = !g->nodes[n].dead;
+        kf_graph_track(g, true);
+        return KF_OK;
+    }
+    for (uint32_t t = 0; t < g->ntouched; t++) {
+        kf_id v = g->touched[t];
+        kf_value *val = &g->values[v];
+        bool def = val->touch & KF_TOUCH_DEF;
+        val->touch = 0;
+        KF_TRY(wake_node(w, g, val->producer, 0));
+        if (!def && val->nusers > KF_TOUCH_FANOUT) continue;
+        for (uint32_t u = 0; u < val->nusers; u++) KF_TRY(wake_node(w, g, val->users[u], reach - 1));
+    }
+    g->ntouched = 0;
+    /* downstream, most steps left first, so a node goes on from the most it
+     * was given: one with k steps left wakes its outputs' readers with k - 1 */
+    for (int k = w->nbuckets - 1; k >= 0; k--) {
+        for (uint32_t q = 0; q < w->nbucket[k]; q++) {
+            kf_id n = w->bucket[k][q];
+            if (w->left[n] != k + 1) continue; /* went on from a larger count */
+            if (k == 0) continue;
+            const kf_node *nn = &g->nodes[n];
+            for (int j = 0; j < nn->nout; j++) {
+                const kf_value *o = &g->values[nn->out[j]];
+                if (!nn->out[j]) continue;
+                for (uint32_t u = 0; u < o->nusers; u++) KF_TRY(wake_node(w, g, o->users[u], k - 1));
+            }
+        }
+    }
+    for (int k = 0; k < w->nbuckets; k++) {
+        for (uint32_t q = 0; q < w->nbucket[k]; q++) w->left[w->bucket[k][q]] = 0;
+        w->nbucket[k] = 0;
+    }
+    return KF_OK;
+}
+
 kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_t *rewrites) {
     kf_graph *g = m->graph;
     uint64_t total = 0;
     const char *last_rule = NULL;
-    kf_status st = kf_infer_shapes(m);
+    bool incremental = g->track;
+    int reach = 1;
+    for (uint32_t i = 0; i < rs->n; i++)
+        if (rs->rules[i]->reach > reach) reach = rs->rules[i]->reach;
+    if (reach > 64) reach = 64;
+    wake w = {0};
+    kf_status st = incremental ? wake_init(&w, reach) : KF_OK;
+    if (!st) st = kf_infer_shapes(m);
     int sweep = 0;
     bool out_of_fuel = false;
     for (; !st && sweep < KF_REWRITE_MAX_SWEEPS && !out_of_fuel; sweep++) {
         kf_id *order;
         uint32_t norder;
+        if (incremental && (st = drain(g, &w, reach))) break;
         if ((st = kf_graph_topo(g, &order, &norder))) break;
         uint64_t before = total;
         for (uint32_t k = 0; k < norder && !st && !out_of_fuel; k++) {
             kf_id nid = order[k];
+            if (incremental) {
+                if (!w.dirty[nid]) continue;
+                w.dirty[nid] = 0;
+            }
             for (uint32_t i = 0; i < rs->n && !st; i++) {
                 const kf_node *n = &g->nodes[nid];
                 if (!node_live(g, n)) break;
@@ -64,12 +175,14 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
                 if (opts && opts->trace)
                     fprintf(stderr, "kfuse: rule %s at node '%s'\n", rs->rules[i]->name,
                             kf_node_label(&g->nodes[nid]));
+                if (incremental) st = drain(g, &w, reach);
             }
         }
         kf_free(order);
         if (!st) st = kf_graph_dce(g, NULL);
         if (total == before) break;
     }
+    wake_free(&w);
     if (!st && sweep >= KF_REWRITE_MAX_SWEEPS)
         st = kf_fail(KF_ERR_INTERNAL, "rewriting did not reach a fixed point after %d sweeps; last rule applied: %s",
                      KF_REWRITE_MAX_SWEEPS, last_rule ? last_rule : "(none)");

@@ -73,6 +73,7 @@ void kf_graph_free(kf_graph *g) {
     kf_free(g->syms);
     kf_free(g->inputs);
     kf_free(g->outputs);
+    kf_free(g->touched);
     kf_free(g->name);
     kf_free(g->doc);
     kf_free(g->hash);
@@ -198,6 +199,7 @@ kf_status kf_graph_add_node(kf_graph *g, const char *op_type, const char *domain
     for (int j = 0; j < nout; j++) {
         n->out[j] = out[j];
         if (out[j]) g->values[out[j]].producer = nid;
+        kf_graph_touch(g, out[j], KF_TOUCH_DEF);
     }
     if (id) *id = nid;
     return KF_OK;
@@ -252,6 +254,7 @@ kf_status kf_graph_mark_output(kf_graph *g, kf_id v) {
     KF_TRY(kf_grow((void **)&g->outputs, &g->capoutputs, g->noutputs + 1, sizeof(kf_id)));
     g->outputs[g->noutputs++] = v;
     g->values[v].is_output = true;
+    kf_graph_touch(g, v, KF_TOUCH_DEF);
     return KF_OK;
 }
 

@@ -28,7 +28,36 @@ kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i) {
     KF_TRY(kf_grow((void **)&v->users, &v->capusers, v->nusers + 1, sizeof(kf_id)));
     if (i < n->nupos) n->upos[i] = v->nusers;
     v->users[v->nusers++] = node;
+    kf_graph_touch(g, n->in[i], KF_TOUCH_USERS);
     return KF_OK;
+}
+
+void kf_graph_track(kf_graph *g, bool on) {
+    for (uint32_t i = 0; i < g->ntouched; i++) g->values[g->touched[i]].touch = 0;
+    kf_free(g->touched);
+    g->touched = NULL;
+    g->ntouched = g->captouched = 0;
+    g->touch_all = false;
+    g->track = on;
+}
+
+void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how) {
+    if (!g->track || !v || g->touch_all) return;
+    kf_value *val = &g->values[v];
+    if (!val->touch) {
+        if (kf_grow((void **)&g->touched, &g->captouched, g->ntouched + 1, sizeof(kf_id))) {
+            kf_clear_error(); /* the edit itself succeeded; the driver just looks everywhere */
+            g->touch_all = true;
+            return;
+        }
+        g->touched[g->ntouched++] = v;
+    }
+    val->touch |= how;
+}
+
+void kf_graph_touch_node(kf_graph *g, kf_id node) {
+    const kf_node *n = &g->nodes[node];
+    for (int j = 0; j < n->nout; j++) kf_graph_touch(g, n->out[j], KF_TOUCH_DEF);
 }
 
 /* Removes the use of in[i] by node (in[i] still names the value). */
@@ -48,6 +77,7 @@ static void drop_use(kf_graph *g, kf_id node, int i) {
         if (at == v->nusers) return; /* not listed: cannot happen, but stay safe */
     }
     uint32_t last = --v->nusers;
+    kf_graph_touch(g, vid, KF_TOUCH_USERS);
     if (at == last) return;
     kf_id moved = v->users[last];
     v->users[at] = moved;
@@ -61,10 +91,12 @@ static void drop_use(kf_graph *g, kf_id node, int i) {
 
 /* Removes one entry of node from v's use list, for an entry no input slot
  * accounts for. */
-static void drop_stale_user(kf_value *v, kf_id node) {
+static void drop_stale_user(kf_graph *g, kf_id vid, kf_id node) {
+    kf_value *v = &g->values[vid];
     for (uint32_t u = v->nusers; u-- > 0;)
         if (v->users[u] == node) {
             v->users[u] = v->users[--v->nusers];
+            kf_graph_touch(g, vid, KF_TOUCH_USERS);
             return;
         }
 }
@@ -106,6 +138,8 @@ kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to) {
         /* the declared type of the output stays with its name */
         if (vf->has_type && vt->type.rank < 0) vt->type = vf->type;
         vt->has_type |= vf->has_type;
+        kf_graph_touch(g, from, KF_TOUCH_DEF);
+        kf_graph_touch(g, to, KF_TOUCH_DEF);
     }
     while (vf->nusers) {
         kf_id node = vf->users[0];
@@ -118,7 +152,7 @@ kf_status kf_graph_replace_uses(kf_graph *g, kf_id from, kf_id to) {
                 moved = true;
                 break;
             }
-        if (!moved) drop_stale_user(vf, node); /* stale entry: cannot happen, but stay safe */
+        if (!moved) drop_stale_user(g, from, node); /* stale entry: cannot happen, but stay safe */
     }
     return KF_OK;
 }
@@ -129,7 +163,10 @@ void kf_graph_remove_node(kf_graph *g, kf_id node) {
     for (int i = 0; i < n->nin; i++)
         if (n->in[i]) drop_use(g, node, i);
     for (int j = 0; j < n->nout; j++)
-        if (n->out[j] && g->values[n->out[j]].producer == node) g->values[n->out[j]].producer = 0;
+        if (n->out[j] && g->values[n->out[j]].producer == node) {
+            g->values[n->out[j]].producer = 0;
+            kf_graph_touch(g, n->out[j], KF_TOUCH_DEF);
+        }
     n->dead = true;
 }
 

@@ -105,6 +105,8 @@ typedef struct kf_value {
      * that is not a constant (Shape's output and what is computed from it;
      * kf_sym.h), owned; NULL when nothing symbolic is known */
     struct kf_symvec *symval;
+    /* changes pending in kf_graph.touched (KF_TOUCH_*), 0 when listed none */
+    uint8_t touch;
     /* init's bytes are region [ext_offset, + size) of the model's external
      * data file ext_file (1-based in kf_model.ext), mapped, not copied;
      * 0 otherwise. Only the loader sets it; a pass that changes the data
@@ -134,6 +136,14 @@ typedef struct kf_graph {
     /* name -> value id hash (open addressing), rebuilt as values grow */
     kf_id *hash;
     uint32_t hashcap;
+    /* Edit tracking for an incremental rewrite driver (kf_graph_track): the
+     * values an edit touched since the list was last drained; touch_all
+     * when the list cannot say (it could not grow, or a whole-graph change
+     * such as an opset raise). */
+    bool track;
+    bool touch_all;
+    kf_id *touched;
+    uint32_t ntouched, captouched;
     /* a control-flow body being rewritten: the graph around it, whose names
      * fresh names must avoid too (ONNX names are unique across scopes);
      * not owned, NULL otherwise */
@@ -259,6 +269,19 @@ kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_
  * *removed (may be NULL) gets how many. Initializers nobody uses are not
  * written on export. */
 kf_status kf_graph_dce(kf_graph *g, uint32_t *removed);
+/* Edit tracking. While g->track is on, the edits above (and shape
+ * inference, for the types and symbolic contents it changes) record the
+ * values they touch in g->touched, each once, with what changed:
+ * KF_TOUCH_USERS (its use list) or KF_TOUCH_DEF (its producer, type,
+ * contents or graph-output flag). An edit made by hand that bypasses these
+ * functions calls kf_graph_touch_node for the node it changed. Turning
+ * tracking off drops the list. */
+enum { KF_TOUCH_USERS = 1, KF_TOUCH_DEF = 2 };
+void kf_graph_track(kf_graph *g, bool on);
+void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how);
+/* The node's op, attributes or opset changed in place: its outputs are
+ * touched as redefined. */
+void kf_graph_touch_node(kf_graph *g, kf_id node);
 /* Fixes the symbolic dim `name` to `value` in every value's type (graph
  * inputs included), so shapes and cost figures become static.
  * KF_ERR_INVALID_ARG when the graph has no such symbol or value < 0. */

@@ -113,6 +113,8 @@ kf_status kf_infer_shapes(kf_model *m) {
     kf_type *tout = NULL;
     kf_tensor *vout = NULL;
     const kf_symvec **sv = NULL;
+    kf_type *was = NULL;            /* edit tracking: types and contents before */
+    struct kf_symvec **was_sv = NULL;
     uint32_t maxio = 1;
     for (uint32_t k = 0; k < norder; k++) {
         const kf_node *n = &g->nodes[order[k]];
@@ -128,8 +130,23 @@ kf_status kf_infer_shapes(kf_model *m) {
         st = kf_fail(KF_ERR_NOMEM, "out of memory");
         goto done;
     }
+    /* with edit tracking on, what inference changes is touched: the types
+     * and symbolic contents from before are kept to compare */
+    if (g->track) {
+        was = kf_malloc((size_t)g->nvalues * sizeof *was);
+        was_sv = kf_calloc(g->nvalues, sizeof *was_sv);
+        if (!was || !was_sv) {
+            st = kf_fail(KF_ERR_NOMEM, "out of memory");
+            goto done;
+        }
+    }
     for (kf_id v = 1; v < g->nvalues; v++) {
-        kf_free(g->values[v].symval);
+        if (was) {
+            was[v] = g->values[v].type;
+            was_sv[v] = g->values[v].symval;
+        } else {
+            kf_free(g->values[v].symval);
+        }
         g->values[v].symval = NULL;
     }
     for (uint32_t k = 0; k < norder && !st; k++) {
@@ -173,7 +190,16 @@ kf_status kf_infer_shapes(kf_model *m) {
         }
         if (!st) kf_clear_error();
     }
+    for (kf_id v = 1; was && v < g->nvalues; v++) {
+        const kf_value *val = &g->values[v];
+        bool same_sv = !was_sv[v] == !val->symval && (!val->symval || kf_symvec_equal(was_sv[v], val->symval));
+        if (!same_sv || memcmp(&was[v], &val->type, sizeof was[v])) kf_graph_touch(g, v, KF_TOUCH_DEF);
+    }
 done:
+    if (was_sv)
+        for (kf_id v = 1; v < g->nvalues; v++) kf_free(was_sv[v]);
+    kf_free(was_sv);
+    kf_free(was);
     if (known)
         for (kf_id v = 0; v < g->nvalues; v++) kf_tensor_release(&known[v]);
     kf_free(known);

@@ -3013,10 +3013,12 @@ void rg_write_rule_hits(FILE *f) {
     fprintf(f, "\n");
 }
 
-/* Optimizes c in place with `disable` (NULL: every rule and pass). */
-static kf_status do_opt(kf_model *c, const char *disable, const char *patterns) {
+/* Optimizes c in place with `disable` (NULL: every rule and pass); every_node:
+ * the rules try every node every sweep (kf_opt_options.every_node). */
+static kf_status do_opt(kf_model *c, const char *disable, const char *patterns, bool every_node) {
     kf_opt_options o;
     kf_opt_options_default(&o);
+    o.every_node = every_node;
     o.fuel = -1;
     o.trace = false;
     o.disable = disable;
@@ -3024,7 +3026,8 @@ static kf_status do_opt(kf_model *c, const char *disable, const char *patterns) 
     o.npattern_files = patterns ? 1 : 0;
     kf_opt_result res;
     kf_status st = kf_optimize(c, &o, &res);
-    for (uint32_t i = 0; !st && !disable && i < res.rules.n; i++) tally(res.rules.rules[i]->name, res.rules.rules[i]->hits);
+    for (uint32_t i = 0; !st && !disable && !every_node && i < res.rules.n; i++)
+        tally(res.rules.rules[i]->name, res.rules.rules[i]->hits);
     kf_rules_free(&res.rules);
     return st;
 }
@@ -3101,8 +3104,23 @@ static bool opt_and_fuse(ctx *x, const char *disable, const char *optpath, const
     kf_status st = rg_copy(x->m, &c);
     if (st) return failed(x, optpath, "copy: %s", kf_last_error());
     bool ok = true;
-    if ((st = do_opt(c, disable, x->patterns))) ok = failed(x, optpath, "kf_optimize: %s: %s", kf_status_name(st), kf_last_error());
+    if ((st = do_opt(c, disable, x->patterns, false))) ok = failed(x, optpath, "kf_optimize: %s: %s", kf_status_name(st), kf_last_error());
     if (ok) ok = eval_cmp(x, c, optpath);
+    if (ok && !family) { /* retrying only where edits reached must give the graph of trying everywhere */
+        kf_model *e = NULL;
+        if ((st = rg_copy(x->m, &e))) {
+            ok = failed(x, optpath, "copy: %s", kf_last_error());
+        } else if ((st = do_opt(e, disable, x->patterns, true))) {
+            ok = failed(x, optpath, "kf_optimize trying every node: %s: %s", kf_status_name(st), kf_last_error());
+        } else {
+            char *a = rg_print(c), *b = rg_print(e);
+            if (!a || !b) ok = failed(x, optpath, "out of memory");
+            else if (strcmp(a, b)) ok = failed(x, optpath, "trying every node every sweep gives a different graph:\n%s\nagainst\n%s", b, a);
+            free(a);
+            free(b);
+        }
+        if (e) kf_model_free(e);
+    }
     if (ok && s) (family ? s->family++ : s->opt++);
     if (ok && fuse) {
         kf_model *f = NULL;

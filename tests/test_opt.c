@@ -224,3 +224,38 @@ Test(opt, asked_opset_that_cannot_be_reached_leaves_attention_decomposed) {
     kf_rules_free(&res.rules);
     kf_model_free(m);
 }
+
+/* The rules retry only where edits reached (rewrite.c). Here the sibling
+ * MatMuls become mergeable only when folding makes b's weight a constant,
+ * an edit upstream of b alone: b must be woken, and the merge from b must
+ * give the model that trying every node every sweep (from a) gives. */
+Test(opt, retrying_where_edits_reached_wakes_the_siblings_of_a_folded_weight) {
+    static const char *text = "input x float[2, 4]\n"
+                              "const wa float[4, 3] = random\n"
+                              "const w1 float[4, 5] = random\n"
+                              "const w2 float[4, 5] = random\n"
+                              "wb = Add(w1, w2)\n"
+                              "a = MatMul(x, wa)\n"
+                              "b = MatMul(x, wb)\n"
+                              "output a, b\n";
+    void *bytes[2];
+    size_t len[2];
+    kf_model *orig = gt_parse(text); /* parsed once: its random constants are the same in both runs */
+    for (int every = 0; every < 2; every++) {
+        kf_model *m = gt_copy(orig);
+        kf_opt_options o;
+        kf_opt_options_default(&o);
+        o.fuel = -1;
+        o.every_node = every;
+        kf_opt_result res = run(m, &o);
+        cr_assert_eq(gt_count(m, "MatMul"), 1, "the siblings merge (every node: %d)", every);
+        cr_assert_eq(kf_model_save_memory(m, &bytes[every], &len[every]), KF_OK);
+        kf_rules_free(&res.rules);
+        kf_model_free(m);
+    }
+    cr_assert(len[0] == len[1] && !memcmp(bytes[0], bytes[1], len[0]),
+              "retrying where edits reached gives another model than trying every node");
+    free(bytes[0]);
+    free(bytes[1]);
+    kf_model_free(orig);
+}

@@ -312,6 +312,7 @@ Test(patterns, lazy_builtin_rules_complete_to_the_eager_parse) {
         cr_assert_eq(l->root_opid, e->root_opid, "rule '%s': root %s, skimmed %s", l->name, e->root_op, l->root_op);
         cr_assert_neq(l->root_opid, 0, "rule '%s'", l->name);
         cr_assert_eq(l->opt_in, e->opt_in, "rule '%s'", l->name);
+        cr_assert_eq(l->reach, e->nsrc, "rule '%s': the skim counts its match nodes", l->name);
         cr_assert_eq(kf_rule_complete(l), KF_OK, "%s", kf_last_error());
         cr_assert_null(l->lazy_text);
         cr_assert_str_eq(l->root_op, e->root_op);
