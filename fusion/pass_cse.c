@@ -29,15 +29,26 @@ static uint64_t mix(uint64_t h, const void *p, size_t n) {
  * high bits reach the low ones the table indexes by): weights are hashed on
  * every round, and byte steps made this pass the optimizer's largest cost
  * on ResNet-50. Any function of the bytes serves; equality decides. */
+static uint64_t mix_word(uint64_t h, const unsigned char *b) {
+    uint64_t w;
+    memcpy(&w, b, 8);
+    h = (h ^ w) * 0x100000001b3ULL;
+    return h ^ (h >> 29);
+}
+
+/* Four independent chains over interleaved words, joined at the end: one
+ * chain waits on each multiply, four keep the multiplier busy. */
 static uint64_t mix_bulk(uint64_t h, const void *p, size_t n) {
     const unsigned char *b = p;
-    size_t words = n / 8;
-    for (size_t i = 0; i < words; i++) {
-        uint64_t w;
-        memcpy(&w, b + 8 * i, 8);
-        h = (h ^ w) * 0x100000001b3ULL;
-        h ^= h >> 29;
+    size_t words = n / 8, i = 0;
+    if (words >= 8) {
+        uint64_t l[4] = {h, h ^ 0x9e3779b97f4a7c15ULL, h ^ 0xbf58476d1ce4e5b9ULL, h ^ 0x94d049bb133111ebULL};
+        for (; i + 4 <= words; i += 4)
+            for (int k = 0; k < 4; k++) l[k] = mix_word(l[k], b + 8 * (i + k));
+        h = l[0];
+        for (int k = 1; k < 4; k++) h = mix(h, &l[k], sizeof l[k]);
     }
+    for (; i < words; i++) h = mix_word(h, b + 8 * i);
     return mix(h, b + 8 * words, n % 8);
 }
 

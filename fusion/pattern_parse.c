@@ -657,14 +657,14 @@ static void rule_free(kf_rule *r) {
 }
 
 /* Frees a rule whose lists may still be (some of) the scratch lists l: their
- * contents are freed, the scratch entries zeroed, and only lists of the
- * rule's own are freed. */
+ * contents are freed, and only lists of the rule's own. */
 struct rule_lists;
 static void rule_drop_scratch(kf_rule *r, struct rule_lists *l);
-/* The lists of the rule being parsed, at their maxima. One set serves every
- * rule of a kf_rules_parse call: a finished rule takes copies of the entries
- * it used and those are zeroed again, so each rule zeroes only what it
- * wrote (zeroing the maxima per rule was most of the cost of a rule set). */
+/* The lists of the rule being parsed, at their maxima, uninitialised: every
+ * entry is set whole when it is appended (var_ref, parse_node_line,
+ * parse_guard, parse_example), and a finished rule takes copies of the
+ * entries it used. One set serves every rule of a parse (zeroing the
+ * maxima per rule was most of the cost of a rule set). */
 typedef struct rule_lists {
     kf_pat_var vars[KF_PAT_MAX_VARS];
     kf_pat_node src[KF_PAT_MAX_NODES];
@@ -680,11 +680,10 @@ static void rule_drop_scratch(kf_rule *r, rule_lists *l) {
     void *scratch[5] = {l->vars, l->src, l->guards, l->dst, l->examples};
     for (int i = 0; i < 5; i++)
         if (lists[i] != scratch[i]) kf_free(lists[i]);
-    memset(l, 0, sizeof *l); /* a half-parsed entry past a count is zeroed too */
     kf_free(r);
 }
 
-/* A text rule being parsed, its lists in the zeroed scratch lists. */
+/* A text rule being parsed, its lists in the scratch lists. */
 static kf_rule *rule_new_text(rule_lists *l) {
     kf_rule *r = kf_calloc(1, sizeof *r);
     if (!r) return NULL;
@@ -696,12 +695,11 @@ static kf_rule *rule_new_text(rule_lists *l) {
     return r;
 }
 
-/* A copy of the used entries of a scratch list, which are zeroed again. */
+/* A copy of the used entries of a scratch list. */
 static kf_status take_list(void **list, int n, size_t size) {
     void *p = kf_malloc((size_t)(n > 0 ? n : 1) * size);
     if (!p) return kf_fail(KF_ERR_NOMEM, "out of memory");
     memcpy(p, *list, (size_t)n * size);
-    memset(*list, 0, (size_t)n * size);
     *list = p;
     return KF_OK;
 }
@@ -800,7 +798,7 @@ static kf_status parse_text(kf_ruleset *rs, const char *text, size_t len, const 
                 st = perr(&lx, "expected a rule name%s", "");
                 break;
             }
-            if (!scratch && !(scratch = kf_calloc(1, sizeof *scratch))) {
+            if (!scratch && !(scratch = kf_malloc(sizeof *scratch))) {
                 st = kf_fail(KF_ERR_NOMEM, "out of memory");
                 break;
             }
