@@ -159,8 +159,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
                      (long long)o->opset, why ? why : kf_last_error());
             kf_clear_error();
         } else if ((st = rs) == KF_OK) {
-            res->opset_after = kf_model_opset(m, "");
-            st = kf_infer_shapes(m);
+            res->opset_after = kf_model_opset(m, ""); /* types: kf_rewrite infers them first */
         }
     }
     /* the rules retry only where edits reached (rewrite.c): every node the
@@ -209,8 +208,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
                 if (o->trace)
                     fprintf(stderr, "kfuse: raised the model's opset %lld -> %lld for rules that need it\n",
                             (long long)res->opset_before, (long long)res->opset_after);
-                m->graph->touch_all = m->graph->track;
-                if ((st = kf_infer_shapes(m))) break;
+                m->graph->touch_all = m->graph->track; /* types: the next kf_rewrite infers them first */
                 stage_mark(&clk, "raise", round);
                 continue;
             }
