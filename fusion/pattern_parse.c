@@ -99,8 +99,19 @@ static void next(lexer *lx) {
     t->text[n] = 0;
 }
 
+/* The first characters are compared before the strings: most calls ask
+ * whether a variable name is one of the section keywords. */
 static bool is(const lexer *lx, const char *text) {
-    return (lx->t.kind == T_PUNCT || lx->t.kind == T_IDENT) && strcmp(lx->t.text, text) == 0;
+    return (lx->t.kind == T_PUNCT || lx->t.kind == T_IDENT) && lx->t.text[0] == text[0] &&
+           strcmp(lx->t.text, text) == 0;
+}
+
+/* The token's text into dst (cap bytes, cut to fit). */
+static void copy_text(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) n = cap - 1;
+    memcpy(dst, src, n);
+    dst[n] = 0;
 }
 
 static kf_status expect(lexer *lx, const char *text) {
@@ -119,7 +130,7 @@ typedef enum { SEC_NONE, SEC_MATCH, SEC_WHERE, SEC_REPLACE } section;
 
 static int find_var(const kf_rule *r, const char *name) {
     for (int i = 0; i < r->nvars; i++)
-        if (strcmp(r->vars[i].name, name) == 0) return i;
+        if (r->vars[i].name[0] == name[0] && strcmp(r->vars[i].name, name) == 0) return i;
     return -1;
 }
 
@@ -219,7 +230,7 @@ static kf_status parse_attrs(lexer *lx, kf_rule *r, kf_pat_node *pn, bool allow_
         }
         if (lx->t.kind != T_IDENT) return perr(lx, "expected an attribute name%s", "");
         char name[256];
-        snprintf(name, sizeof name, "%s", lx->t.text);
+        copy_text(name, sizeof name, lx->t.text);
         next(lx);
         KF_TRY(expect(lx, "="));
         kf_pat_attr *na = kf_realloc(pn->attrs, sizeof(kf_pat_attr) * (size_t)(pn->nattrs + 1));
@@ -289,7 +300,7 @@ static kf_status parse_node_line(lexer *lx, kf_rule *r, section sec) {
     for (;;) {
         if (lx->t.kind != T_IDENT) return perr(lx, "expected a variable name%s", "");
         if (nouts >= KF_PAT_MAX_OUTS) return perr(lx, "too many outputs on one line%s", "");
-        snprintf(outs[nouts++], 256, "%s", lx->t.text);
+        copy_text(outs[nouts++], sizeof outs[0], lx->t.text);
         next(lx);
         if (!is(lx, ",")) break;
         next(lx);
@@ -297,7 +308,7 @@ static kf_status parse_node_line(lexer *lx, kf_rule *r, section sec) {
     KF_TRY(expect(lx, "="));
     if (lx->t.kind != T_IDENT) return perr(lx, "expected an op name or a variable%s", "");
     char opname[256];
-    snprintf(opname, sizeof opname, "%s", lx->t.text);
+    copy_text(opname, sizeof opname, lx->t.text);
     next(lx);
     if (!is(lx, "(")) { /* alias: root = capture (replace only) */
         if (sec != SEC_REPLACE || nouts != 1) return perr(lx, "expected '(' after op '%s'", opname);
@@ -413,7 +424,7 @@ static kf_status parse_guard(lexer *lx, kf_rule *r) {
     g->line = lx->line;
     g->var2 = -1;
     char kw[256];
-    snprintf(kw, sizeof kw, "%s", lx->t.text);
+    copy_text(kw, sizeof kw, lx->t.text);
     next(lx);
     if (!strcmp(kw, "last_axis") && lx->t.kind == T_IDENT && !strchr(lx->t.text, '.')) {
         /* last_axis AXES W: AXES is a constant (an axes input) */
@@ -548,7 +559,7 @@ static kf_status parse_example(lexer *lx, kf_rule *r, char syms[][64], int *nsym
         while (!is(lx, "}")) {
             if (lx->t.kind != T_IDENT) return perr(lx, "expected an attribute name%s", "");
             char name[256];
-            snprintf(name, sizeof name, "%s", lx->t.text);
+            copy_text(name, sizeof name, lx->t.text);
             next(lx);
             KF_TRY(expect(lx, "="));
             kf_attr *na = kf_realloc(e->attrs, sizeof(kf_attr) * (size_t)(e->nattrs + 1));
@@ -575,7 +586,7 @@ static kf_status parse_example(lexer *lx, kf_rule *r, char syms[][64], int *nsym
             while (k < *nsyms && strcmp(syms[k], lx->t.text)) k++;
             if (k == *nsyms) {
                 if (*nsyms >= 16) return perr(lx, "too many symbols in examples%s", "");
-                snprintf(syms[(*nsyms)++], 64, "%s", lx->t.text);
+                copy_text(syms[(*nsyms)++], sizeof syms[0], lx->t.text);
             }
             e->dims[e->rank++] = -1 - k;
         } else {
@@ -656,10 +667,6 @@ static void rule_free(kf_rule *r) {
     kf_free(r);
 }
 
-/* Frees a rule whose lists may still be (some of) the scratch lists l: their
- * contents are freed, and only lists of the rule's own. */
-struct rule_lists;
-static void rule_drop_scratch(kf_rule *r, struct rule_lists *l);
 /* The lists of the rule being parsed, at their maxima, uninitialised: every
  * entry is set whole when it is appended (var_ref, parse_node_line,
  * parse_guard, parse_example), and a finished rule takes copies of the
@@ -673,6 +680,8 @@ typedef struct rule_lists {
     kf_pat_example examples[KF_PAT_MAX_VARS];
 } rule_lists;
 
+/* Frees a rule whose lists may still be (some of) the scratch lists l: their
+ * contents are freed, and only lists of the rule's own. */
 static void rule_drop_scratch(kf_rule *r, rule_lists *l) {
     if (!r) return;
     rule_free_contents(r);
@@ -956,8 +965,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
     bool in_match = false, opt_in = false;
     int nmatch = 0;
     char name[128] = "", root[128] = "";
-    kf_status st = KF_OK;
-    while (p < text + len && !st) {
+    while (p < text + len) {
         lx.line++;
         const char *eol = memchr(p, '\n', (size_t)(text + len - p));
         if (!eol) eol = text + len;
@@ -970,7 +978,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
         if (is(&lx, "rule")) {
             next(&lx);
             if (start || lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof name) goto whole;
-            snprintf(name, sizeof name, "%s", lx.t.text);
+            copy_text(name, sizeof name, lx.t.text);
             start = line;
             start_line = lx.line;
             in_match = opt_in = false;
@@ -999,7 +1007,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
                 rule_free(r);
                 return kf_fail(KF_ERR_NOMEM, "out of memory");
             }
-            if ((st = add_rule(rs, r))) return st;
+            KF_TRY(add_rule(rs, r));
             start = NULL;
         } else if (is(&lx, "match") || is(&lx, "where") || is(&lx, "replace") || is(&lx, "example") ||
                    is(&lx, "requires") || is(&lx, "refines")) {
@@ -1011,7 +1019,7 @@ static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, cons
             if (!is(&lx, "=")) goto whole;
             next(&lx);
             if (lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof root) goto whole;
-            snprintf(root, sizeof root, "%s", lx.t.text);
+            copy_text(root, sizeof root, lx.t.text);
             nmatch++;
         }
     }
