@@ -377,8 +377,6 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
          * instead of one layer per optimizer round. */
         if ((st = kf_infer_node(m, id))) break;
         n = &g->nodes[id];
-        char label[256];
-        snprintf(label, sizeof label, "%s", kf_node_label(n));
         bool done = false;
         int64_t cap;
         bool kept = (ctx->keep_quantized && n->op == KF_OP_DEQUANTIZE_LINEAR) || (id < ctx->nkeep && ctx->keep[id]);
@@ -392,7 +390,7 @@ kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
         if (!done) continue;
         ctx->changes++;
         if (ctx->fuel > 0) ctx->fuel--;
-        if (ctx->trace) fprintf(stderr, "kfuse: fold at node '%s'\n", label);
+        if (ctx->trace) fprintf(stderr, "kfuse: fold at node '%s'\n", kf_node_label(&g->nodes[id])); /* dead nodes keep their names */
     }
     cache_free(&cache);
     kf_free(in);

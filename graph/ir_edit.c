@@ -45,10 +45,18 @@ void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how) {
     if (!g->track || !v || g->touch_all) return;
     kf_value *val = &g->values[v];
     if (!val->touch) {
-        if (kf_grow((void **)&g->touched, &g->captouched, g->ntouched + 1, sizeof(kf_id))) {
-            kf_clear_error(); /* the edit itself succeeded; the driver just looks everywhere */
-            g->touch_all = true;
-            return;
+        if (g->ntouched == g->captouched) {
+            /* grown by hand, not kf_grow: a failure here is no error of the
+             * edit (nor may it overwrite the message of one in progress);
+             * the driver just looks everywhere */
+            uint32_t cap = g->captouched ? 2 * g->captouched : 64;
+            kf_id *t = cap > g->captouched ? kf_realloc(g->touched, (size_t)cap * sizeof *t) : NULL;
+            if (!t) {
+                g->touch_all = true;
+                return;
+            }
+            g->touched = t;
+            g->captouched = cap;
         }
         g->touched[g->ntouched++] = v;
     }

@@ -190,7 +190,7 @@ kf_status kf_infer_shapes(kf_model *m) {
         }
         if (!st) kf_clear_error();
     }
-    for (kf_id v = 1; was && v < g->nvalues; v++) {
+    for (kf_id v = 1; was && !st && v < g->nvalues; v++) {
         const kf_value *val = &g->values[v];
         bool same_sv = !was_sv[v] == !val->symval && (!val->symval || kf_symvec_equal(was_sv[v], val->symval));
         if (!same_sv || memcmp(&was[v], &val->type, sizeof was[v])) kf_graph_touch(g, v, KF_TOUCH_DEF);
