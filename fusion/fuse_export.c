@@ -501,7 +501,8 @@ void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_f
             (long long)s->arena_lower_bound);
     if (*p->target) json_str(f, p->target);
     else fputs("null", f);
-    fprintf(f, ", \"est_us\": %.3f, \"cost_refusals\": %u, \"groups\": [", p->est_us, p->cost_refusals);
+    fprintf(f, ", \"est_us\": %.3f, \"cost_refusals\": %u, \"est_unsized\": %u, \"groups\": [", p->est_us,
+            p->cost_refusals, p->est_unsized);
     for (uint32_t gi = 0; gi < p->ngroups; gi++) {
         const kf_group *grp = &p->groups[gi];
         fprintf(f, "%s{\"id\": %u, \"kind\": \"%s\", \"launch\": %u, \"ops\": [", gi ? ", " : "", gi,
@@ -562,6 +563,16 @@ static int cmp_reason(const void *a, const void *b) {
     return strcmp(x->reason, y->reason);
 }
 
+void kf_plan_write_unsized(FILE *f, const kf_plan *p) {
+    if (!p->est_unsized) return;
+    uint32_t launched = 0;
+    for (uint32_t k = 0; k < p->ngroups; k++) launched += p->groups[k].launch != UINT32_MAX;
+    fprintf(f, "%u of %u launched groups have symbolic sizes: the cost model priced them at the launch floor and refused "
+               "no merge among them as slower, so the estimate is no run's time; plan at sizes with `kfuse fuse "
+               "--plan-dim NAME=N` (kf_plan_build_at; a run plans again per input shape)\n",
+            p->est_unsized, launched);
+}
+
 void kf_fuse_write_report(FILE *f, const kf_model *m, const kf_plan *p) {
     const kf_graph *g = m->graph;
     char r[32], w[32], lb[32];
@@ -575,6 +586,7 @@ void kf_fuse_write_report(FILE *f, const kf_model *m, const kf_plan *p) {
         fprintf(f, "estimated time on %s: %.1f us (an estimate of the cost model, not a measurement); %u legal merges "
                    "refused as slower\n",
                 p->target, p->est_us, p->cost_refusals);
+    if (est && p->est_unsized) kf_plan_write_unsized(f, p);
     fputc('\n', f);
     fprintf(f, "%5s %-9s %6s %5s %8s %8s %10s", "group", "kind", "launch", "nodes", "read", "written", "flops");
     if (est) fprintf(f, " %9s %6s %-9s", "est_us", "blocks", "form");

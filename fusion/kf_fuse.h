@@ -77,7 +77,7 @@ typedef struct kf_fuse_summary {
  * kernels, functions, modeled_bytes_before, modeled_bytes_after,
  * modeled_bytes_lower_bound, arena_bytes, arena_lower_bound, target (the
  * cost model's device, null without one), est_us (its estimate of one run),
- * cost_refusals, groups [{id, kind, launch, ops, nodes, bytes_read,
+ * cost_refusals, est_unsized, groups [{id, kind, launch, ops, nodes, bytes_read,
  * bytes_written, flops, est_us, est_blocks, est_form, est_bound, est_epilogue_us, est_lib_us, inputs,
  * outputs}] and boundaries [{from, to, value, reason}]. Unknown figures are
  * -1 (est_us too without a target). */
@@ -86,6 +86,10 @@ void kf_fuse_write_json(FILE *f, const kf_model *m, const kf_plan *p, const kf_f
 /* A readable table: one line per group, then the boundary reasons with how
  * often each occurs (most frequent first, ties by text). */
 void kf_fuse_write_report(FILE *f, const kf_model *m, const kf_plan *p);
+/* One line saying how many groups the cost model could not size (symbolic
+ * dims, kf_plan.est_unsized) and what that means for the figures; nothing
+ * when it sized them all. */
+void kf_plan_write_unsized(FILE *f, const kf_plan *p);
 
 /* Graphviz: one `subgraph cluster_N` per group, filled by kind, node boxes
  * labelled op and name, edges labelled with the value names. When `dot` is

@@ -83,6 +83,9 @@ typedef struct kf_plan {
     double est_us;        /* estimated time of one run: the groups' estimates, one
                            * launch per batched launch; -1 without a target */
     uint32_t cost_refusals; /* legal merges the cost model refused */
+    uint32_t est_unsized;   /* launched groups whose sizes are symbolic: the cost model priced them at the
+                             * launch floor, so est_us is no time of any run and no merge between
+                             * them was refused as slower (plan at sizes: kf_plan_build_at) */
     struct kf_plan_state *state; /* private: what kf_plan_merge_reason asks */
 } kf_plan;
 

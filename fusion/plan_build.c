@@ -605,6 +605,7 @@ static void launches(kf_plan *p, bool disable) {
  * cost per batched launch, not per member). */
 static void estimates(pl_state *s, kf_plan *p) {
     p->est_us = s->target ? 0 : -1;
+    p->est_unsized = 0;
     uint32_t last_launch = UINT32_MAX;
     for (uint32_t k = 0; k < p->ngroups; k++) {
         kf_group *G = &p->groups[k];
@@ -618,6 +619,7 @@ static void estimates(pl_state *s, kf_plan *p) {
         kf_cost_of_group(s->m, p, k, &cg);
         kf_cost_estimate(s->target, (kf_cost_math)s->math, s->g, &cg, &c);
         G->est_us = c.us;
+        p->est_unsized += !c.known && G->launch != UINT32_MAX;
         G->est_blocks = c.blocks;
         G->est_form = c.form;
         G->est_bound = c.bound;

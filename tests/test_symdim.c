@@ -462,6 +462,13 @@ Test(symdim_models, plan_at_nominal_sizes) {
     cr_expect_gt(r->cost_refusals, 0, "the static plan refuses nothing: the test shows nothing");
     cr_expect_eq(p->cost_refusals, r->cost_refusals, "the cost model did not see the nominal sizes");
     cr_expect_leq(p->launches, r->launches + 2);
+    /* the plan says when it could not size its groups (kf_plan.est_unsized) */
+    uint32_t launched = 0;
+    for (uint32_t k = 0; k < q->ngroups; k++) launched += q->groups[k].launch != UINT32_MAX;
+    cr_expect_gt(2 * q->est_unsized, launched, "the symbolic plan's kernels are mostly unsized (%u of %u)",
+                 q->est_unsized, launched);
+    cr_expect_eq(p->est_unsized, 0, "%u groups unsized at nominal sizes", p->est_unsized);
+    cr_expect_eq(r->est_unsized, 0, "%u groups of the static plan unsized", r->est_unsized);
     const kf_type *in = &m->graph->values[m->graph->inputs[0]].type;
     cr_expect(in->dims[0] < 0 && in->syms[0] && in->dims[1] < 0 && in->syms[1], "the input's dims did not stay symbolic");
     int64_t neg[] = {-1};

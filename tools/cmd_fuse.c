@@ -296,6 +296,7 @@ int kfuse_cmd_fuse(int argc, char **argv) {
         if (*p->target)
             printf("estimated time on %s: %.1f us (cost model estimate); %u legal merges refused as slower\n", p->target,
                    p->est_us, p->cost_refusals);
+        if (*p->target && !report) kf_plan_write_unsized(stdout, p); /* --report prints it with the estimate */
         if (dot && svg) printf("picture: %s and %s.svg\n", dot, dot);
         else if (dot) printf("picture: %s (no svg: dot is not installed)\n", dot);
     }
