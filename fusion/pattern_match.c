@@ -341,8 +341,11 @@ static bool guards_hold(mctx *c, const mstate *s) {
 static void near_miss(kf_rule *r, const kf_node *n, const char *why) {
     r->misses++;
     if (r->nnear >= KF_PAT_MAX_NEAR) return;
+    const char *label = kf_node_label(n);
+    for (int k = 0; k < r->nnear; k++) /* a node tried again after an edit elsewhere: one note */
+        if (!strcmp(r->near[k].node, label) && !strcmp(r->near[k].reason, why)) return;
     kf_near_miss *nm = &r->near[r->nnear];
-    nm->node = kf_strdup(kf_node_label(n));
+    nm->node = kf_strdup(label);
     nm->reason = kf_strdup(why);
     if (nm->node && nm->reason) r->nnear++;
     else {

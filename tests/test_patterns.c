@@ -93,6 +93,25 @@ Test(patterns, does_not_remove_a_broadcasting_one) {
     kf_model_free(m);
 }
 
+/* A node tried again (a later sweep or round, after an edit elsewhere) and
+ * declined for the same reason counts as a miss each time but keeps one
+ * note, so the report's few notes per rule name different nodes. */
+Test(patterns, a_repeated_near_miss_is_noted_once) {
+    kf_model *m = gt_parse("input x float[3]\n"
+                           "const one float[2, 3] = 1\n"
+                           "y = Mul(x, one)\n"
+                           "output y\n");
+    kf_ruleset rs = rules_from(mul_one);
+    cr_assert_eq(rewrite(m, &rs, -1), 0);
+    kf_rewrite_opts o = {-1, false};
+    uint64_t n = 0;
+    cr_assert_eq(kf_rewrite(m, &rs, &o, &n), KF_OK, "%s", kf_last_error()); /* statistics add up */
+    cr_assert_eq(rs.rules[0]->misses, 2);
+    cr_assert_eq(rs.rules[0]->nnear, 1);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
 Test(patterns, does_not_match_a_constant_of_another_value) {
     kf_model *m = gt_parse("input x float[3]\n"
                            "const two float[] = 2\n"
