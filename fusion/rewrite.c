@@ -40,11 +40,12 @@ void kf_rules_reset_stats(kf_ruleset *rs) {
  * newly match are v's producer (which may read its output's users) and the
  * nodes up to `reach` steps downstream of v. (A rule that reads beside its
  * root, like the merge of sibling MatMuls, gives the same rewrite from any
- * of the siblings, so the one woken suffices.) A use-list change on a value with more than KF_TOUCH_FANOUT users wakes
- * only its producer: no rule asks more of such a value than that it is
- * shared. The sweep visits nodes in topological order, so a node woken
- * ahead of the sweep is tried in it and one behind in the next, exactly
- * when trying every node every sweep would first find the match. */
+ * of the siblings, so the one woken suffices.) A use-list change on a value
+ * with more than KF_TOUCH_FANOUT users wakes only its producer: no rule asks
+ * more of such a value than that it is shared. The sweep visits nodes in
+ * topological order, so a node woken ahead of the sweep is tried in it and
+ * one behind in the next, exactly when trying every node every sweep would
+ * first find the match. */
 #define KF_TOUCH_FANOUT 64
 
 typedef struct wake {

@@ -101,6 +101,15 @@ static kf_status infer_one(kf_model *m, kf_node *n, const kf_type **tin, const k
     return KF_OK;
 }
 
+/* Same dtype, rank, dims and dim symbols (the dims past the rank are not
+ * looked at: they may never have been set). */
+static bool type_equal(const kf_type *a, const kf_type *b) {
+    if (a->dtype != b->dtype || a->rank != b->rank) return false;
+    for (int d = 0; d < a->rank && d < KF_MAX_RANK; d++)
+        if (a->dims[d] != b->dims[d] || a->syms[d] != b->syms[d]) return false;
+    return true;
+}
+
 kf_status kf_infer_shapes(kf_model *m) {
     kf_graph *g = m->graph;
     kf_id *order;
@@ -193,7 +202,7 @@ kf_status kf_infer_shapes(kf_model *m) {
     for (kf_id v = 1; was && !st && v < g->nvalues; v++) {
         const kf_value *val = &g->values[v];
         bool same_sv = !was_sv[v] == !val->symval && (!val->symval || kf_symvec_equal(was_sv[v], val->symval));
-        if (!same_sv || memcmp(&was[v], &val->type, sizeof was[v])) kf_graph_touch(g, v, KF_TOUCH_DEF);
+        if (!same_sv || !type_equal(&was[v], &val->type)) kf_graph_touch(g, v, KF_TOUCH_DEF);
     }
 done:
     if (was_sv)
