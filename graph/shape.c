@@ -246,7 +246,28 @@ kf_status kf_infer_node(kf_model *m, kf_id node) {
             sv[i] = NULL;
         }
     }
+    /* with edit tracking on, outputs whose type or contents this refines
+     * are touched (a pass refreshing types node by node, like fold) */
+    kf_type was[64];
+    kf_symvec was_sv;
+    bool had_sv = false;
+    if (g->track) {
+        for (int j = 0; j < n->nout; j++)
+            if (n->out[j]) was[j] = g->values[n->out[j]].type;
+        if (n->nout >= 1 && n->out[0] && g->values[n->out[0]].symval) {
+            was_sv = *g->values[n->out[0]].symval;
+            had_sv = true;
+        }
+    }
     if (!st) st = infer_one(m, n, tin, vin, sv, tout);
     for (int i = 0; i < n->nin; i++) kf_tensor_release(&held[i]);
+    if (!st && g->track)
+        for (int j = 0; j < n->nout; j++) {
+            const kf_value *o = n->out[j] ? &g->values[n->out[j]] : NULL;
+            if (!o) continue;
+            bool same = type_equal(&was[j], &o->type);
+            if (j == 0) same = same && had_sv == !!o->symval && (!had_sv || kf_symvec_equal(&was_sv, o->symval));
+            if (!same) kf_graph_touch(g, n->out[j], KF_TOUCH_DEF);
+        }
     return st;
 }

@@ -113,6 +113,27 @@ Test(random_graphs, agree_on_every_path) {
     cr_assert_eq(st.fail, 0, "%llu random graphs disagree (graphs and shrunk forms above)", (unsigned long long)st.fail);
 }
 
+/* Seeds whose graphs once optimized differently when the rules retried only
+ * where edits reached: fold refines types node by node, and those edits
+ * were not recorded, so a node the refined type made matchable was never
+ * tried again. The opt path compares with trying every node every sweep. */
+Test(random_graphs, opt_retries_what_fold_refines) {
+    static const uint64_t seeds[] = {14131074435ULL, 14131074537ULL};
+    for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
+        kf_model *m = rg_generate(seeds[i]);
+        cr_assert(m);
+        kf_tensor *ins;
+        int nins;
+        cr_assert_eq(rg_inputs(m, seeds[i], &ins, &nins), KF_OK, "%s", kf_last_error());
+        rg_check_opts o = {RG_P_OPT, -1, NULL, KF_DT_FLOAT16};
+        char path[64], why[1024];
+        bool ok = rg_check(m, ins, nins, &o, path, sizeof path, why, sizeof why, NULL);
+        cr_expect(ok, "seed %llu, path %s: %s", (unsigned long long)seeds[i], path, why);
+        rg_free_tensors(ins, nins);
+        kf_model_free(m);
+    }
+}
+
 /* The harness must be able to fail: a deliberately wrong rule (Relu -> Abs)
  * loaded as a user pattern is caught on the opt path, and the shrinker cuts
  * the graph down to the Relu alone. */
