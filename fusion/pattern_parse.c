@@ -1060,20 +1060,17 @@ kf_status kf_rule_complete(kf_rule *r) {
     return KF_OK;
 }
 
-kf_status kf_rules_add_builtin_lazy(kf_ruleset *rs) {
+/* Adds every built-in file's rules with `add` (a parse or a skim). */
+static kf_status add_builtin_files(kf_ruleset *rs,
+                                   kf_status (*add)(kf_ruleset *, const char *, size_t, const char *)) {
     for (const struct kf_builtin_patterns_entry *p = kf_builtin_patterns; p->name; p++) {
         char file[256];
         snprintf(file, sizeof file, "builtin:%s", p->name);
-        KF_TRY(skim_builtin(rs, p->text, p->len, file));
+        KF_TRY(add(rs, p->text, p->len, file));
     }
     return KF_OK;
 }
 
-kf_status kf_rules_add_builtin(kf_ruleset *rs) {
-    for (const struct kf_builtin_patterns_entry *p = kf_builtin_patterns; p->name; p++) {
-        char file[256];
-        snprintf(file, sizeof file, "builtin:%s", p->name);
-        KF_TRY(kf_rules_parse(rs, p->text, p->len, file));
-    }
-    return KF_OK;
-}
+kf_status kf_rules_add_builtin_lazy(kf_ruleset *rs) { return add_builtin_files(rs, skim_builtin); }
+
+kf_status kf_rules_add_builtin(kf_ruleset *rs) { return add_builtin_files(rs, kf_rules_parse); }

@@ -63,11 +63,6 @@ void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how) {
     val->touch |= how;
 }
 
-void kf_graph_touch_node(kf_graph *g, kf_id node) {
-    const kf_node *n = &g->nodes[node];
-    for (int j = 0; j < n->nout; j++) kf_graph_touch(g, n->out[j], KF_TOUCH_DEF);
-}
-
 /* Removes the use of in[i] by node (in[i] still names the value). */
 static void drop_use(kf_graph *g, kf_id node, int i) {
     kf_node *n = &g->nodes[node];

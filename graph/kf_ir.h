@@ -274,14 +274,12 @@ kf_status kf_graph_dce(kf_graph *g, uint32_t *removed);
  * values they touch in g->touched, each once, with what changed:
  * KF_TOUCH_USERS (its use list) or KF_TOUCH_DEF (its producer, type,
  * contents or graph-output flag). An edit made by hand that bypasses these
- * functions calls kf_graph_touch_node for the node it changed. Turning
- * tracking off drops the list. */
+ * functions (a node's op or attributes changed in place) touches that
+ * node's outputs itself (KF_TOUCH_DEF). Turning tracking off drops the
+ * list. */
 enum { KF_TOUCH_USERS = 1, KF_TOUCH_DEF = 2 };
 void kf_graph_track(kf_graph *g, bool on);
 void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how);
-/* The node's op, attributes or opset changed in place: its outputs are
- * touched as redefined. */
-void kf_graph_touch_node(kf_graph *g, kf_id node);
 /* Fixes the symbolic dim `name` to `value` in every value's type (graph
  * inputs included), so shapes and cost figures become static.
  * KF_ERR_INVALID_ARG when the graph has no such symbol or value < 0. */
