@@ -166,6 +166,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
      * first time and after an opset raise */
     kf_graph_track(m->graph, !o->every_node);
     m->graph->touch_all = true;
+    m->graph->defer_concat_bytes = o->defer_concat_bytes;
     for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
         uint64_t n = 0;
         st = kf_rewrite(m, &res->rules, &ro, &n);
@@ -219,6 +220,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
         }
     }
     kf_graph_track(m->graph, false);
+    m->graph->defer_concat_bytes = 0;
     for (int p = 0; graph_passes[p].name; p++)
         if (gp_stats[p]) gp_stats[p]->hits = gp_stats[p]->attempts = graph_changes[p];
     for (uint32_t i = 0; i < off.n; i++) {
@@ -297,6 +299,7 @@ static kf_status optimize_body(kf_model *m, kf_id nid, const char *attr, const k
     kf_opt_options bo = *o;
     bo.no_raise = true;
     bo.opset = 0;
+    bo.defer_concat_bytes = 0; /* a body is written back into its node whole */
     bo.keep = NULL;
     bo.nkeep = 0;
     bo.trace_time = false;

@@ -13,7 +13,6 @@
 
 /* Initializers over this size are not compared: duplicated weights are
  * rare, while hashing every large tensor on every round is not free. */
-#define KF_CSE_MAX_INIT_BYTES ((int64_t)1 << 20)
 
 /* ---- hashing (FNV-1a) --------------------------------------------------------------- */
 
@@ -236,7 +235,7 @@ static bool same_header(const kf_graph *g, kf_id a, kf_id b) {
 /* An initializer CSE compares: a constant someone reads, small enough. */
 static bool cse_candidate(const kf_value *val) {
     const kf_tensor *x = val->init;
-    if (!x || val->is_input || val->is_output || !val->nusers || x->dtype == KF_DT_STRING) return false;
+    if (!x || x->parts || val->is_input || val->is_output || !val->nusers || x->dtype == KF_DT_STRING) return false;
     return x->numel * (int64_t)kf_dtype_size(x->dtype) <= KF_CSE_MAX_INIT_BYTES;
 }
 

@@ -144,6 +144,8 @@ static bool fits_after(const kf_node *n, const kf_tensor *outs, int64_t cap) {
 static kf_status eval_and_commit(kf_graph *g, kf_id node, const kf_tensor **in, int64_t cap, bool *done) {
     kf_node *n = &g->nodes[node];
     *done = false;
+    for (int i = 0; i < n->nin; i++) /* the kernels read data: a deferred merge is assembled */
+        if (in[i] && in[i]->parts) KF_TRY(kf_tensor_settle(g->values[n->in[i]].init));
     kf_tensor *outs = kf_calloc((size_t)n->nout + 1, sizeof(kf_tensor));
     if (!outs) return kf_fail(KF_ERR_NOMEM, "out of memory");
     kf_status st = kf_eval_node(n, n->nin, in, outs);

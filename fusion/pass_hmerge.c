@@ -14,6 +14,12 @@
  * DequantizeLinear gives exactly the siblings' float weights side by side
  * and pass_qint turns the one product into one integer anchor.
  *
+ * For a model that is saved next (kfuse opt), a large merged weight keeps
+ * the siblings' weights as its parts (kf_graph.defer_concat_bytes,
+ * kf_tensor_concat_deferred): the save writes them side by side straight
+ * into the file, so the merged bytes are never assembled in memory. For
+ * BERT-base that is 85 MB not copied.
+ *
  *      A ──┬─ MatMul(·, Wq) ─ Add(bq) ─▶ q          A ─ MatMul(·, [Wq Wk Wv])
  *          ├─ MatMul(·, Wk) ─ Add(bk) ─▶ k    =>     ─ Add([bq bk bv]) ─ Split ─▶ q, k, v
  *          └─ MatMul(·, Wv) ─ Add(bv) ─▶ v
@@ -256,6 +262,38 @@ static const char *gemm_group(const kf_model *m, kf_id root, group *gr, bool *al
 
 /* ---- the rewrite ------------------------------------------------------------------------ */
 
+/* The value holding sibling s's stored weight (s->w). */
+static kf_id weight_value(const kf_graph *g, const sibling *s) {
+    return s->dq ? g->nodes[s->dq].in[0] : g->nodes[s->node].in[1];
+}
+
+/* Whether the merged weight may keep the siblings' weights as its parts
+ * (kf_graph.defer_concat_bytes): plain weights of one layout, large enough,
+ * each read by its product alone, so that the product's removal frees it
+ * to move into the merged tensor. */
+static bool deferrable(const kf_graph *g, const group *gr, bool trans) {
+    int64_t bytes;
+    if (g->defer_concat_bytes <= 0 || gr->dq || gr->wtype == KF_DT_STRING || kf_dtype_is_small(gr->wtype) ||
+        !kf_mul_ok(gr->k * gr->total, (int64_t)kf_dtype_size(gr->wtype), &bytes) || bytes < g->defer_concat_bytes)
+        return false;
+    for (int i = 0; i < gr->count; i++) {
+        const kf_node *n = &g->nodes[gr->s[i].node];
+        const kf_value *w = &g->values[weight_value(g, &gr->s[i])];
+        if ((n->op == KF_OP_GEMM && kf_attr_i(n, "transB", 0) != 0) != trans || w->nusers != 1 || w->is_input ||
+            w->is_output)
+            return false;
+    }
+    return true;
+}
+
+/* The merged weight as parts (deferrable above): the siblings' tensors side
+ * by side, borrowed until merge adopts them. */
+static kf_status defer_weights(kf_graph *g, const group *gr, bool trans, kf_tensor *w) {
+    kf_tensor *parts[HMERGE_MAX_SIBLINGS];
+    for (int i = 0; i < gr->count; i++) parts[i] = g->values[weight_value(g, &gr->s[i])].init;
+    return kf_tensor_concat_deferred(w, parts, gr->count, trans ? 0 : 1);
+}
+
 /* Weights side by side: [K, total] (trans 0) or [total, K] (trans 1), each
  * sibling read in its own layout (Gemm transB; MatMul never transposed);
  * elements copied byte for byte. */
@@ -376,7 +414,16 @@ static kf_status merge(kf_model *m, const group *gr) {
     kf_id w, b = 0;
     kf_tensor *wt = kf_tensor_new(), *bt = NULL;
     if (!wt) return kf_fail(KF_ERR_NOMEM, "out of memory");
-    KF_TRY(add_const(g, "merged_weight", wt, concat_weights(m, gr, trans, wt), &w));
+    bool defer = deferrable(g, gr, trans);
+    for (int i = 0; i < gr->count && !defer; i++) { /* an earlier merge's deferred weight */
+        kf_status st = kf_tensor_settle(g->values[weight_value(g, &gr->s[i])].init);
+        if (st) {
+            kf_tensor_free(wt);
+            return st;
+        }
+    }
+    KF_TRY(add_const(g, "merged_weight", wt, defer ? defer_weights(g, gr, trans, wt) : concat_weights(m, gr, trans, wt),
+                     &w));
     if (gr->dq) KF_TRY(dequantize_merged(m, gr, trans, name, &w));
     if (gr->biases) {
         if (!(bt = kf_tensor_new())) return kf_fail(KF_ERR_NOMEM, "out of memory");
@@ -427,11 +474,14 @@ static kf_status merge(kf_model *m, const group *gr) {
         KF_TRY(kf_node_add_attr(&g->nodes[node], &a));
     }
     KF_TRY(kf_infer_node(m, node));
+    kf_tensor *parts[HMERGE_MAX_SIBLINGS];
     for (int i = 0; i < gr->count; i++) {
+        parts[i] = g->values[weight_value(g, &gr->s[i])].init;
         KF_TRY(kf_graph_replace_uses(g, results[i], outs[i]));
         if (gr->s[i].add) kf_graph_remove_node(g, gr->s[i].add);
         kf_graph_remove_node(g, gr->s[i].node);
     }
+    if (defer) kf_tensor_adopt_parts(wt, parts); /* the old weights are read by nothing now */
     return KF_OK;
 }
 

@@ -250,6 +250,11 @@ kf_status kf_graph_dce(kf_graph *g, uint32_t *removed) {
     return KF_OK;
 }
 
+kf_status kf_graph_settle(kf_graph *g) {
+    for (kf_id v = 1; v < g->nvalues; v++) KF_TRY(kf_tensor_settle(g->values[v].init));
+    return KF_OK;
+}
+
 bool kf_value_is_constant(const kf_model *m, kf_id v) {
     const kf_value *val = &m->graph->values[v];
     if (!val->init) return false;

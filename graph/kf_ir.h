@@ -142,6 +142,9 @@ typedef struct kf_graph {
      * such as an opset raise). */
     bool track;
     bool touch_all;
+    /* > 0: a merge of weights this large or larger may defer its copy
+     * (kf_opt_options.defer_concat_bytes, set for the optimizer's run) */
+    int64_t defer_concat_bytes;
     kf_id *touched;
     uint32_t ntouched, captouched;
     /* a control-flow body being rewritten: the graph around it, whose names
@@ -292,6 +295,10 @@ uint32_t kf_graph_live_nodes(const kf_graph *g);
  * initializer listed among the inputs is only a default). Passes that fold
  * or specialise on values ask this, never `init != NULL` alone. */
 bool kf_value_is_constant(const kf_model *m, kf_id v);
+/* Assembles every deferred initializer of g (kf_tensor_settle): what a
+ * model optimized with kf_opt_options.defer_concat_bytes needs before
+ * anything but a save reads its weights. */
+kf_status kf_graph_settle(kf_graph *g);
 
 /* ---- attribute lookup (for shape functions and kernels) ---------------- */
 

@@ -57,6 +57,9 @@ typedef struct kf_tensor {
     int64_t dims[KF_MAX_RANK];
     int64_t numel;
     void *data; /* owned; numel * elem size bytes; kf_bytes[] for strings */
+    /* bytes not assembled yet (tensor_parts.c): when set, data is NULL and
+     * the contents are these parts side by side along one axis */
+    struct kf_tensor_parts *parts;
 } kf_tensor;
 
 /* What inference knows of a value. rank -1: unknown rank. dims[i] -1:
@@ -149,6 +152,41 @@ uint8_t kf_f32_to_e8m0(float x, bool saturate, kf_e8m0_round mode);
 /* An integer as an element: small integers keep the low bits (wrap, as
  * Cast between integer types); small floats convert the value saturating. */
 uint8_t kf_i64_to_small(kf_dtype dt, int64_t v);
+
+/* ---- deferred concatenation (tensor_parts.c) ----------------------------
+ * A tensor may hold its contents as parts not yet put side by side: the
+ * optimizer's merge of sibling weights writes a large concatenation only
+ * where the bytes are needed, which for `kfuse opt` is straight into the
+ * output file. Such a tensor has data NULL; element access (kf_get_*),
+ * kf_tensor_copy, kf_tensor_equal and the model writer read the parts; any
+ * other reader of data calls kf_tensor_settle first. Nothing sets elements
+ * of a deferred tensor. */
+typedef struct kf_tensor_parts {
+    int axis;          /* the tensor is the parts concatenated along it */
+    int n;
+    bool owned;        /* false: the parts' data is borrowed (kf_tensor_adopt_parts) */
+    kf_tensor part[];  /* same dtype and rank, dims equal but along axis */
+} kf_tensor_parts;
+
+/* Makes t (released first) the concatenation of parts[0..n) along axis
+ * without copying. t borrows the parts' data until kf_tensor_adopt_parts,
+ * so they must stay as they are until then. A part that is itself deferred
+ * is settled first. Errors: parts that do not concatenate (KF_ERR_SHAPE),
+ * strings or packed small types (KF_ERR_UNSUPPORTED), out of memory. */
+kf_status kf_tensor_concat_deferred(kf_tensor *t, kf_tensor *const *parts, int n, int axis);
+/* t takes over the data it borrows from parts (the same tensors, in the
+ * same order, as kf_tensor_concat_deferred was given); each is left empty. */
+void kf_tensor_adopt_parts(kf_tensor *t, kf_tensor *const *parts);
+/* Assembles a deferred tensor's bytes into data (nothing for others). */
+kf_status kf_tensor_settle(kf_tensor *t);
+/* Calls emit with t's bytes in order, in runs as long as the layout allows
+ * (one run for a tensor with data); stops at the first false, which it
+ * returns. Strings are not bytes: false for them. */
+bool kf_tensor_visit_bytes(const kf_tensor *t, bool (*emit)(void *ctx, const void *p, size_t n), void *ctx);
+/* Frees what a deferred tensor holds (its parts' data when owned). */
+void kf_tensor_parts_release(kf_tensor_parts *ps);
+/* The part holding element i of deferred tensor t, *j its index there. */
+const kf_tensor *kf_tensor_part_at(const kf_tensor *t, int64_t i, int64_t *j);
 
 /* Row-major strides (in elements) of a shape. */
 void kf_strides(int rank, const int64_t *dims, int64_t *strides);

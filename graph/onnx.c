@@ -13,6 +13,7 @@
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include "kf_extdata.h"
@@ -1350,7 +1351,9 @@ static Onnx__TensorProto *tensor_to_proto(arena *a, const kf_tensor *t, const ch
         }
     } else {
         tp->has_raw_data = 1;
-        tp->raw_data.data = t->data;
+        /* a deferred tensor (kf_tensor.h) stands for its bytes by its parts
+         * pointer, which the file sink recognises and writes part by part */
+        tp->raw_data.data = t->parts ? (uint8_t *)t->parts : t->data;
         tp->raw_data.len = (size_t)t->numel * kf_dtype_size(t->dtype);
         size_t fbytes = kf_dtype_packed_bytes(t->dtype, t->numel);
         if (fbytes != tp->raw_data.len) { /* sub-byte types are packed in files */
@@ -1623,7 +1626,63 @@ typedef struct file_sink {
      * file (share: the output sits in the input's folder) or have the
      * bytes copied file to file into ext (kf_extdata.h) */
     bool share;
+    /* deferred tensors written inline: raw_data.data is their parts
+     * pointer; none is shorter than deferred_min bytes */
+    const kf_tensor **deferred;
+    uint32_t ndeferred;
+    size_t deferred_min;
 } file_sink;
+
+/* ---- writing deferred tensors: their runs go to the file through writev,
+ * so the assembled bytes never exist in memory. */
+#define KF_WRITE_IOVS 256
+
+typedef struct run_writer {
+    int fd;
+    struct iovec iov[KF_WRITE_IOVS];
+    int n;
+    bool ok;
+} run_writer;
+
+static bool flush_runs(run_writer *w) {
+    struct iovec *v = w->iov;
+    int n = w->n;
+    while (n > 0 && w->ok) {
+        ssize_t done = writev(w->fd, v, n);
+        if (done < 0 && errno == EINTR) continue;
+        if (done <= 0) {
+            w->ok = false;
+            break;
+        }
+        while (n > 0 && (size_t)done >= v->iov_len) {
+            done -= (ssize_t)v->iov_len;
+            v++;
+            n--;
+        }
+        if (n > 0) {
+            v->iov_base = (char *)v->iov_base + done;
+            v->iov_len -= (size_t)done;
+        }
+    }
+    w->n = 0;
+    return w->ok;
+}
+
+static bool add_run(void *ctx, const void *p, size_t len) {
+    run_writer *w = ctx;
+    w->iov[w->n].iov_base = (void *)p;
+    w->iov[w->n].iov_len = len;
+    return ++w->n < KF_WRITE_IOVS || flush_runs(w);
+}
+
+/* Writes deferred tensor t's bytes at f's position and leaves f after them. */
+static bool write_deferred(FILE *f, const kf_tensor *t) {
+    off_t at;
+    if (fflush(f) != 0 || (at = ftello(f)) < 0) return false;
+    run_writer w = {.fd = fileno(f), .ok = true};
+    if (!kf_tensor_visit_bytes(t, add_run, &w) || !flush_runs(&w)) return false;
+    return fseeko(f, at + (off_t)((size_t)t->numel * kf_dtype_size(t->dtype)), SEEK_SET) == 0;
+}
 
 /* Protobuf messages cannot exceed 2 GiB; a model whose initializers pass
  * this total keeps its weights in a separate file (ONNX external data),
@@ -1666,12 +1725,12 @@ static bool pad_external(file_sink *sink, int64_t to) {
     return true;
 }
 
-/* Moves initializer tp's raw bytes to the sink's external file. */
-static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp) {
+/* Moves initializer tp's raw bytes (those of t) to the sink's external file. */
+static bool to_external(arena *a, file_sink *sink, Onnx__TensorProto *tp, const kf_tensor *t) {
     size_t len = tp->raw_data.len;
     if (!pad_external(sink, (sink->ext_off + KF_EXTERNAL_ALIGN - 1) / KF_EXTERNAL_ALIGN * KF_EXTERNAL_ALIGN))
         return false;
-    if (fwrite(tp->raw_data.data, 1, len, sink->ext) != len) return false;
+    if (t->parts ? !write_deferred(sink->ext, t) : fwrite(tp->raw_data.data, 1, len, sink->ext) != len) return false;
     if (!set_external(a, tp, sink->ext_location, sink->ext_off, len)) return false;
     sink->ext_off += (int64_t)len;
     return true;
@@ -1707,7 +1766,13 @@ static kf_status to_kept(arena *a, file_sink *sink, Onnx__TensorProto *tp, const
 
 static void sink_append(ProtobufCBuffer *b, size_t len, const uint8_t *data) {
     file_sink *s = (file_sink *)b;
-    if (!s->failed && len && fwrite(data, 1, len, s->f) != len) s->failed = true;
+    if (s->failed || !len) return;
+    for (uint32_t i = 0; len >= s->deferred_min && i < s->ndeferred; i++)
+        if (data == (const uint8_t *)s->deferred[i]->parts) {
+            if (!write_deferred(s->f, s->deferred[i])) s->failed = true;
+            return;
+        }
+    if (fwrite(data, 1, len, s->f) != len) s->failed = true;
 }
 
 /* Builds the ModelProto of m and packs it either into a malloc'ed buffer
@@ -1752,9 +1817,17 @@ static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size
         if (g->values[v].init && (g->values[v].nusers || g->values[v].is_input || g->values[v].is_output)) ninit++;
     gp.initializer = aalloc(&a, sizeof(void *) * (ninit + 1));
     gp.n_initializer = 0;
+    if (sink) {
+        sink->deferred = aalloc(&a, sizeof(kf_tensor *) * (ninit + 1));
+        sink->ndeferred = 0;
+        sink->deferred_min = SIZE_MAX;
+    }
     for (kf_id v = 1; gp.initializer && v < g->nvalues; v++) {
         const kf_value *val = &g->values[v];
         if (!val->init || !(val->nusers || val->is_input || val->is_output)) continue;
+        /* a deferred tensor: the file sink writes its parts; in memory it
+         * is assembled (the caller asked for the bytes anyway) */
+        if (val->init->parts && !sink && (st = kf_tensor_settle(val->init))) goto done;
         Onnx__TensorProto *tp = tensor_to_proto(&a, val->init, val->name);
         if (!tp) break;
         tp->doc_string = val->doc;
@@ -1762,10 +1835,14 @@ static kf_status save_impl(const kf_model *m, file_sink *sink, void **data, size
         const kf_extfile *e = sink && (sink->share || sink->ext) ? kf_extdata_kept(m, v, &off) : NULL;
         if (e) {
             if ((st = to_kept(&a, sink, tp, e, off, val->name))) goto done;
-        } else if (sink && sink->ext && tp->has_raw_data && tp->raw_data.len >= KF_EXTERNAL_MIN_TENSOR &&
-            !to_external(&a, sink, tp)) {
-            st = kf_fail(KF_ERR_IO, "cannot write external data for tensor '%s'", val->name);
-            goto done;
+        } else if (sink && sink->ext && tp->has_raw_data && tp->raw_data.len >= KF_EXTERNAL_MIN_TENSOR) {
+            if (!to_external(&a, sink, tp, val->init)) {
+                st = kf_fail(KF_ERR_IO, "cannot write external data for tensor '%s'", val->name);
+                goto done;
+            }
+        } else if (sink && val->init->parts && sink->deferred) {
+            sink->deferred[sink->ndeferred++] = val->init;
+            if (tp->raw_data.len < sink->deferred_min) sink->deferred_min = tp->raw_data.len;
         }
         gp.initializer[gp.n_initializer++] = tp;
     }
@@ -1888,7 +1965,7 @@ kf_status kf_model_save(const kf_model *m, const char *path) {
     const char *force = getenv("KFUSE_EXTERNAL_DATA");
     bool external = total > KF_EXTERNAL_TOTAL || (force && force[0] == '1') || (kept && !share);
     kf_status st = KF_OK;
-    file_sink sink = {{sink_append}, NULL, false, NULL, base, 0, share};
+    file_sink sink = {{sink_append}, NULL, false, NULL, base, 0, share, NULL, 0, 0};
     if (!(sink.f = fopen(tmp, "wb"))) st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", path, strerror(errno));
     if (!st && external && !(sink.ext = fopen(ext_tmp, "wb")))
         st = kf_fail(KF_ERR_IO, "cannot write '%s': %s", ext_path, strerror(errno));
@@ -1912,6 +1989,13 @@ kf_status kf_model_save(const kf_model *m, const char *path) {
 }
 
 kf_status kf_onnx_write_tensor_file(const char *path, const kf_tensor *t, const char *name) {
+    if (t->parts) { /* a deferred tensor: assembled in a copy */
+        kf_tensor whole = {0};
+        KF_TRY(kf_tensor_copy(&whole, t));
+        kf_status st = kf_onnx_write_tensor_file(path, &whole, name);
+        kf_tensor_release(&whole);
+        return st;
+    }
     arena a = {0};
     Onnx__TensorProto *tp = tensor_to_proto(&a, t, name);
     if (!tp) {

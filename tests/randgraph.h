@@ -35,6 +35,10 @@ void rg_free_tensors(kf_tensor *t, int n);
 /* m as graph text (graph_text.h), constants with every value so gt_parse
  * rebuilds the same model. malloc'ed; caller frees. */
 char *rg_print(const kf_model *m);
+/* Whether d saved to a file (deferred merges written part by part, the
+ * file sink's path) gives the bytes m saved in memory gives: NULL when it
+ * does, else a static message. */
+const char *rg_file_save_differs(const kf_model *d, const kf_model *m);
 
 /* Paths a graph runs through (bit flags for rg_check_opts.paths). */
 enum {

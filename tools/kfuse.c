@@ -847,6 +847,10 @@ static int cmd_opt(int argc, char **argv) {
     o.npattern_files = nfiles;
     o.keep = keep;
     o.nkeep = nkeep;
+    /* the model is saved next: large merged weights go from their parts
+     * straight into the file (KFUSE_DEFER_CONCAT=0 assembles them first) */
+    const char *defer = getenv("KFUSE_DEFER_CONCAT");
+    if (!(defer && defer[0] == '0')) o.defer_concat_bytes = KF_CSE_MAX_INIT_BYTES + 1;
     kf_model *m;
     double t0 = seconds_now();
     kf_status st = kfuse_tool_load(model, &m);

@@ -1,7 +1,8 @@
 /*
  * fuzz_pipeline.c: libFuzzer target for everything after the loader: a
  * model that loads goes through load -> bind symbolic dims -> kf_optimize
- * -> the precision passes (fp32, int8 with its quantised weights kept,
+ * (its weight merges deferred, then assembled, when the last byte has bit
+ * 16) -> the precision passes (fp32, int8 with its quantised weights kept,
  * fp16, int8-fp16 or fp8 with its float8 weights kept)
  * -> kf_plan_build (with the cost model on half the inputs) -> kernel text for every group codegen supports (both
  * targets) and the library-anchor mapping of every anchor group -> fuse export -> save -> load again. Every stage must succeed
@@ -110,9 +111,11 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kf_opt_options o;
         kf_opt_options_default(&o);
         o.keep_quantized = kf_precision_keeps_quantized(prec);
+        o.defer_concat_bytes = last & 16 ? 1 : 0; /* merges deferred as kfuse opt does, then assembled */
         kf_opt_result res;
         st = checked(kf_optimize(m, &o, &res), "optimize");
         kf_rules_free(&res.rules);
+        if (!st && o.defer_concat_bytes) st = checked(kf_graph_settle(m->graph), "settle");
     }
     if (!st) st = checked(kf_precision_passes(m, prec, 0, NULL), kf_precision_name(prec));
     if (!st) {
