@@ -98,7 +98,18 @@ typedef struct raise_ctx {
     kf_model *m;
     bool apply;
     kf_status st; /* first error while applying */
+    /* history_of by op id, filled as ops are met (&no_history: none) */
+    const struct history *by_op[KF_OP_MAX_];
 } raise_ctx;
+
+static const history no_history;
+
+/* history_of(op) for a node of op id `id`, looked up once per id. */
+static const history *history_for(raise_ctx *c, kf_op id, const char *op) {
+    if (id <= 0 || id >= KF_OP_MAX_) return history_of(op);
+    if (!c->by_op[id]) c->by_op[id] = history_of(op) ? history_of(op) : &no_history;
+    return c->by_op[id] == &no_history ? NULL : c->by_op[id];
+}
 
 /* ---- small edits ---------------------------------------------------------- */
 
@@ -497,7 +508,7 @@ static const char *convert_node(raise_ctx *c, kf_id id, int64_t from, int64_t ta
             DECLINE("has subgraphs (their nodes would need raising too)");
     const char *op = n->op_type;
     *at_version = 0;
-    const history *h = history_of(op);
+    const history *h = history_for(c, n->op, op);
     if (!h) DECLINE("no schema history known for this op");
     const char *p = h->versions;
     while (*p) {
@@ -549,6 +560,39 @@ static const char *convert_node(raise_ctx *c, kf_id id, int64_t from, int64_t ta
 
 static bool default_domain(const char *d) { return !d || !*d || !strcmp(d, "ai.onnx"); }
 
+/* Checks every node of the default domain, then (nothing declined)
+ * converts them all from opset cur to target. */
+static kf_status raise_nodes(raise_ctx *c, int64_t cur, int64_t target, const char **why_not) {
+    kf_graph *g = c->m->graph;
+    for (int pass = 0; pass < 2; pass++) {
+        c->apply = pass == 1;
+        uint32_t nnodes = g->nnodes;
+        for (kf_id id = 1; id < nnodes; id++) {
+            kf_node *n = &g->nodes[id];
+            if (n->dead || !default_domain(n->domain)) continue;
+            int64_t from = n->opset ? n->opset : cur;
+            int at = 0;
+            char op[128];
+            snprintf(op, sizeof op, "%s", n->op_type);
+            const char *why = convert_node(c, id, from, target, &at);
+            if (c->st) return c->st;
+            if (why) {
+                char msg[sizeof why_buf];
+                char ver[32] = "";
+                if (at) snprintf(ver, sizeof ver, " (changed at opset %d)", at);
+                snprintf(msg, sizeof msg, "node '%s' (%s)%s: %s", kf_node_label(&g->nodes[id]), op, ver, why);
+                snprintf(why_buf, sizeof why_buf, "%s", msg);
+                if (why_not) *why_not = why_buf;
+                KF_ASSERT(!c->apply); /* every decline is found by the checking pass */
+                return kf_fail(KF_ERR_UNSUPPORTED, "cannot raise opset %lld to %lld: %s", (long long)cur,
+                               (long long)target, why_buf);
+            }
+            if (c->apply) g->nodes[id].opset = target;
+        }
+    }
+    return KF_OK;
+}
+
 kf_status kf_model_raise_opset(kf_model *m, int64_t target, const char **why_not) {
     if (why_not) *why_not = NULL;
     int64_t cur = kf_model_opset(m, "");
@@ -559,35 +603,13 @@ kf_status kf_model_raise_opset(kf_model *m, int64_t target, const char **why_not
         if (why_not) *why_not = why_buf;
         return kf_fail(KF_ERR_UNSUPPORTED, "%s", why_buf);
     }
-    kf_graph *g = m->graph;
     (void)kf_infer_shapes(m); /* conversions that need a type decline when it stays unknown */
-    raise_ctx c = {m, false, KF_OK};
-    for (int pass = 0; pass < 2; pass++) {
-        c.apply = pass == 1;
-        uint32_t nnodes = g->nnodes;
-        for (kf_id id = 1; id < nnodes; id++) {
-            kf_node *n = &g->nodes[id];
-            if (n->dead || !default_domain(n->domain)) continue;
-            int64_t from = n->opset ? n->opset : cur;
-            int at = 0;
-            char op[128];
-            snprintf(op, sizeof op, "%s", n->op_type);
-            const char *why = convert_node(&c, id, from, target, &at);
-            if (c.st) return c.st;
-            if (why) {
-                char msg[sizeof why_buf];
-                char ver[32] = "";
-                if (at) snprintf(ver, sizeof ver, " (changed at opset %d)", at);
-                snprintf(msg, sizeof msg, "node '%s' (%s)%s: %s", kf_node_label(&g->nodes[id]), op, ver, why);
-                snprintf(why_buf, sizeof why_buf, "%s", msg);
-                if (why_not) *why_not = why_buf;
-                KF_ASSERT(!c.apply); /* every decline is found by the checking pass */
-                return kf_fail(KF_ERR_UNSUPPORTED, "cannot raise opset %lld to %lld: %s", (long long)cur,
-                               (long long)target, why_buf);
-            }
-            if (c.apply) g->nodes[id].opset = target;
-        }
-    }
+    raise_ctx *c = kf_calloc(1, sizeof *c);
+    if (!c) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    c->m = m;
+    kf_status st = raise_nodes(c, cur, target, why_not);
+    kf_free(c);
+    if (st) return st;
     for (int i = 0; i < m->nopsets; i++)
         if (default_domain(m->opsets[i].domain)) m->opsets[i].version = target;
     if (m->ir_version < ir_for_opset(target)) m->ir_version = ir_for_opset(target);

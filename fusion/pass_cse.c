@@ -51,13 +51,14 @@ static uint64_t mix_bulk(uint64_t h, const void *p, size_t n) {
     return mix(h, b + 8 * words, n % 8);
 }
 
-/* Tensor bytes up to 64 KiB whole; past that, 4096 words spread evenly over
- * the data, and its last word. Equal tensors hash alike either way, and
- * equality is decided by comparing every byte; the sample only keeps the
- * pass from reading all of ResNet-50's 100 MB of weights every round to
- * find the few tensors that share a shape. */
-#define HASH_WHOLE_BYTES 65536
-#define HASH_SAMPLE_WORDS 4096
+/* Tensor bytes up to 512 whole; past that, 64 words spread evenly over the
+ * data, and its last word. Equal tensors hash alike either way, and
+ * equality is decided by comparing every byte; the sample keeps the pass
+ * from reading every weight that shares its shape with another (each
+ * layer's, in a transformer) every round, when real weights already differ
+ * in their first few words. */
+#define HASH_WHOLE_BYTES 512
+#define HASH_SAMPLE_WORDS 64
 static uint64_t mix_tensor_bytes(uint64_t h, const void *p, size_t n) {
     if (n <= HASH_WHOLE_BYTES) return mix_bulk(h, p, n);
     const unsigned char *b = p;
