@@ -133,6 +133,48 @@ static kf_status drain(kf_graph *g, wake *w, int reach) {
     return KF_OK;
 }
 
+/* The rules of each root op in rule-set order: rs->rules[idx[first[op]]]
+ * .. rs->rules[idx[first[op + 1] - 1]] (a counting sort by root op). */
+typedef struct rule_index {
+    uint32_t first[KF_OP_MAX_ + 1];
+    uint32_t *idx;
+} rule_index;
+
+static kf_status index_rules(const kf_ruleset *rs, rule_index **out) {
+    rule_index *x = kf_calloc(1, sizeof *x);
+    if (!x || !(x->idx = kf_malloc(sizeof(uint32_t) * (rs->n + 1)))) {
+        kf_free(x);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    for (uint32_t i = 0; i < rs->n; i++) {
+        kf_op op = rs->rules[i]->root_opid;
+        if (op > 0 && op < KF_OP_MAX_) x->first[op + 1]++;
+    }
+    for (int op = 0; op < KF_OP_MAX_; op++) x->first[op + 1] += x->first[op];
+    uint32_t fill[KF_OP_MAX_];
+    memcpy(fill, x->first, sizeof fill);
+    for (uint32_t i = 0; i < rs->n; i++) {
+        kf_op op = rs->rules[i]->root_opid;
+        if (op > 0 && op < KF_OP_MAX_) x->idx[fill[op]++] = i;
+    }
+    *out = x;
+    return KF_OK;
+}
+
+/* [*r, *hi): op's rules after rule `after` (-1: all of them). */
+static void rule_span(const rule_index *x, kf_op op, int64_t after, uint32_t *r, uint32_t *hi) {
+    *r = *hi = 0;
+    if (op <= 0 || op >= KF_OP_MAX_) return;
+    *r = x->first[op];
+    *hi = x->first[op + 1];
+    while (*r < *hi && (int64_t)x->idx[*r] <= after) ++*r;
+}
+
+static void index_free(rule_index *x) {
+    if (x) kf_free(x->idx);
+    kf_free(x);
+}
+
 kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_t *rewrites) {
     kf_graph *g = m->graph;
     uint64_t total = 0;
@@ -143,7 +185,9 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
         if (rs->rules[i]->reach > reach) reach = rs->rules[i]->reach;
     if (reach > 64) reach = 64;
     wake w = {0};
+    rule_index *ri = NULL;
     kf_status st = incremental ? wake_init(&w, reach) : KF_OK;
+    if (!st) st = index_rules(rs, &ri);
     if (!st) st = kf_infer_shapes(m);
     int sweep = 0;
     bool out_of_fuel = false;
@@ -159,10 +203,17 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
                 if (!w.dirty[nid]) continue;
                 w.dirty[nid] = 0;
             }
-            for (uint32_t i = 0; i < rs->n && !st; i++) {
+            kf_op op = 0;
+            uint32_t r = 0, hi = 0;
+            int64_t last = -1; /* rules are tried in set order: those after the last one tried */
+            while (!st) {
                 const kf_node *n = &g->nodes[nid];
                 if (!node_live(g, n)) break;
-                if (rs->rules[i]->root_opid != n->op || !n->op) continue;
+                if (last < 0 || n->op != op) /* first, or a rule changed the node's op in place */
+                    rule_span(ri, op = n->op, last, &r, &hi);
+                if (r >= hi) break;
+                uint32_t i = ri->idx[r++];
+                last = i;
                 if (opts && opts->fuel == 0) {
                     out_of_fuel = true;
                     break;
@@ -184,6 +235,7 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
         if (total == before) break;
     }
     wake_free(&w);
+    index_free(ri);
     if (!st && sweep >= KF_REWRITE_MAX_SWEEPS)
         st = kf_fail(KF_ERR_INTERNAL, "rewriting did not reach a fixed point after %d sweeps; last rule applied: %s",
                      KF_REWRITE_MAX_SWEEPS, last_rule ? last_rule : "(none)");
