@@ -94,24 +94,11 @@ bool kf_tensor_visit_bytes(const kf_tensor *t, bool (*emit)(void *ctx, const voi
     return true;
 }
 
-static bool append(void *ctx, const void *p, size_t n) {
-    char **at = ctx;
-    memcpy(*at, p, n);
-    *at += n;
-    return true;
-}
-
 kf_status kf_tensor_settle(kf_tensor *t) {
     if (!t || !t->parts) return KF_OK;
-    size_t bytes = (size_t)t->numel * kf_dtype_size(t->dtype);
-    char *data = kf_malloc(bytes ? bytes : 1);
-    if (!data) return kf_fail(KF_ERR_NOMEM, "out of memory for a tensor of %lld elements", (long long)t->numel);
-    kf_advise_huge(data, bytes);
-    char *at = data;
-    kf_tensor_visit_bytes(t, append, &at);
-    kf_tensor_parts_release(t->parts);
-    t->parts = NULL;
-    t->data = data;
+    kf_tensor whole = {0};
+    KF_TRY(kf_tensor_copy(&whole, t)); /* copies a deferred tensor run by run */
+    kf_tensor_move(t, &whole);        /* t's parts are released */
     return KF_OK;
 }
 
