@@ -56,6 +56,7 @@ static void node_release(kf_node *n) {
 
 void kf_graph_free(kf_graph *g) {
     if (!g) return;
+    kf_infer_scratch_free(g);
     for (uint32_t i = 1; i < g->nvalues; i++) {
         kf_value *v = &g->values[i];
         kf_free(v->name);

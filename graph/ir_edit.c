@@ -39,6 +39,7 @@ void kf_graph_track(kf_graph *g, bool on) {
     g->ntouched = g->captouched = 0;
     g->touch_all = false;
     g->track = on;
+    if (!on) kf_infer_scratch_free(g);
 }
 
 void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how) {

@@ -142,6 +142,9 @@ typedef struct kf_graph {
      * such as an opset raise). */
     bool track;
     bool touch_all;
+    /* whole-graph inference's work arrays, kept between its calls while
+     * tracking is on (an optimizer run infers every round); shape.c */
+    struct kf_infer_scratch *infer_scratch;
     /* > 0: a merge of weights this large or larger may defer its copy
      * (kf_opt_options.defer_concat_bytes, set for the optimizer's run) */
     int64_t defer_concat_bytes;
@@ -299,6 +302,9 @@ bool kf_value_is_constant(const kf_model *m, kf_id v);
  * model optimized with kf_opt_options.defer_concat_bytes needs before
  * anything but a save reads its weights. */
 kf_status kf_graph_settle(kf_graph *g);
+/* Frees what kf_infer_shapes kept in g->infer_scratch (kf_graph_track
+ * off, kf_graph_free). */
+void kf_infer_scratch_free(kf_graph *g);
 
 /* ---- attribute lookup (for shape functions and kernels) ---------------- */
 

@@ -110,20 +110,73 @@ static bool type_equal(const kf_type *a, const kf_type *b) {
     return true;
 }
 
+/* Per-value work arrays of one inference: computed small constants (all
+ * empty between calls) and, with edit tracking, the types and contents
+ * from before. An optimizer run keeps them in the graph from call to call
+ * (each is a few hundred KB on a transformer, and allocating and freeing
+ * them every round had the heap trimmed and faulted back in). */
+typedef struct kf_infer_scratch {
+    kf_tensor *known;
+    kf_type *was;
+    struct kf_symvec **was_sv;
+    uint32_t cap;
+} kf_infer_scratch;
+
+static void scratch_release(kf_infer_scratch *s) {
+    kf_free(s->known);
+    kf_free(s->was);
+    kf_free(s->was_sv);
+    memset(s, 0, sizeof *s);
+}
+
+void kf_infer_scratch_free(kf_graph *g) {
+    if (!g->infer_scratch) return;
+    scratch_release(g->infer_scratch);
+    kf_free(g->infer_scratch);
+    g->infer_scratch = NULL;
+}
+
+/* Arrays for n values (known all empty; was and was_sv too when track). */
+static kf_status scratch_reserve(kf_infer_scratch *s, uint32_t n, bool track) {
+    if (s->cap >= n && (!track || s->was)) return KF_OK;
+    scratch_release(s);
+    s->known = kf_calloc(n, sizeof *s->known);
+    if (track) {
+        s->was = kf_malloc((size_t)n * sizeof *s->was);
+        s->was_sv = kf_calloc(n, sizeof *s->was_sv);
+    }
+    if (!s->known || (track && (!s->was || !s->was_sv))) {
+        scratch_release(s);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    s->cap = n;
+    return KF_OK;
+}
+
 kf_status kf_infer_shapes(kf_model *m) {
     kf_graph *g = m->graph;
     kf_id *order;
     uint32_t norder;
     KF_TRY(kf_graph_topo(g, &order, &norder));
     kf_status st = KF_OK;
-    kf_tensor *known = kf_calloc(g->nvalues, sizeof(kf_tensor)); /* computed small constants */
+    kf_infer_scratch local = {0}, *s = &local;
+    if (g->track && !g->infer_scratch && !(g->infer_scratch = kf_calloc(1, sizeof *g->infer_scratch))) {
+        kf_free(order);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    if (g->track) s = g->infer_scratch;
+    if ((st = scratch_reserve(s, g->nvalues, g->track))) {
+        kf_free(order);
+        return st;
+    }
+    kf_tensor *known = s->known; /* computed small constants */
     const kf_type **tin = NULL;
     const kf_tensor **vin = NULL;
     kf_type *tout = NULL;
     kf_tensor *vout = NULL;
     const kf_symvec **sv = NULL;
-    kf_type *was = NULL;            /* edit tracking: types and contents before */
-    struct kf_symvec **was_sv = NULL;
+    kf_type *was = g->track ? s->was : NULL; /* edit tracking: types and contents before */
+    struct kf_symvec **was_sv = g->track ? s->was_sv : NULL;
     uint32_t maxio = 1;
     for (uint32_t k = 0; k < norder; k++) {
         const kf_node *n = &g->nodes[order[k]];
@@ -135,20 +188,12 @@ kf_status kf_infer_shapes(kf_model *m) {
     tout = kf_calloc(maxio, sizeof *tout);
     vout = kf_calloc(maxio, sizeof *vout);
     sv = kf_calloc(maxio, sizeof *sv);
-    if (!known || !tin || !vin || !tout || !vout || !sv) {
+    if (!tin || !vin || !tout || !vout || !sv) {
         st = kf_fail(KF_ERR_NOMEM, "out of memory");
         goto done;
     }
     /* with edit tracking on, what inference changes is touched: the types
      * and symbolic contents from before are kept to compare */
-    if (g->track) {
-        was = kf_malloc((size_t)g->nvalues * sizeof *was);
-        was_sv = kf_calloc(g->nvalues, sizeof *was_sv);
-        if (!was || !was_sv) {
-            st = kf_fail(KF_ERR_NOMEM, "out of memory");
-            goto done;
-        }
-    }
     for (kf_id v = 1; v < g->nvalues; v++) {
         if (was) {
             was[v] = g->values[v].type;
@@ -206,12 +251,13 @@ kf_status kf_infer_shapes(kf_model *m) {
     }
 done:
     if (was_sv)
-        for (kf_id v = 1; v < g->nvalues; v++) kf_free(was_sv[v]);
-    kf_free(was_sv);
-    kf_free(was);
-    if (known)
-        for (kf_id v = 0; v < g->nvalues; v++) kf_tensor_release(&known[v]);
-    kf_free(known);
+        for (kf_id v = 1; v < g->nvalues; v++) {
+            kf_free(was_sv[v]);
+            was_sv[v] = NULL;
+        }
+    for (kf_id v = 0; v < g->nvalues; v++)
+        if (known[v].data || known[v].dtype) kf_tensor_release(&known[v]);
+    if (s == &local) scratch_release(s);
     kf_free(tin);
     kf_free(vin);
     kf_free(tout);
