@@ -26,5 +26,9 @@
  * A model already at or above `target` is left as it is (KF_OK).
  * Other errors (out of memory) may leave the model partly converted. */
 kf_status kf_model_raise_opset(kf_model *m, int64_t target, const char **why_not);
+/* The same; infer_after false leaves the types as the conversion leaves
+ * them, for a caller whose next step is kf_infer_shapes (the optimizer's
+ * next round), which gives what inferring here as well would. */
+kf_status kf_model_raise_opset_ex(kf_model *m, int64_t target, bool infer_after, const char **why_not);
 
 #endif

@@ -594,6 +594,10 @@ static kf_status raise_nodes(raise_ctx *c, int64_t cur, int64_t target, const ch
 }
 
 kf_status kf_model_raise_opset(kf_model *m, int64_t target, const char **why_not) {
+    return kf_model_raise_opset_ex(m, target, true, why_not);
+}
+
+kf_status kf_model_raise_opset_ex(kf_model *m, int64_t target, bool infer_after, const char **why_not) {
     if (why_not) *why_not = NULL;
     int64_t cur = kf_model_opset(m, "");
     if (cur >= target) return KF_OK;
@@ -613,6 +617,6 @@ kf_status kf_model_raise_opset(kf_model *m, int64_t target, const char **why_not
     for (int i = 0; i < m->nopsets; i++)
         if (default_domain(m->opsets[i].domain)) m->opsets[i].version = target;
     if (m->ir_version < ir_for_opset(target)) m->ir_version = ir_for_opset(target);
-    (void)kf_infer_shapes(m); /* refreshes types; a failure here is no reason to undo */
+    if (infer_after) (void)kf_infer_shapes(m); /* refreshes types; a failure here is no reason to undo */
     return KF_OK;
 }

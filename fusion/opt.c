@@ -153,7 +153,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     bool raise_tried = o->opset > 0; /* the caller chose the opset: no raise beyond it */
     if (!st && o->opset > res->opset_before) {
         const char *why = NULL;
-        kf_status rs = kf_model_raise_opset(m, o->opset, &why);
+        kf_status rs = kf_model_raise_opset_ex(m, o->opset, false, &why); /* kf_rewrite infers first */
         if (rs == KF_ERR_UNSUPPORTED) {
             snprintf(res->raise_declined, sizeof res->raise_declined, "opset %lld not reached: %s",
                      (long long)o->opset, why ? why : kf_last_error());
@@ -197,7 +197,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
         if (!raise_tried && !o->no_raise && want > kf_model_opset(m, "")) {
             raise_tried = true;
             const char *why = NULL;
-            kf_status rs = kf_model_raise_opset(m, want, &why);
+            kf_status rs = kf_model_raise_opset_ex(m, want, false, &why); /* the next kf_rewrite infers first */
             if (rs == KF_ERR_UNSUPPORTED) {
                 snprintf(res->raise_declined, sizeof res->raise_declined, "opset %lld not reached: %s", (long long)want,
                          why ? why : "unsupported");
