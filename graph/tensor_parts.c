@@ -10,7 +10,6 @@
 #include <string.h>
 
 #include "kf_tensor.h"
-#include "kf_extdata.h"
 
 /* Elements of part (or t) from axis on: one block of a row. */
 static int64_t block_of(const kf_tensor *t, int axis) {
