@@ -24,6 +24,10 @@ typedef struct kf_pass_ctx {
 } kf_pass_ctx;
 
 typedef kf_status (*kf_graph_pass_fn)(kf_model *m, kf_pass_ctx *ctx);
+/* The fold pass's first step alone: Constant nodes become initializers.
+ * The optimizer runs it before its first rules sweep, so rules whose
+ * guards read constants match in the first round. */
+kf_status kf_pass_fold_constant_nodes(kf_model *m, kf_pass_ctx *ctx);
 
 #define KF_RULE_PASS(name) kf_status kf_pass_##name##_rules(kf_ruleset *rs);
 #define KF_GRAPH_PASS(name) kf_status kf_pass_##name(kf_model *m, kf_pass_ctx *ctx);

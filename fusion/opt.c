@@ -167,6 +167,14 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     kf_graph_track(m->graph, !o->every_node);
     m->graph->touch_all = true;
     m->graph->defer_concat_bytes = o->defer_concat_bytes;
+    for (int p = 0; !st && graph_passes[p].name; p++) /* constants first (kf_pass_fold_constant_nodes) */
+        if (gp_stats[p] && graph_passes[p].fn == kf_pass_fold) {
+            kf_pass_ctx ctx = {ro.fuel, ro.trace, 0, o->fold_cap_bytes, o->keep_quantized, NULL, 0};
+            st = kf_pass_fold_constant_nodes(m, &ctx);
+            ro.fuel = ctx.fuel;
+            graph_changes[p] += ctx.changes;
+            res->rewrites += ctx.changes;
+        }
     for (int round = 0; !st && round < KF_OPT_MAX_ROUNDS; round++) {
         uint64_t n = 0;
         st = kf_rewrite(m, &res->rules, &ro, &n);

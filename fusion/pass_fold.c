@@ -354,6 +354,25 @@ static kf_status fold_sym_target(kf_model *m, target_cache *c, kf_id node, bool 
     return KF_OK;
 }
 
+kf_status kf_pass_fold_constant_nodes(kf_model *m, kf_pass_ctx *ctx) {
+    kf_graph *g = m->graph;
+    const kf_tensor *none[1] = {NULL};
+    for (kf_id id = 1; id < g->nnodes && ctx->fuel != 0; id++) {
+        const kf_node *n = &g->nodes[id];
+        if (n->dead || n->op != KF_OP_CONSTANT || n->nin || !output_used(g, n) || (id < ctx->nkeep && ctx->keep[id]))
+            continue;
+        int64_t cap;
+        bool done = false;
+        if (foldable(m, n, none, &cap) || !fits_before(n, none, cap)) continue;
+        KF_TRY(eval_and_commit(g, id, none, cap, &done));
+        if (!done) continue;
+        ctx->changes++;
+        if (ctx->fuel > 0) ctx->fuel--;
+        if (ctx->trace) fprintf(stderr, "kfuse: fold at node '%s'\n", kf_node_label(&g->nodes[id]));
+    }
+    return KF_OK;
+}
+
 kf_status kf_pass_fold(kf_model *m, kf_pass_ctx *ctx) {
     kf_graph *g = m->graph;
     kf_id *order;
