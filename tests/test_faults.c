@@ -8,13 +8,16 @@
  * same output as an unfaulted run. Leaks on the error paths are found by
  * LeakSanitizer when the suite runs under KF_SANITIZE (the asan CI stage).
  * Large models are sampled (every k-th N from a seeded offset) unless
- * KF_FAULT_ALL=1 asks for every N. The same walk runs through the public
- * kf_compile + kf_run on the ref and OpenCL backends (walk_compile).
+ * KF_FAULT_ALL=1 asks for every N. The same walk runs through what `kfuse
+ * opt` does (load -> opt with weight merges deferred -> save to a file,
+ * opt_save_pipeline) and through the public kf_compile + kf_run on the ref
+ * and OpenCL backends (walk_compile).
  */
 #include <criterion/criterion.h>
 #include <execinfo.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "graph_text.h"
 #include "kf_codegen.h"
@@ -108,6 +111,43 @@ static kf_status pipeline(const void *bytes, size_t len, const char *disable, re
     return st;
 }
 
+/* What `kfuse opt` does: load, optimize with every weight merge deferred
+ * (kf_opt_options.defer_concat_bytes), save to a file through the file
+ * sink, which writes the merged weights from their parts; r gets the
+ * file's bytes. */
+static kf_status opt_save_pipeline(const void *bytes, size_t len, const char *disable, result *r) {
+    memset(r, 0, sizeof *r);
+    kf_model *m = NULL;
+    kf_status st = kf_model_load_memory(bytes, len, NULL, &m);
+    if (!st) {
+        kf_opt_options o;
+        kf_opt_options_default(&o);
+        o.disable = disable;
+        o.defer_concat_bytes = 1;
+        kf_opt_result res;
+        st = kf_optimize(m, &o, &res);
+        kf_rules_free(&res.rules);
+    }
+    char file[] = "/tmp/kfuse_faults_optXXXXXX";
+    int fd = st ? -1 : mkstemp(file);
+    if (fd >= 0) close(fd);
+    if (!st && fd < 0) st = kf_fail(KF_ERR_IO, "cannot make a temporary file");
+    if (!st) st = kf_model_save(m, file);
+    kf_model_free(m);
+    if (!st) {
+        FILE *f = fopen(file, "rb");
+        cr_assert_not_null(f, "%s: the saved model is missing", file);
+        fseek(f, 0, SEEK_END);
+        r->len = (size_t)ftell(f);
+        fseek(f, 0, SEEK_SET);
+        r->bytes = malloc(r->len + 1);
+        cr_assert(r->bytes && fread(r->bytes, 1, r->len, f) == r->len);
+        fclose(f);
+    }
+    if (fd >= 0) remove(file);
+    return st;
+}
+
 /* KF_FAULT_TRACE=N prints the stack of the Nth allocation's failure (feed
  * the +0x offsets to addr2line -e kfuse_tests) to find the site quickly. */
 static void trace_hook(uint64_t nth) {
@@ -119,12 +159,16 @@ static void trace_hook(uint64_t nth) {
     backtrace_symbols_fd(frames, n, 2);
 }
 
-/* Walks N over the allocations of one pipeline run (see the file comment). */
-static void walk(const char *what, const void *bytes, size_t len, const char *disable, bool sticky, bool need_kernels) {
+/* One run of what a walk faults: model bytes in, the saved result out. */
+typedef kf_status (*pipeline_fn)(const void *bytes, size_t len, const char *disable, result *r);
+
+/* Walks N over the allocations of one run of run (see the file comment). */
+static void walk(pipeline_fn run, const char *what, const void *bytes, size_t len, const char *disable, bool sticky,
+                 bool need_kernels) {
     result want;
     kf_alloc_fault_hook(trace_hook);
     kf_alloc_fault_set(UINT64_MAX, false); /* counts, never fails */
-    kf_status st = pipeline(bytes, len, disable, &want);
+    kf_status st = run(bytes, len, disable, &want);
     uint64_t total = kf_alloc_fault_count();
     kf_alloc_fault_set(0, false);
     cr_assert_eq(st, KF_OK, "%s: the unfaulted pipeline fails: %s", what, kf_last_error());
@@ -140,7 +184,7 @@ static void walk(const char *what, const void *bytes, size_t len, const char *di
     for (uint64_t n = first;; n += step) {
         result got;
         kf_alloc_fault_set(n, sticky);
-        st = pipeline(bytes, len, disable, &got);
+        st = run(bytes, len, disable, &got);
         bool fired = kf_alloc_fault_fired();
         kf_alloc_fault_set(0, false);
         if (!fired) {
@@ -212,23 +256,24 @@ static void walk_load(const char *what, const void *bytes, size_t len) {
     LEAK_CHECK(what);
 }
 
-static void walk_text(const char *what, const char *text, const char *disable, bool sticky, bool need_kernels) {
+static void walk_text(pipeline_fn run, const char *what, const char *text, const char *disable, bool sticky,
+                      bool need_kernels) {
     kf_model *m = gt_parse(text);
     void *bytes;
     size_t len;
     cr_assert_eq(kf_model_save_memory(m, &bytes, &len), KF_OK, "%s", kf_last_error());
     kf_model_free(m);
-    walk(what, bytes, len, disable, sticky, need_kernels);
+    walk(run, what, bytes, len, disable, sticky, need_kernels);
     free(bytes);
 }
 
-static void walk_file(const char *what, const char *rel, bool sticky, bool need_kernels) {
+static void walk_file(pipeline_fn run, const char *what, const char *rel, bool sticky, bool need_kernels) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", KF_SOURCE_DIR, rel);
     uint8_t *bytes;
     size_t len;
     if (kf_read_file(path, &bytes, &len)) cr_skip_test("%s: %s", path, kf_last_error());
-    walk(what, bytes, len, NULL, sticky, need_kernels);
+    walk(run, what, bytes, len, NULL, sticky, need_kernels);
     kf_free(bytes);
 }
 
@@ -277,11 +322,11 @@ static const char *norm_text = "opset 17\n"
                                "t2 = Abs(t1)\n"
                                "output y, t2\n";
 
-Test(faults, mnist_every_allocation) { walk_text("mnist", mnist_text, NULL, false, false); }
+Test(faults, mnist_every_allocation) { walk_text(pipeline, "mnist", mnist_text, NULL, false, false); }
 
-Test(faults, mnist_sticky) { walk_text("mnist", mnist_text, NULL, true, false); }
+Test(faults, mnist_sticky) { walk_text(pipeline, "mnist", mnist_text, NULL, true, false); }
 
-Test(faults, norm_every_allocation) { walk_text("norm", norm_text, NULL, false, true); }
+Test(faults, norm_every_allocation) { walk_text(pipeline, "norm", norm_text, NULL, false, true); }
 
 /* Disabled rules take the optimizer's rule-removal path; more than 8, so
  * the list of removed rules grows twice (an allocation failing there must
@@ -290,7 +335,7 @@ static const char *many_disabled = "cse,add_zero,gelu_erf_div_half_x,gelu_erf_di
                                    "gelu_erf_mul_half_x,gelu_erf_mul_half_last,gelu_erf_mul_half_cdf,"
                                    "gelu_tanh_pow_half_x,gelu_tanh_pow_half_last,gelu_tanh_pow_half_cdf";
 
-Test(faults, norm_disabled_rules) { walk_text("norm (disable)", norm_text, many_disabled, false, true); }
+Test(faults, norm_disabled_rules) { walk_text(pipeline, "norm (disable)", norm_text, many_disabled, false, true); }
 
 /* The fused norm model: its groups are model-local functions (doc strings
  * on the graph and a function too), so the loader's function path runs. */
@@ -313,9 +358,34 @@ Test(faults, fused_model_load_and_save) {
     free(bytes);
 }
 
-Test(faults, small_bert) { walk_file("bert", "bench/models/small/bert/model.onnx", false, true); }
+/* Three sibling projections, merged into one product whose weight is
+ * deferred to the save. */
+static const char *siblings_text = "input x float[2, 16]\n"
+                                   "const wq float[16, 8] = random\n"
+                                   "const wk float[16, 8] = random\n"
+                                   "const wv float[16, 8] = random\n"
+                                   "const bq float[8] = random\n"
+                                   "const bk float[8] = random\n"
+                                   "const bv float[8] = random\n"
+                                   "mq = MatMul(x, wq)\n"
+                                   "mk = MatMul(x, wk)\n"
+                                   "mv = MatMul(x, wv)\n"
+                                   "q = Add(mq, bq)\n"
+                                   "k = Add(mk, bk)\n"
+                                   "v = Add(mv, bv)\n"
+                                   "output q\noutput k\noutput v\n";
 
-Test(faults, small_vit_sticky) { walk_file("vit", "bench/models/small/vit_b16/model.onnx", true, false); }
+Test(faults, deferred_merge_opt_and_save) {
+    walk_text(opt_save_pipeline, "siblings (kfuse opt)", siblings_text, NULL, false, false);
+}
+
+Test(faults, small_bert_opt_and_save_sticky) {
+    walk_file(opt_save_pipeline, "bert (kfuse opt)", "bench/models/small/bert/model.onnx", true, false);
+}
+
+Test(faults, small_bert) { walk_file(pipeline, "bert", "bench/models/small/bert/model.onnx", false, true); }
+
+Test(faults, small_vit_sticky) { walk_file(pipeline, "vit", "bench/models/small/vit_b16/model.onnx", true, false); }
 
 /* NVRTC rejecting a kernel is KF_ERR_COMPILE with the compiler's log in
  * the message (the OpenCL side: cg/opencl_build_error_is_compile_status_
