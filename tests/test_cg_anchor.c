@@ -434,7 +434,13 @@ Test(cg_anchor, attention_takes_the_split_of_a_merged_projection) {
     kf_plan_free(p);
     kf_model_free(m);
     char *body = NULL;
-    uint32_t n = check_anchors(QKV_SPLIT_ATTENTION, 48, &body, NULL); /* q, k, v sum 32 products each */
+    /* The attention's outputs sum 19 probabilities times values that are
+     * themselves sums of 32 products and a bias (up to about 8 in size),
+     * against a reference that rounds its sums otherwise: about 1 seed in
+     * 20 put an element past a unit-sized 48-term dot's tolerance (5.9e-5
+     * off at -0.31). The tolerance is a 256-term dot's (2.4e-4); an
+     * indexing or masking error is off by the values themselves. */
+    uint32_t n = check_anchors(QKV_SPLIT_ATTENTION, 256, &body, NULL);
     cr_assert_eq(n, 2, "the projection and the attention");
     kf_free(body);
 }
