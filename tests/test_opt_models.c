@@ -34,21 +34,28 @@ static void note(tally *t, const char *fmt, const char *a, const char *b) {
     if (!t->failed++) snprintf(t->first, sizeof t->first, fmt, a, b);
 }
 
+/* path's model optimized again with every_node / defer_concat_bytes set
+ * (fuel unlimited) into *out; NULL, else a static message. */
+static const char *optimize_again(const char *path, bool every_node, int64_t defer, kf_model **out) {
+    if (kf_model_load(path, out) != KF_OK) return "cannot load it again";
+    kf_opt_options o;
+    kf_opt_options_default(&o);
+    o.fuel = -1;
+    o.every_node = every_node;
+    o.defer_concat_bytes = defer;
+    kf_opt_result res;
+    kf_status st = kf_optimize(*out, &o, &res);
+    kf_rules_free(&res.rules);
+    return st ? "optimizing it again fails" : NULL;
+}
+
 /* The optimizer retries a rule only where an edit reached (rewrite.c); the
  * model it gives must be, byte for byte, the one trying every node every
  * sweep gives. opt is path's model as optimized; NULL when they agree,
  * else a static message. */
 static const char *differs_from_every_node(const char *path, const kf_model *opt) {
-    kf_model *e;
-    if (kf_model_load(path, &e) != KF_OK) return "cannot load it again";
-    kf_opt_options o;
-    kf_opt_options_default(&o);
-    o.fuel = -1;
-    o.every_node = true;
-    kf_opt_result res;
-    kf_status st = kf_optimize(e, &o, &res);
-    kf_rules_free(&res.rules);
-    const char *why = st ? "trying every node fails" : NULL;
+    kf_model *e = NULL;
+    const char *why = optimize_again(path, true, 0, &e);
     void *a = NULL, *b = NULL;
     size_t la = 0, lb = 0;
     if (!why && (kf_model_save_memory(opt, &a, &la) || kf_model_save_memory(e, &b, &lb))) why = "cannot save";
@@ -64,16 +71,9 @@ static const char *differs_from_every_node(const char *path, const kf_model *opt
  * file it writes, part by part, must be byte for byte what opt merging at
  * once saves. opt is path's model as optimized; NULL when they agree. */
 static const char *differs_when_deferred(const char *path, const kf_model *opt) {
-    kf_model *d;
-    if (kf_model_load(path, &d) != KF_OK) return "cannot load it again";
-    kf_opt_options o;
-    kf_opt_options_default(&o);
-    o.fuel = -1;
-    o.defer_concat_bytes = 1;
-    kf_opt_result res;
-    kf_status st = kf_optimize(d, &o, &res);
-    kf_rules_free(&res.rules);
-    const char *why = st ? "optimizing with deferred merges fails" : rg_file_save_differs(d, opt);
+    kf_model *d = NULL;
+    const char *why = optimize_again(path, false, 1, &d);
+    if (!why) why = rg_file_save_differs(d, opt);
     kf_model_free(d);
     return why;
 }

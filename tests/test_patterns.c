@@ -79,11 +79,14 @@ Test(patterns, commutative_operands_match_either_order) {
     kf_model_free(orig);
 }
 
+/* x * 1 where the one broadcasts x to a bigger shape: not a no-op */
+static const char *broadcasting_one = "input x float[3]\n"
+                                      "const one float[2, 3] = 1\n"
+                                      "y = Mul(x, one)\n"
+                                      "output y\n";
+
 Test(patterns, does_not_remove_a_broadcasting_one) {
-    kf_model *m = gt_parse("input x float[3]\n"
-                           "const one float[2, 3] = 1\n"
-                           "y = Mul(x, one)\n"
-                           "output y\n");
+    kf_model *m = gt_parse(broadcasting_one);
     kf_ruleset rs = rules_from(mul_one);
     cr_assert_eq(rewrite(m, &rs, -1), 0);
     cr_assert_eq(gt_count(m, "Mul"), 1);
@@ -97,10 +100,7 @@ Test(patterns, does_not_remove_a_broadcasting_one) {
  * declined for the same reason counts as a miss each time but keeps one
  * note, so the report's few notes per rule name different nodes. */
 Test(patterns, a_repeated_near_miss_is_noted_once) {
-    kf_model *m = gt_parse("input x float[3]\n"
-                           "const one float[2, 3] = 1\n"
-                           "y = Mul(x, one)\n"
-                           "output y\n");
+    kf_model *m = gt_parse(broadcasting_one);
     kf_ruleset rs = rules_from(mul_one);
     cr_assert_eq(rewrite(m, &rs, -1), 0);
     kf_rewrite_opts o = {-1, false};
