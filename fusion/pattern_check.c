@@ -457,19 +457,24 @@ static int64_t differ(const kf_tensor *a, const kf_tensor *b, double scale, bool
     return -1;
 }
 
-/* A float64 copy of tensor t (float types widened; others copied). */
-static bool widened(const kf_tensor *t, kf_tensor *out) {
+/* A float64 copy of tensor t (float types widened; others copied). With
+ * wobble > 0 every widened element is multiplied by 1 + wobble * u, u drawn
+ * from [-1, 1]: the float64 computation then sees inputs as uncertain as
+ * the rounding of the source's own type makes them. */
+static bool widened(const kf_tensor *t, double wobble, rng *g, kf_tensor *out) {
     if (!kf_dtype_is_float(t->dtype)) return kf_tensor_copy(out, t) == KF_OK;
     if (kf_tensor_alloc(out, KF_DT_DOUBLE, t->rank, t->dims)) return false;
-    for (int64_t e = 0; e < t->numel; e++) kf_set_f64(out, e, kf_get_f64(t, e));
+    for (int64_t e = 0; e < t->numel; e++)
+        kf_set_f64(out, e, kf_get_f64(t, e) * (wobble > 0 ? 1 + wobble * (2 * uni(g) - 1) : 1));
     return true;
 }
 
 /* The source instance computed in float64: every float value and constant
- * widened, the inputs too; false where that is not the same computation (a
- * node with a dtype attribute, a value the shape functions refuse in
- * double) or it fails. */
-static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t nreal, kf_tensor *truth) {
+ * widened (and wobbled, see widened), the inputs too; false where that is
+ * not the same computation (a node with a dtype attribute, a value the
+ * shape functions refuse in double) or it fails. */
+static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t nreal, double wobble, rng *draw,
+                             kf_tensor *truth) {
     kf_model *m = copy_model(src);
     if (!m) return false;
     kf_graph *g = m->graph;
@@ -482,7 +487,7 @@ static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t
         if (kf_dtype_is_float(val->type.dtype)) val->type.dtype = KF_DT_DOUBLE;
         if (val->init && kf_dtype_is_float(val->init->dtype)) {
             kf_tensor w = {0};
-            ok = widened(val->init, &w);
+            ok = widened(val->init, wobble, draw, &w);
             if (ok) {
                 kf_tensor_release(val->init);
                 *val->init = w;
@@ -491,7 +496,7 @@ static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t
     }
     kf_tensor *in = ok ? kf_calloc(nreal + 1, sizeof(kf_tensor)) : NULL;
     ok = ok && in && kf_infer_shapes(m) == KF_OK;
-    for (uint32_t i = 0; ok && i < nreal; i++) ok = widened(&ins[i], &in[i]);
+    for (uint32_t i = 0; ok && i < nreal; i++) ok = widened(&ins[i], wobble, draw, &in[i]);
     ok = ok && kf_eval_model(m, in, (int)nreal, truth, NULL) == KF_OK;
     for (uint32_t i = 0; in && i < nreal; i++) kf_tensor_release(&in[i]);
     kf_free(in);
@@ -506,23 +511,43 @@ static bool source_in_double(const kf_model *src, const kf_tensor *ins, uint32_t
  * the error by a small factor, a wrong rule by the order of the values. */
 #define ROUNDING_FACTOR 8.0
 
+/* The unit roundoff of float type dt: half the gap between 1 and the next
+ * number. */
+static double roundoff(kf_dtype dt) {
+    switch (dt) {
+    case KF_DT_FLOAT16: return 0x1p-11;
+    case KF_DT_BFLOAT16: return 0x1p-8;
+    case KF_DT_DOUBLE: return 0x1p-53;
+    default: return 0x1p-24;
+    }
+}
+
+/* Draws of the wobbled float64 source that measure an instance's
+ * conditioning. */
+#define WOBBLE_DRAWS 2
+
 /* Whether every element of the replacement (got) is about as close to the
  * source computed in float64 as the float32 source (want) is at its worst
  * on this instance (ROUNDING_FACTOR), within the tolerance. The builtin
  * rules replace decompositions that round after every op by one op that
- * rounds once; on an ill-conditioned
- * instance (a LayerNorm over two near-equal values with a tiny epsilon, a
- * Softmax over logits in the thousands) the float32 source is itself the
- * inaccurate one, and comparing against it would reject a correct rule.
- * A wrong rule is far from the float64 source too. */
+ * rounds once; on an ill-conditioned instance (a LayerNorm over two
+ * near-equal values with a tiny epsilon, a Softmax over logits in the
+ * thousands) the float32 source is itself the inaccurate one, and comparing
+ * against it would reject a correct rule. How inaccurate it is can come out
+ * small by luck, so the yardstick is also the instance's own conditioning:
+ * how far the float64 source moves when its inputs and constants move by
+ * one rounding of their type (scales of 1e4 multiplied into logits make
+ * that spread as large as the outputs; for a well-conditioned instance it
+ * stays tiny). A wrong rule is far from the float64 source on
+ * well-conditioned instances. */
 static bool as_close_as_source(const kf_model *src, const kf_tensor *ins, uint32_t nreal, const kf_tensor *want,
-                               const kf_tensor *got, bool nan_refined) {
+                               const kf_tensor *got, bool nan_refined, rng *g) {
     /* a replacement of another shape is wrong whatever its values */
     bool same = got->rank == want->rank && got->numel == want->numel;
     for (int d = 0; same && d < want->rank; d++) same = got->dims[d] == want->dims[d];
     if (!same) return false;
     kf_tensor truth = {0};
-    if (!source_in_double(src, ins, nreal, &truth)) return false;
+    if (!source_in_double(src, ins, nreal, 0, g, &truth)) return false;
     double atol, rtol;
     tolerance(want->dtype, &atol, &rtol);
     bool ok = truth.numel == want->numel;
@@ -530,6 +555,15 @@ static bool as_close_as_source(const kf_model *src, const kf_tensor *ins, uint32
     for (int64_t i = 0; ok && i < want->numel; i++) {
         double y = kf_get_f64(want, i), z = kf_get_f64(&truth, i);
         if (isfinite(y) && isfinite(z)) worst = fmax(worst, fabs(y - z));
+    }
+    for (int w = 0; ok && w < WOBBLE_DRAWS; w++) {
+        kf_tensor moved = {0};
+        if (!source_in_double(src, ins, nreal, roundoff(want->dtype), g, &moved)) continue;
+        for (int64_t i = 0; i < want->numel && i < moved.numel; i++) {
+            double z = kf_get_f64(&truth, i), m = kf_get_f64(&moved, i);
+            if (isfinite(z) && isfinite(m)) worst = fmax(worst, fabs(m - z));
+        }
+        kf_tensor_release(&moved);
     }
     for (int64_t i = 0; ok && i < want->numel; i++) {
         double x = kf_get_f64(got, i), y = kf_get_f64(want, i), z = kf_get_f64(&truth, i);
@@ -628,7 +662,7 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
             int64_t bad = -1;
             if (!s1 && !s2) bad = differ(&got, &want, k == 2 ? 1e3 : 1.0, r->nan_refined);
             if (bad >= 0 && kf_dtype_is_float(want.dtype) && got.dtype == want.dtype &&
-                as_close_as_source(src, ins, nreal, &want, &got, r->nan_refined)) {
+                as_close_as_source(src, ins, nreal, &want, &got, r->nan_refined, g)) {
                 bad = -1;
                 ill_conditioned++;
             }

@@ -240,10 +240,14 @@ Test(patterns, checker_rejects_a_wrong_rule_with_a_counterexample) {
  * decomposed float32 source is the inaccurate side, so the checker judges
  * such an instance against the source in float64 (seed 48 made the builtin
  * layernorm_pow_scaled_attr fail before; seed 203 attention_mul_mask, whose
- * Attention applies the scale as two square roots). A rule that is wrong by
- * a little (a scale of 1.001) is still rejected. */
+ * Attention applies the scale as two square roots). Its error can come out
+ * small by luck, so the instance's own conditioning counts too (seed
+ * 17115333290: attention_split_scale_mask with scales whose product is near
+ * 1e8, where the float32 source happened to land close). A rule that is
+ * wrong by a little (a scale of 1.001) is still rejected, and so is an
+ * attention rule that drops one of its two scales. */
 Test(patterns, checker_judges_ill_conditioned_instances_in_float64) {
-    static const uint64_t seeds[] = {48, 203};
+    static const uint64_t seeds[] = {48, 203, 17115333290u};
     for (size_t i = 0; i < sizeof seeds / sizeof *seeds; i++) {
         kf_ruleset rs = {0};
         cr_assert_eq(kf_rules_add_builtin(&rs), KF_OK, "%s", kf_last_error());
@@ -265,6 +269,23 @@ Test(patterns, checker_judges_ill_conditioned_instances_in_float64) {
     char *text = check_report(&rs, 12345, &res);
     cr_assert_eq(res.failed, 1, "%s", text);
     free(text);
+    kf_rules_free(&rs);
+    rs = rules_from("# deliberately wrong: the key's scale is dropped\n"
+                    "rule split_scale_one\n  match\n    qs = Mul(q, ca)\n    ks = Mul(kt, cb)\n    s = MatMul(qs, ks)\n"
+                    "    a = Add(s, mask)\n    p = Softmax(a)\n    y = MatMul(p, v)\n  where\n"
+                    "    const ca > 0\n    scalar ca\n    const cb > 0\n    scalar cb\n    rank q == 4\n    rank kt == 4\n"
+                    "    rank v == 4\n    same_dim q 0 kt 0\n    same_dim q 1 kt 1\n    same_dim q 0 v 0\n"
+                    "    same_dim q 1 v 1\n    same_dim kt -1 v 2\n    same_dim mask -1 kt -1\n    same_shape a s\n"
+                    "  replace\n    k = Transpose(kt) {perm=[0, 1, 3, 2]}\n"
+                    "    y = Attention(q, k, v, mask) {scale=$ca}\n  requires opset 23\n"
+                    "  example q float[B, H, S, D]\n  example kt float[B, H, D, T]\n  example v float[B, H, T, E]\n"
+                    "  example mask float[B, H, S, T]\nend\n");
+    for (uint64_t seed = 1; seed <= 8; seed++) {
+        text = check_report(&rs, seed, &res);
+        cr_expect(res.failed == 1 && strstr(text, "source and replacement disagree"), "seed %llu:\n%s",
+                  (unsigned long long)seed, text);
+        free(text);
+    }
     kf_rules_free(&rs);
 }
 
