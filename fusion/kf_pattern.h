@@ -158,6 +158,9 @@ typedef struct kf_rule {
     size_t lazy_len;
     kf_rule_fn fn;
     void *user;
+    /* Search states for matching (pattern_match.c), sized to this rule and
+     * made on its first try: a try allocates nothing. */
+    void *match_pool;
     /* statistics of the last kf_rewrite run */
     uint64_t attempts, hits, misses;
     uint64_t opset_misses; /* declines only because the model's opset is older than min_opset */

@@ -12,36 +12,74 @@
 
 #include "kf_pattern.h"
 
-/* Goals pending in one match attempt; a pattern of KF_PAT_MAX_NODES nodes
- * with KF_PAT_MAX_ARGS inputs each never needs more. */
-#define MAX_GOALS (KF_PAT_MAX_NODES * KF_PAT_MAX_ARGS)
-
 typedef struct goal {
     const kf_pat_arg *arg;
     kf_id value;
 } goal;
 
+/* One search state: the arrays are sized to the rule (match_pool). */
 typedef struct mstate {
-    kf_id bind[KF_PAT_MAX_VARS];      /* value bound to each variable */
-    kf_id node_of[KF_PAT_MAX_NODES];  /* graph node matched by each source node */
-    int matched;                      /* source nodes matched so far */
-    goal goals[MAX_GOALS];
+    kf_id *bind;    /* value bound to each variable */
+    kf_id *node_of; /* graph node matched by each source node */
+    int matched;    /* source nodes matched so far */
+    goal *goals;
     int ngoals;
+    int maxgoals;   /* each source node pushes its operands once: 1 + their sum */
 } mstate;
+
+/* A rule's states: [0] is the search's, [k] the copy that an expansion
+ * kept while its first operand order is tried, at the depth where it
+ * matched its k-th node. A commutative expansion is alive only while the
+ * searches below it run, and those match more nodes, so the depths of the
+ * copies alive at once differ. */
+typedef struct match_pool {
+    int nstates;
+    mstate states[];
+} match_pool;
+
+static match_pool *pool_for(kf_rule *r) {
+    if (r->match_pool) return r->match_pool;
+    int nstates = r->nsrc + 1, maxgoals = 1;
+    for (int i = 0; i < r->nsrc; i++) maxgoals += r->src[i].nargs;
+    size_t per = (size_t)(r->nvars + r->nsrc) * sizeof(kf_id);
+    per = (per + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+    per += (size_t)maxgoals * sizeof(goal);
+    size_t head = sizeof(match_pool) + (size_t)nstates * sizeof(mstate);
+    head = (head + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
+    match_pool *p = kf_malloc(head + (size_t)nstates * per);
+    if (!p) return NULL;
+    p->nstates = nstates;
+    for (int k = 0; k < nstates; k++) {
+        char *base = (char *)p + head + (size_t)k * per;
+        mstate *s = &p->states[k];
+        s->bind = (kf_id *)base;
+        s->node_of = s->bind + r->nvars;
+        s->goals = (goal *)(base + per - (size_t)maxgoals * sizeof(goal));
+        s->maxgoals = maxgoals;
+        s->matched = s->ngoals = 0;
+    }
+    r->match_pool = p;
+    return p;
+}
 
 typedef struct mctx {
     const kf_rule *r;
+    match_pool *pool;
     const kf_graph *g;
     const kf_model *m;
     char why[256];   /* reason of the failure that got furthest */
     int why_depth;
-    bool oom;        /* the search ran out of memory: not a decline */
     char guard_why[384]; /* a complete match whose guards failed: the last such reason */
 } mctx;
 
+/* Whether a reason given at state s would be kept: the report has room
+ * and it got at least as far as the one kept (else skip the formatting). */
+static bool why_wanted(const mctx *c, const mstate *s) {
+    return c->r->nnear < KF_PAT_MAX_NEAR && s->matched >= c->why_depth;
+}
+
 static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, const char *b) {
-    if (c->r->nnear >= KF_PAT_MAX_NEAR) return; /* the report keeps no more: skip the formatting */
-    if (s->matched < c->why_depth) return;
+    if (!why_wanted(c, s)) return;
     c->why_depth = s->matched;
     snprintf(c->why, sizeof c->why, fmt, a ? a : "", b ? b : "");
 }
@@ -81,8 +119,7 @@ static bool attr_equal(const kf_attr *a, const kf_attr *b) {
 static bool solve(mctx *c, mstate *s);
 static bool guards_hold(mctx *c, const mstate *s);
 
-/* The used part of a search state (the arrays are sized for the largest
- * rule; copying or zeroing them whole was most of a failed try). */
+/* The used part of a search state. */
 static void state_copy(mstate *dst, const mstate *src, const kf_rule *r) {
     memcpy(dst->bind, src->bind, (size_t)r->nvars * sizeof *dst->bind);
     memcpy(dst->node_of, src->node_of, (size_t)r->nsrc * sizeof *dst->node_of);
@@ -130,22 +167,14 @@ static bool expand(mctx *c, mstate *s, int sn, kf_id gn) {
     s->matched++;
     const kf_op_info *info = kf_op_get(n->op);
     bool comm = info && (info->flags & KF_F_COMMUTATIVE) && pn->nargs == 2;
-    if (s->ngoals + pn->nargs > MAX_GOALS) return false;
+    if (s->ngoals + pn->nargs > s->maxgoals) return false;
     if (comm) {
-        mstate *alt = kf_malloc(sizeof *alt);
-        if (!alt) {
-            c->oom = true;
-            return false;
-        }
+        mstate *alt = &c->pool->states[s->matched]; /* see match_pool */
         state_copy(alt, s, c->r);
         s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[0]};
         s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[1]};
-        if (solve(c, s)) {
-            kf_free(alt);
-            return true;
-        }
+        if (solve(c, s)) return true;
         state_copy(s, alt, c->r);
-        kf_free(alt);
         s->goals[s->ngoals++] = (goal){&pn->args[0], n->in[1]};
         s->goals[s->ngoals++] = (goal){&pn->args[1], n->in[0]};
         return solve(c, s);
@@ -168,9 +197,11 @@ static bool solve(mctx *c, mstate *s) {
         const kf_value *val = &c->g->values[v];
         if (a->kind == KF_PA_LITERAL) {
             if (!kf_value_is_constant(c->m, v) || !const_all(val->init, a->lit, LITERAL_TOL)) {
-                char lit[32];
-                snprintf(lit, sizeof lit, "%g", a->lit);
-                fail_at(c, s, "'%s' is not a constant equal to %s", val->name, lit);
+                if (why_wanted(c, s)) {
+                    char lit[32];
+                    snprintf(lit, sizeof lit, "%g", a->lit);
+                    fail_at(c, s, "'%s' is not a constant equal to %s", val->name, lit);
+                }
                 return false;
             }
             continue;
@@ -327,6 +358,7 @@ static bool guards_hold(mctx *c, const mstate *s) {
     for (int i = 0; i < c->r->nguards; i++) {
         const kf_pat_guard *gd = &c->r->guards[i];
         const char *bad = check_guard(c->m, gd, s, buf, sizeof buf);
+        if (bad && c->r->nnear >= KF_PAT_MAX_NEAR) return false; /* the report keeps no more */
         if (bad) {
             snprintf(c->guard_why, sizeof c->guard_why, "guard at %s:%d on '%s': %s", c->r->file, gd->line,
                      c->r->vars[gd->var].name, bad);
@@ -481,19 +513,15 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     const kf_pat_node *root = &r->src[r->nsrc - 1];
     if (root->opid != n->op) return KF_OK;
     mctx c; /* the reason buffers are strings: only their first bytes need clearing */
-    c.r = r, c.g = g, c.m = m, c.why_depth = -1, c.oom = false;
+    c.r = r, c.g = g, c.m = m, c.why_depth = -1;
     c.why[0] = c.guard_why[0] = 0;
-    mstate *s = kf_malloc(sizeof *s);
-    if (!s) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    if (!(c.pool = pool_for(r))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    mstate *s = &c.pool->states[0];
     state_clear(s, r);
     kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
     s->goals[s->ngoals++] = (goal){&root_arg, n->out[0]};
     kf_status st = KF_OK;
     if (!n->out[0] || !solve(&c, s)) {
-        if (c.oom) {
-            st = kf_fail(KF_ERR_NOMEM, "out of memory matching rule '%s'", r->name);
-            goto done;
-        }
         near_miss(r, n, c.guard_why[0] ? c.guard_why : c.why[0] ? c.why : "structure differs");
         goto done;
     }
@@ -539,6 +567,5 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
         r->hits++;
     }
 done:
-    kf_free(s);
     return st;
 }

@@ -654,6 +654,8 @@ static void rule_free_contents(kf_rule *r) {
         kf_free(r->near[i].node);
         kf_free(r->near[i].reason);
     }
+    kf_free(r->match_pool);
+    r->match_pool = NULL;
 }
 
 static void rule_free(kf_rule *r) {
