@@ -57,6 +57,9 @@ typedef struct kf_opt_options {
                                        * computes on the 8-bit weights: pass_qint.c) */
     bool every_node;                  /* the rules try every node every sweep instead of only where an
                                        * edit reached (the same result, slower; KFUSE_REWRITE=all) */
+    bool check_inference;             /* debugging: every shape inference that looks again only where
+                                       * edits reached is checked against a whole one; a difference is
+                                       * KF_ERR_INTERNAL (KFUSE_REWRITE=check) */
     int64_t defer_concat_bytes;       /* > 0: merged sibling weights of at least this many bytes keep
                                        * their parts (kf_tensor_concat_deferred) until written, for a
                                        * model that is saved next (kfuse opt); 0: merged at once */
@@ -67,7 +70,7 @@ typedef struct kf_opt_options {
  * from KF_CSE_MAX_INIT_BYTES + 1 on). */
 #define KF_CSE_MAX_INIT_BYTES ((int64_t)1 << 20)
 
-/* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE, KFUSE_REWRITE). */
+/* Defaults from the environment (KFUSE_FUEL, KFUSE_TRACE, KFUSE_REWRITE=all|check). */
 void kf_opt_options_default(kf_opt_options *o);
 
 typedef struct kf_opt_result {

@@ -587,7 +587,13 @@ static kf_status raise_nodes(raise_ctx *c, int64_t cur, int64_t target, const ch
                 return kf_fail(KF_ERR_UNSUPPORTED, "cannot raise opset %lld to %lld: %s", (long long)cur,
                                (long long)target, why_buf);
             }
-            if (c->apply) g->nodes[id].opset = target;
+            if (c->apply) {
+                g->nodes[id].opset = target;
+                /* while edits are tracked, shape inference looks again at
+                 * the nodes whose op changed between the two opsets (the
+                 * others read the same under either) */
+                for (int j = 0; at && j < g->nodes[id].nout; j++) kf_graph_touch(g, g->nodes[id].out[j], KF_TOUCH_DEF);
+            }
         }
     }
     return KF_OK;

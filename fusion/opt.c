@@ -42,6 +42,7 @@ void kf_opt_options_default(kf_opt_options *o) {
     o->disable = getenv("KFUSE_DISABLE_PASSES");
     const char *rw = getenv("KFUSE_REWRITE");
     o->every_node = rw && !strcmp(rw, "all");
+    o->check_inference = rw && !strcmp(rw, "check");
 }
 
 /* True when name appears in the comma-separated list. */
@@ -166,6 +167,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
      * first time and after an opset raise */
     kf_graph_track(m->graph, !o->every_node);
     m->graph->touch_all = true;
+    m->graph->infer_check = o->check_inference;
     m->graph->defer_concat_bytes = o->defer_concat_bytes;
     for (int p = 0; !st && graph_passes[p].name; p++) /* constants first (kf_pass_fold_constant_nodes) */
         if (gp_stats[p] && graph_passes[p].fn == kf_pass_fold) {
@@ -228,6 +230,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
         }
     }
     kf_graph_track(m->graph, false);
+    m->graph->infer_check = false;
     m->graph->defer_concat_bytes = 0;
     for (int p = 0; graph_passes[p].name; p++)
         if (gp_stats[p]) gp_stats[p]->hits = gp_stats[p]->attempts = graph_changes[p];

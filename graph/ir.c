@@ -75,6 +75,7 @@ void kf_graph_free(kf_graph *g) {
     kf_free(g->inputs);
     kf_free(g->outputs);
     kf_free(g->touched);
+    kf_free(g->inferq);
     kf_free(g->name);
     kf_free(g->doc);
     kf_free(g->hash);

@@ -32,36 +32,60 @@ kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i) {
     return KF_OK;
 }
 
+static void inferq_clear(kf_graph *g) {
+    for (uint32_t i = 0; i < g->ninferq; i++)
+        if (g->inferq[i] < g->nvalues) g->values[g->inferq[i]].infer_queued = false;
+    g->ninferq = 0;
+    g->inferq_lost = false;
+}
+
 void kf_graph_track(kf_graph *g, bool on) {
     for (uint32_t i = 0; i < g->ntouched; i++) g->values[g->touched[i]].touch = 0;
     kf_free(g->touched);
     g->touched = NULL;
     g->ntouched = g->captouched = 0;
     g->touch_all = false;
+    bool was = g->track;
     g->track = on;
-    if (!on) kf_infer_scratch_free(g);
+    if (on != was) inferq_clear(g); /* the rewrite driver restarts the list, not inference's */
+    if (!on) {
+        kf_infer_scratch_free(g);
+        kf_free(g->inferq);
+        g->inferq = NULL;
+        g->capinferq = 0;
+    }
+}
+
+void kf_graph_inferq_clear(kf_graph *g) { inferq_clear(g); }
+
+/* Appends v to list *l (n, cap) unless *listed; a list that cannot grow
+ * sets *lost instead (grown by hand, not kf_grow: a failure here is no
+ * error of the edit, nor may it overwrite the message of one in progress;
+ * the reader then looks everywhere). */
+static void list_once(kf_id **l, uint32_t *n, uint32_t *cap, bool *listed, bool *lost, kf_id v) {
+    if (*listed) return;
+    if (*n == *cap) {
+        uint32_t ncap = *cap ? 2 * *cap : 64;
+        kf_id *t = ncap > *cap ? kf_realloc(*l, (size_t)ncap * sizeof *t) : NULL;
+        if (!t) {
+            *lost = true;
+            return;
+        }
+        *l = t;
+        *cap = ncap;
+    }
+    (*l)[(*n)++] = v;
+    *listed = true;
 }
 
 void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how) {
-    if (!g->track || !v || g->touch_all) return;
+    if (!g->track || !v) return;
     kf_value *val = &g->values[v];
-    if (!val->touch) {
-        if (g->ntouched == g->captouched) {
-            /* grown by hand, not kf_grow: a failure here is no error of the
-             * edit (nor may it overwrite the message of one in progress);
-             * the driver just looks everywhere */
-            uint32_t cap = g->captouched ? 2 * g->captouched : 64;
-            kf_id *t = cap > g->captouched ? kf_realloc(g->touched, (size_t)cap * sizeof *t) : NULL;
-            if (!t) {
-                g->touch_all = true;
-                return;
-            }
-            g->touched = t;
-            g->captouched = cap;
-        }
-        g->touched[g->ntouched++] = v;
-    }
-    val->touch |= how;
+    list_once(&g->inferq, &g->ninferq, &g->capinferq, &val->infer_queued, &g->inferq_lost, v);
+    if (g->touch_all) return;
+    bool listed = val->touch != 0;
+    list_once(&g->touched, &g->ntouched, &g->captouched, &listed, &g->touch_all, v);
+    if (listed) val->touch |= how;
 }
 
 /* Removes the use of in[i] by node (in[i] still names the value). */

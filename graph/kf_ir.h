@@ -107,6 +107,8 @@ typedef struct kf_value {
     struct kf_symvec *symval;
     /* changes pending in kf_graph.touched (KF_TOUCH_*), 0 when listed none */
     uint8_t touch;
+    /* listed in kf_graph.inferq */
+    bool infer_queued;
     /* init's bytes are region [ext_offset, + size) of the model's external
      * data file ext_file (1-based in kf_model.ext), mapped, not copied;
      * 0 otherwise. Only the loader sets it; a pass that changes the data
@@ -150,6 +152,16 @@ typedef struct kf_graph {
     int64_t defer_concat_bytes;
     kf_id *touched;
     uint32_t ntouched, captouched;
+    /* The values an edit touched since whole-graph inference last ran
+     * (kept apart from touched, which the rewrite driver drains, and
+     * recorded under touch_all too): while tracking, inference looks again
+     * only downstream of these. inferq_lost when the list could not grow. */
+    kf_id *inferq;
+    uint32_t ninferq, capinferq;
+    bool inferq_lost;
+    /* debugging: each incremental inference is checked against a whole
+     * one (kf_opt_options.check_inference) */
+    bool infer_check;
     /* a control-flow body being rewritten: the graph around it, whose names
      * fresh names must avoid too (ONNX names are unique across scopes);
      * not owned, NULL otherwise */
@@ -282,10 +294,12 @@ kf_status kf_graph_dce(kf_graph *g, uint32_t *removed);
  * contents or graph-output flag). An edit made by hand that bypasses these
  * functions (a node's op or attributes changed in place) touches that
  * node's outputs itself (KF_TOUCH_DEF). Turning tracking off drops the
- * list. */
+ * list. The same touches go to g->inferq for shape inference. */
 enum { KF_TOUCH_USERS = 1, KF_TOUCH_DEF = 2 };
 void kf_graph_track(kf_graph *g, bool on);
 void kf_graph_touch(kf_graph *g, kf_id v, uint8_t how);
+/* Empties g->inferq (whole-graph inference, once it has looked). */
+void kf_graph_inferq_clear(kf_graph *g);
 /* Fixes the symbolic dim `name` to `value` in every value's type (graph
  * inputs included), so shapes and cost figures become static.
  * KF_ERR_INVALID_ARG when the graph has no such symbol or value < 0. */

@@ -110,22 +110,31 @@ static bool type_equal(const kf_type *a, const kf_type *b) {
     return true;
 }
 
-/* Per-value work arrays of one inference: computed small constants (all
- * empty between calls) and, with edit tracking, the types and contents
- * from before. An optimizer run keeps them in the graph from call to call
- * (each is a few hundred KB on a transformer, and allocating and freeing
- * them every round had the heap trimmed and faulted back in). */
+/* Per-value work arrays of inference: computed small constants and, with
+ * edit tracking, the types and contents from before. An optimizer run
+ * keeps them in the graph from call to call (each is a few hundred KB on a
+ * transformer, and allocating and freeing them every round had the heap
+ * trimmed and faulted back in). While tracking, known stays as the last
+ * inference left it (valid), so the next one can look again only
+ * downstream of what edits touched since (kf_graph.inferq); without
+ * tracking every entry is empty between calls. */
 typedef struct kf_infer_scratch {
     kf_tensor *known;
     kf_type *was;
     struct kf_symvec **was_sv;
     uint32_t cap;
+    uint8_t *mark; /* incremental: nodes to look at again */
+    uint32_t capmark;
+    bool valid;
 } kf_infer_scratch;
 
 static void scratch_release(kf_infer_scratch *s) {
+    for (uint32_t v = 0; s->known && v < s->cap; v++)
+        if (s->known[v].data || s->known[v].dtype) kf_tensor_release(&s->known[v]);
     kf_free(s->known);
     kf_free(s->was);
     kf_free(s->was_sv);
+    kf_free(s->mark);
     memset(s, 0, sizeof *s);
 }
 
@@ -136,21 +145,233 @@ void kf_infer_scratch_free(kf_graph *g) {
     g->infer_scratch = NULL;
 }
 
-/* Arrays for n values (known all empty; was and was_sv too when track). */
+/* Arrays for n values (the entries past the old capacity empty; known
+ * keeps its entries), was and was_sv too when track (a scratch kept in the
+ * graph always tracks; a local one never outlives its call). A kept one
+ * grows with room to spare, since the optimizer adds values between calls;
+ * was and was_sv hold nothing between calls, so they are made anew rather
+ * than copied. */
 static kf_status scratch_reserve(kf_infer_scratch *s, uint32_t n, bool track) {
     if (s->cap >= n && (!track || s->was)) return KF_OK;
-    scratch_release(s);
-    s->known = kf_calloc(n, sizeof *s->known);
+    uint32_t old = s->cap, cap = n;
+    if (track && n < UINT32_MAX / 2) cap = n + n / 2 + 64;
+    if (cap < old) cap = old;
+    kf_tensor *known = kf_realloc(s->known, (size_t)cap * sizeof *known);
+    if (!known) goto nomem;
+    memset(known + old, 0, (size_t)(cap - old) * sizeof *known);
+    s->known = known;
+    s->cap = cap;
     if (track) {
-        s->was = kf_malloc((size_t)n * sizeof *s->was);
-        s->was_sv = kf_calloc(n, sizeof *s->was_sv);
+        kf_free(s->was);
+        kf_free(s->was_sv);
+        s->was = kf_malloc((size_t)cap * sizeof *s->was);
+        s->was_sv = kf_calloc(cap, sizeof *s->was_sv);
+        if (!s->was || !s->was_sv) goto nomem;
     }
-    if (!s->known || (track && (!s->was || !s->was_sv))) {
-        scratch_release(s);
+    return KF_OK;
+nomem:
+    scratch_release(s);
+    return kf_fail(KF_ERR_NOMEM, "out of memory");
+}
+
+/* Operand arrays for nodes of up to max inputs and outputs. */
+typedef struct infer_io {
+    const kf_type **tin;
+    const kf_tensor **vin;
+    kf_type *tout;
+    kf_tensor *vout;
+    const kf_symvec **sv;
+    kf_type *was;   /* incremental: outputs' types and known entries before */
+    kf_tensor *old;
+} infer_io;
+
+static void io_free(infer_io *io) {
+    kf_free(io->tin);
+    kf_free(io->vin);
+    kf_free(io->tout);
+    kf_free(io->vout);
+    kf_free(io->sv);
+    kf_free(io->was);
+    kf_free(io->old);
+    memset(io, 0, sizeof *io);
+}
+
+static kf_status io_alloc(infer_io *io, const kf_graph *g, const kf_id *order, uint32_t norder) {
+    uint32_t maxio = 1;
+    for (uint32_t k = 0; k < norder; k++) {
+        const kf_node *n = &g->nodes[order[k]];
+        if ((uint32_t)n->nin > maxio) maxio = (uint32_t)n->nin;
+        if ((uint32_t)n->nout > maxio) maxio = (uint32_t)n->nout;
+    }
+    io->tin = kf_calloc(maxio, sizeof *io->tin);
+    io->vin = kf_calloc(maxio, sizeof *io->vin);
+    io->tout = kf_calloc(maxio, sizeof *io->tout);
+    io->vout = kf_calloc(maxio, sizeof *io->vout);
+    io->sv = kf_calloc(maxio, sizeof *io->sv);
+    io->was = kf_calloc(maxio, sizeof *io->was);
+    io->old = kf_calloc(maxio, sizeof *io->old);
+    if (io->tin && io->vin && io->tout && io->vout && io->sv && io->was && io->old) return KF_OK;
+    io_free(io);
+    return kf_fail(KF_ERR_NOMEM, "out of memory");
+}
+
+/* Infers node n from its inputs' types, constants (known: small values
+ * computed so far) and symbolic contents; its outputs' known entries must
+ * be empty. A node whose op, opset or arity inference does not cover is
+ * left alone. */
+static kf_status infer_step(kf_model *m, kf_node *n, kf_tensor *known, infer_io *io) {
+    kf_graph *g = m->graph;
+    const kf_op_info *info = kf_op_get(n->op);
+    if (!info || !info->shape) return KF_OK;
+    if (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi)) return KF_OK;
+    if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max)) return KF_OK;
+    bool all_const = true;
+    for (int i = 0; i < n->nin; i++) {
+        kf_id v = n->in[i];
+        io->tin[i] = v ? &g->values[v].type : NULL;
+        io->vin[i] = !v ? NULL : kf_value_is_constant(m, v) ? g->values[v].init : known[v].data ? &known[v] : NULL;
+        io->sv[i] = v && !io->vin[i] ? g->values[v].symval : NULL;
+        if (v && !io->vin[i]) all_const = false;
+    }
+    KF_TRY(infer_one(m, n, io->tin, io->vin, io->sv, io->tout));
+    /* small constant results let later shape functions see values */
+    bool small = all_const && info->eval;
+    for (int j = 0; j < n->nout && small; j++) {
+        int64_t cnt;
+        small = kf_type_is_static(&io->tout[j]) &&
+                kf_shape_numel(io->tout[j].rank, io->tout[j].dims, 1, &cnt) == KF_OK && cnt <= KF_INFER_CONST_MAX;
+    }
+    kf_status es = small ? kf_eval_node(n, n->nin, io->vin, io->vout) : KF_ERR_UNSUPPORTED;
+    if (es == KF_ERR_NOMEM) return es;
+    kf_status st = KF_OK;
+    if (es == KF_OK) {
+        for (int j = 0; j < n->nout; j++) {
+            if (n->out[j]) kf_tensor_move(&known[n->out[j]], &io->vout[j]);
+            else kf_tensor_release(&io->vout[j]);
+        }
+    } else if (n->nout >= 1 && n->out[0]) {
+        /* a shape computation whose symbols cancelled (a static dim of
+         * a partly symbolic shape) is a constant from here on */
+        const kf_value *o = &g->values[n->out[0]];
+        if (o->symval && kf_symvec_const(o->symval) && kf_dtype_valid(o->type.dtype))
+            st = kf_symvec_tensor(o->symval, o->type.dtype, &known[n->out[0]]);
+    }
+    if (!st) kf_clear_error();
+    return st;
+}
+
+/* Whole-graph inference again, but only downstream of the values edits
+ * touched since the last one (kf_graph.inferq): the nodes that produce or
+ * read them, then the readers of every output whose type, symbolic
+ * contents or computed constant changed. The rest keep what the last
+ * inference gave them, which is what looking again would give. */
+static kf_status infer_incremental(kf_model *m, kf_infer_scratch *s, const kf_id *order, uint32_t norder) {
+    kf_graph *g = m->graph;
+    if (s->capmark < g->nnodes) {
+        uint32_t cap = g->nnodes < UINT32_MAX / 2 ? g->nnodes + g->nnodes / 2 + 64 : g->nnodes;
+        uint8_t *mk = kf_realloc(s->mark, cap);
+        if (!mk) return kf_fail(KF_ERR_NOMEM, "out of memory");
+        s->mark = mk;
+        s->capmark = cap;
+    }
+    uint8_t *mark = s->mark;
+    memset(mark, 0, g->nnodes);
+    uint32_t marked = 0;
+    for (uint32_t i = 0; i < g->ninferq; i++) {
+        kf_id v = g->inferq[i];
+        if (v >= g->nvalues) continue;
+        kf_value *val = &g->values[v];
+        bool produced = val->producer && !g->nodes[val->producer].dead;
+        if (!produced) { /* a whole inference gives a value no node computes no contents */
+            if (val->symval) kf_graph_touch(g, v, KF_TOUCH_DEF);
+            kf_free(val->symval);
+            val->symval = NULL;
+            if (s->known[v].data || s->known[v].dtype) kf_tensor_release(&s->known[v]);
+        }
+        if (produced && !mark[val->producer]) mark[val->producer] = 1, marked++;
+        for (uint32_t u = 0; u < val->nusers; u++)
+            if (!mark[val->users[u]]) mark[val->users[u]] = 1, marked++;
+    }
+    if (!marked) return KF_OK;
+    infer_io io = {0};
+    KF_TRY(io_alloc(&io, g, order, norder));
+    kf_status st = KF_OK;
+    kf_type *was = io.was;
+    kf_tensor *old = io.old;
+    for (uint32_t k = 0; k < norder && !st; k++) {
+        kf_id id = order[k];
+        if (!mark[id]) continue;
+        kf_node *n = &g->nodes[id];
+        kf_symvec was_sv;
+        bool had_sv = false;
+        for (int j = 0; j < n->nout; j++) {
+            memset(&old[j], 0, sizeof old[j]);
+            if (!n->out[j]) continue;
+            was[j] = g->values[n->out[j]].type;
+            kf_tensor_move(&old[j], &s->known[n->out[j]]);
+        }
+        if (n->nout >= 1 && n->out[0] && g->values[n->out[0]].symval) {
+            was_sv = *g->values[n->out[0]].symval;
+            had_sv = true;
+        }
+        st = infer_step(m, n, s->known, &io);
+        for (int j = 0; j < n->nout; j++) {
+            kf_id v = n->out[j];
+            if (!st && v) {
+                const kf_value *o = &g->values[v];
+                bool same = type_equal(&was[j], &o->type);
+                if (j == 0) same = same && had_sv == !!o->symval && (!had_sv || kf_symvec_equal(&was_sv, o->symval));
+                if (!same) kf_graph_touch(g, v, KF_TOUCH_DEF);
+                const kf_tensor *now = &s->known[v];
+                bool same_known = !old[j].data == !now->data && (!now->data || kf_tensor_equal(&old[j], now));
+                if (!same || !same_known)
+                    for (uint32_t u = 0; u < o->nusers; u++) mark[o->users[u]] = 1;
+            }
+            if (old[j].data || old[j].dtype) kf_tensor_release(&old[j]);
+        }
+    }
+    io_free(&io);
+    return st;
+}
+
+/* Debugging (kf_graph.infer_check): the types and symbolic contents an
+ * incremental inference left equal a whole inference's. */
+static kf_status check_incremental(kf_model *m) {
+    kf_graph *g = m->graph;
+    kf_type *types = kf_malloc((size_t)g->nvalues * sizeof *types);
+    kf_symvec *svs = kf_malloc((size_t)g->nvalues * sizeof *svs);
+    bool *has = kf_calloc(g->nvalues, sizeof *has);
+    if (!types || !svs || !has) {
+        kf_free(types);
+        kf_free(svs);
+        kf_free(has);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
-    s->cap = n;
-    return KF_OK;
+    for (kf_id v = 1; v < g->nvalues; v++) {
+        types[v] = g->values[v].type;
+        if ((has[v] = g->values[v].symval != NULL)) svs[v] = *g->values[v].symval;
+    }
+    g->infer_check = false;
+    g->infer_scratch->valid = false;
+    kf_status st = kf_infer_shapes(m);
+    g->infer_check = true;
+    for (kf_id v = 1; !st && v < g->nvalues; v++) {
+        const kf_value *val = &g->values[v];
+        bool dead = !val->producer && !val->nusers && !val->is_output && !val->is_input && !val->init;
+        if (dead) continue;
+        bool same = type_equal(&types[v], &val->type) && has[v] == !!val->symval &&
+                    (!has[v] || kf_symvec_equal(&svs[v], val->symval));
+        if (!same)
+            st = kf_fail(KF_ERR_INTERNAL,
+                         "incremental shape inference left value '%s' unlike a whole inference (rank %d/%d, dtype "
+                         "%d/%d, contents %s/%s)",
+                         val->name, types[v].rank, val->type.rank, types[v].dtype, val->type.dtype,
+                         has[v] ? "known" : "none", val->symval ? "known" : "none");
+    }
+    kf_free(types);
+    kf_free(svs);
+    kf_free(has);
+    return st;
 }
 
 kf_status kf_infer_shapes(kf_model *m) {
@@ -169,29 +390,22 @@ kf_status kf_infer_shapes(kf_model *m) {
         kf_free(order);
         return st;
     }
+    if (g->track && s->valid && !g->inferq_lost) {
+        st = infer_incremental(m, s, order, norder);
+        kf_free(order);
+        kf_graph_inferq_clear(g);
+        if (st) s->valid = false;
+        else if (g->infer_check) st = check_incremental(m);
+        return st;
+    }
+    s->valid = false;
     kf_tensor *known = s->known; /* computed small constants */
-    const kf_type **tin = NULL;
-    const kf_tensor **vin = NULL;
-    kf_type *tout = NULL;
-    kf_tensor *vout = NULL;
-    const kf_symvec **sv = NULL;
+    for (uint32_t v = 0; v < s->cap; v++)
+        if (known[v].data || known[v].dtype) kf_tensor_release(&known[v]);
     kf_type *was = g->track ? s->was : NULL; /* edit tracking: types and contents before */
     struct kf_symvec **was_sv = g->track ? s->was_sv : NULL;
-    uint32_t maxio = 1;
-    for (uint32_t k = 0; k < norder; k++) {
-        const kf_node *n = &g->nodes[order[k]];
-        if ((uint32_t)n->nin > maxio) maxio = (uint32_t)n->nin;
-        if ((uint32_t)n->nout > maxio) maxio = (uint32_t)n->nout;
-    }
-    tin = kf_calloc(maxio, sizeof *tin);
-    vin = kf_calloc(maxio, sizeof *vin);
-    tout = kf_calloc(maxio, sizeof *tout);
-    vout = kf_calloc(maxio, sizeof *vout);
-    sv = kf_calloc(maxio, sizeof *sv);
-    if (!tin || !vin || !tout || !vout || !sv) {
-        st = kf_fail(KF_ERR_NOMEM, "out of memory");
-        goto done;
-    }
+    infer_io io = {0};
+    if ((st = io_alloc(&io, g, order, norder))) goto done;
     /* with edit tracking on, what inference changes is touched: the types
      * and symbolic contents from before are kept to compare */
     for (kf_id v = 1; v < g->nvalues; v++) {
@@ -203,47 +417,7 @@ kf_status kf_infer_shapes(kf_model *m) {
         }
         g->values[v].symval = NULL;
     }
-    for (uint32_t k = 0; k < norder && !st; k++) {
-        kf_node *n = &g->nodes[order[k]];
-        const kf_op_info *info = kf_op_get(n->op);
-        if (!info || !info->shape) continue;
-        if (n->opset && (n->opset < info->ver_lo || n->opset > info->ver_hi)) continue;
-        if (n->nin < info->in_min || (info->in_max >= 0 && n->nin > info->in_max)) continue;
-        bool all_const = true;
-        for (int i = 0; i < n->nin; i++) {
-            kf_id v = n->in[i];
-            tin[i] = v ? &g->values[v].type : NULL;
-            vin[i] = !v ? NULL : kf_value_is_constant(m, v) ? g->values[v].init : known[v].data ? &known[v] : NULL;
-            sv[i] = v && !vin[i] ? g->values[v].symval : NULL;
-            if (v && !vin[i]) all_const = false;
-        }
-        if ((st = infer_one(m, n, tin, vin, sv, tout))) break;
-        /* small constant results let later shape functions see values */
-        bool small = all_const && info->eval;
-        for (int j = 0; j < n->nout && small; j++) {
-            int64_t cnt;
-            small = kf_type_is_static(&tout[j]) &&
-                    kf_shape_numel(tout[j].rank, tout[j].dims, 1, &cnt) == KF_OK && cnt <= KF_INFER_CONST_MAX;
-        }
-        kf_status es = small ? kf_eval_node(n, n->nin, vin, vout) : KF_ERR_UNSUPPORTED;
-        if (es == KF_ERR_NOMEM) {
-            st = es;
-            break;
-        }
-        if (es == KF_OK) {
-            for (int j = 0; j < n->nout; j++) {
-                if (n->out[j]) kf_tensor_move(&known[n->out[j]], &vout[j]);
-                else kf_tensor_release(&vout[j]);
-            }
-        } else if (n->nout >= 1 && n->out[0]) {
-            /* a shape computation whose symbols cancelled (a static dim of
-             * a partly symbolic shape) is a constant from here on */
-            const kf_value *o = &g->values[n->out[0]];
-            if (o->symval && kf_symvec_const(o->symval) && kf_dtype_valid(o->type.dtype))
-                st = kf_symvec_tensor(o->symval, o->type.dtype, &known[n->out[0]]);
-        }
-        if (!st) kf_clear_error();
-    }
+    for (uint32_t k = 0; k < norder && !st; k++) st = infer_step(m, &g->nodes[order[k]], known, &io);
     for (kf_id v = 1; was && !st && v < g->nvalues; v++) {
         const kf_value *val = &g->values[v];
         bool same_sv = !was_sv[v] == !val->symval && (!val->symval || kf_symvec_equal(was_sv[v], val->symval));
@@ -255,14 +429,13 @@ done:
             kf_free(was_sv[v]);
             was_sv[v] = NULL;
         }
-    for (kf_id v = 0; v < g->nvalues; v++)
-        if (known[v].data || known[v].dtype) kf_tensor_release(&known[v]);
-    if (s == &local) scratch_release(s);
-    kf_free(tin);
-    kf_free(vin);
-    kf_free(tout);
-    kf_free(vout);
-    kf_free(sv);
+    if (g->track) {
+        s->valid = !st; /* known stays for the next, incremental, call */
+        kf_graph_inferq_clear(g);
+    } else {
+        scratch_release(s);
+    }
+    io_free(&io);
     kf_free(order);
     return st;
 }

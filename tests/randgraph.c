@@ -3016,11 +3016,13 @@ void rg_write_rule_hits(FILE *f) {
 
 /* Optimizes c in place with `disable` (NULL: every rule and pass); every_node:
  * the rules try every node every sweep (kf_opt_options.every_node), and
- * every weight merge is deferred to the save (defer_concat_bytes). */
+ * every weight merge is deferred to the save (defer_concat_bytes); else each
+ * incremental shape inference is checked against a whole one. */
 static kf_status do_opt(kf_model *c, const char *disable, const char *patterns, bool every_node) {
     kf_opt_options o;
     kf_opt_options_default(&o);
     o.every_node = every_node;
+    o.check_inference = !every_node;
     o.defer_concat_bytes = every_node ? 1 : 0;
     o.fuel = -1;
     o.trace = false;

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "graph_text.h"
 #include "test_util.h"
 
 static kf_id val(kf_graph *g, const char *name) {
@@ -177,4 +178,47 @@ Test(ir_edit, removing_the_users_of_a_shared_constant_is_linear) {
     }
     /* linear: about 10x; one scan per removal was about 100x (and seconds) */
     cr_assert_lt(large, 40 * small + 0.05, "20k users: %.4f s, 200k users: %.4f s", small, large);
+}
+
+/* While edits are tracked, shape inference looks again only downstream of
+ * what they touched (kf_graph.inferq), and must end where a whole inference
+ * would: here a new weight narrows a MatMul, and the Shape -> Gather ->
+ * Concat -> Reshape chain below it has to follow. infer_check compares each
+ * incremental inference with a whole one (KF_ERR_INTERNAL on a difference). */
+Test(ir_edit, incremental_inference_follows_an_edit_downstream) {
+    kf_model *m = gt_parse("input x float[N, 6]\n"
+                           "const w float[6, 8] = random\n"
+                           "const w2 float[6, 4] = random\n"
+                           "const one int64[] = 1\n"
+                           "const zero int64[1] = 0\n"
+                           "const m1 int64[1] = -1\n"
+                           "y = MatMul(x, w)\n"
+                           "s = Shape(y)\n"
+                           "d = Gather(s, one)\n"
+                           "u = Unsqueeze(d, zero)\n"
+                           "shp = Concat(m1, u) {axis=0}\n"
+                           "r = Reshape(y, shp)\n"
+                           "t = Relu(x)\n"
+                           "output r\n"
+                           "output t\n");
+    kf_graph *g = m->graph;
+    kf_graph_track(g, true);
+    g->infer_check = true;
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    kf_id r = kf_graph_find(g, "r"), t = kf_graph_find(g, "t"), mm = g->values[kf_graph_find(g, "y")].producer;
+    cr_assert_eq(g->values[r].type.rank, 2);
+    cr_assert_eq(g->values[r].type.dims[1], 8);
+    cr_assert_eq(g->ninferq, 0, "inference empties its list");
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "nothing touched: %s", kf_last_error());
+    cr_assert_eq(g->values[r].type.dims[1], 8);
+    cr_assert_eq(kf_graph_set_input(g, mm, 1, kf_graph_find(g, "w2")), KF_OK);
+    cr_assert_gt(g->ninferq, 0, "the edit is listed for inference");
+    cr_assert_eq(kf_infer_shapes(m), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(g->values[r].type.rank, 2);
+    cr_assert_eq(g->values[r].type.dims[1], 4, "the Reshape three nodes below the edit follows it");
+    cr_assert_eq(g->values[t].type.dims[1], 6, "a branch the edit does not reach keeps its type");
+    cr_assert_eq(g->ninferq, 0);
+    kf_graph_track(g, false);
+    cr_assert_null(g->inferq, "tracking off frees the list");
+    kf_model_free(m);
 }

@@ -90,6 +90,7 @@ static void check_model(const char *path, const char *data_dir, tally *t) {
     kf_opt_options opts;
     kf_opt_options_default(&opts);
     opts.fuel = -1;
+    opts.check_inference = true; /* each incremental inference equals a whole one */
     kf_opt_result res;
     kf_status st = kf_optimize(o, &opts, &res);
     kf_rules_free(&res.rules);
@@ -281,6 +282,7 @@ static bool check_export(const char *folder, const export_case *c) {
     kf_opt_options opts;
     kf_opt_options_default(&opts);
     opts.fuel = -1;
+    opts.check_inference = true;
     kf_opt_result res;
     cr_assert_eq(kf_optimize(o, &opts, &res), KF_OK, "%s: optimize: %s", path, kf_last_error());
     cr_expect(res.converged, "%s: no fixed point after %d optimizer rounds (a rewrite undone each round?)", path,

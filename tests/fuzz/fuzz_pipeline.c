@@ -112,8 +112,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         kf_opt_options_default(&o);
         o.keep_quantized = kf_precision_keeps_quantized(prec);
         o.defer_concat_bytes = last & 16 ? 1 : 0; /* merges deferred as kfuse opt does, then assembled */
+        o.check_inference = true; /* incremental shape inference must end where a whole one does */
         kf_opt_result res;
         st = checked(kf_optimize(m, &o, &res), "optimize");
+        if (st == KF_ERR_INTERNAL) finding("optimize: internal error", kf_last_error());
         kf_rules_free(&res.rules);
         if (!st && o.defer_concat_bytes) st = checked(kf_graph_settle(m->graph), "settle");
     }
