@@ -110,30 +110,27 @@ static bool type_equal(const kf_type *a, const kf_type *b) {
     return true;
 }
 
-/* Per-value work arrays of inference: computed small constants and, with
- * edit tracking, the types and contents from before. An optimizer run
- * keeps them in the graph from call to call (each is a few hundred KB on a
- * transformer, and allocating and freeing them every round had the heap
- * trimmed and faulted back in). While tracking, known stays as the last
- * inference left it (valid), so the next one can look again only
- * downstream of what edits touched since (kf_graph.inferq); without
- * tracking every entry is empty between calls. */
+/* Inference's work arrays: per value the small constant computed for it
+ * (NULL: none), per node a mark (look at it). While edits are tracked (an
+ * optimizer run) they stay in the graph from call to call, known as the
+ * last inference left it (valid), so the next call looks again only
+ * downstream of what edits touched since (kf_graph.inferq). */
 typedef struct kf_infer_scratch {
-    kf_tensor *known;
-    kf_type *was;
-    struct kf_symvec **was_sv;
+    kf_tensor **known;
     uint32_t cap;
-    uint8_t *mark; /* incremental: nodes to look at again */
+    uint8_t *mark;
     uint32_t capmark;
     bool valid;
 } kf_infer_scratch;
 
+static void known_drop(kf_infer_scratch *s, kf_id v) {
+    kf_tensor_free(s->known[v]);
+    s->known[v] = NULL;
+}
+
 static void scratch_release(kf_infer_scratch *s) {
-    for (uint32_t v = 0; s->known && v < s->cap; v++)
-        if (s->known[v].data || s->known[v].dtype) kf_tensor_release(&s->known[v]);
+    for (uint32_t v = 0; s->known && v < s->cap; v++) kf_tensor_free(s->known[v]);
     kf_free(s->known);
-    kf_free(s->was);
-    kf_free(s->was_sv);
     kf_free(s->mark);
     memset(s, 0, sizeof *s);
 }
@@ -145,44 +142,18 @@ void kf_infer_scratch_free(kf_graph *g) {
     g->infer_scratch = NULL;
 }
 
-/* Arrays for n values (the entries past the old capacity empty; known
- * keeps its entries), was and was_sv too when track (a scratch kept in the
- * graph always tracks; a local one never outlives its call). A kept one
- * grows with room to spare, since the optimizer adds values between calls;
- * was and was_sv hold nothing between calls, so they are made anew rather
- * than copied. */
-static kf_status scratch_reserve(kf_infer_scratch *s, uint32_t n, bool track) {
-    if (s->cap >= n && (!track || s->was)) return KF_OK;
-    uint32_t old = s->cap, cap = n;
-    if (track && n < UINT32_MAX / 2) cap = n + n / 2 + 64;
-    if (cap < old) cap = old;
-    kf_tensor *known = kf_realloc(s->known, (size_t)cap * sizeof *known);
-    if (!known) goto nomem;
-    memset(known + old, 0, (size_t)(cap - old) * sizeof *known);
-    s->known = known;
-    s->cap = cap;
-    if (track) {
-        kf_free(s->was);
-        kf_free(s->was_sv);
-        s->was = kf_malloc((size_t)cap * sizeof *s->was);
-        s->was_sv = kf_calloc(cap, sizeof *s->was_sv);
-        if (!s->was || !s->was_sv) goto nomem;
-    }
-    return KF_OK;
-nomem:
-    scratch_release(s);
-    return kf_fail(KF_ERR_NOMEM, "out of memory");
-}
-
-/* Operand arrays for nodes of up to max inputs and outputs. */
+/* Per-node arrays for nodes of up to max inputs and outputs: operands,
+ * results, and the outputs' types, contents and constants from before. */
 typedef struct infer_io {
     const kf_type **tin;
     const kf_tensor **vin;
     kf_type *tout;
     kf_tensor *vout;
     const kf_symvec **sv;
-    kf_type *was;   /* incremental: outputs' types and known entries before */
-    kf_tensor *old;
+    kf_type *was;
+    kf_symvec *was_sv;
+    bool *had_sv;
+    kf_tensor **old;
 } infer_io;
 
 static void io_free(infer_io *io) {
@@ -192,6 +163,8 @@ static void io_free(infer_io *io) {
     kf_free(io->vout);
     kf_free(io->sv);
     kf_free(io->was);
+    kf_free(io->was_sv);
+    kf_free(io->had_sv);
     kf_free(io->old);
     memset(io, 0, sizeof *io);
 }
@@ -209,17 +182,30 @@ static kf_status io_alloc(infer_io *io, const kf_graph *g, const kf_id *order, u
     io->vout = kf_calloc(maxio, sizeof *io->vout);
     io->sv = kf_calloc(maxio, sizeof *io->sv);
     io->was = kf_calloc(maxio, sizeof *io->was);
+    io->was_sv = kf_calloc(maxio, sizeof *io->was_sv);
+    io->had_sv = kf_calloc(maxio, sizeof *io->had_sv);
     io->old = kf_calloc(maxio, sizeof *io->old);
-    if (io->tin && io->vin && io->tout && io->vout && io->sv && io->was && io->old) return KF_OK;
+    if (io->tin && io->vin && io->tout && io->vout && io->sv && io->was && io->was_sv && io->had_sv && io->old)
+        return KF_OK;
     io_free(io);
     return kf_fail(KF_ERR_NOMEM, "out of memory");
 }
 
-/* Infers node n from its inputs' types, constants (known: small values
- * computed so far) and symbolic contents; its outputs' known entries must
- * be empty. A node whose op, opset or arity inference does not cover is
- * left alone. */
-static kf_status infer_step(kf_model *m, kf_node *n, kf_tensor *known, infer_io *io) {
+/* Output j of node n takes constant t over (NULL: none). */
+static kf_status keep_known(kf_infer_scratch *s, kf_id v, kf_tensor *t) {
+    if (!(s->known[v] = kf_tensor_new())) {
+        kf_tensor_release(t);
+        return kf_fail(KF_ERR_NOMEM, "out of memory");
+    }
+    kf_tensor_move(s->known[v], t);
+    return KF_OK;
+}
+
+/* Infers node n from its inputs' types, constants (those the model fixes
+ * and the small values computed so far) and symbolic contents; its
+ * outputs have no known constant or contents on entry. A node whose op,
+ * opset or arity inference does not cover is left alone. */
+static kf_status infer_step(kf_model *m, kf_node *n, kf_infer_scratch *s, infer_io *io) {
     kf_graph *g = m->graph;
     const kf_op_info *info = kf_op_get(n->op);
     if (!info || !info->shape) return KF_OK;
@@ -229,7 +215,7 @@ static kf_status infer_step(kf_model *m, kf_node *n, kf_tensor *known, infer_io 
     for (int i = 0; i < n->nin; i++) {
         kf_id v = n->in[i];
         io->tin[i] = v ? &g->values[v].type : NULL;
-        io->vin[i] = !v ? NULL : kf_value_is_constant(m, v) ? g->values[v].init : known[v].data ? &known[v] : NULL;
+        io->vin[i] = !v ? NULL : kf_value_is_constant(m, v) ? g->values[v].init : s->known[v];
         io->sv[i] = v && !io->vin[i] ? g->values[v].symval : NULL;
         if (v && !io->vin[i]) all_const = false;
     }
@@ -246,92 +232,75 @@ static kf_status infer_step(kf_model *m, kf_node *n, kf_tensor *known, infer_io 
     kf_status st = KF_OK;
     if (es == KF_OK) {
         for (int j = 0; j < n->nout; j++) {
-            if (n->out[j]) kf_tensor_move(&known[n->out[j]], &io->vout[j]);
+            if (n->out[j] && !st) st = keep_known(s, n->out[j], &io->vout[j]);
             else kf_tensor_release(&io->vout[j]);
         }
     } else if (n->nout >= 1 && n->out[0]) {
         /* a shape computation whose symbols cancelled (a static dim of
          * a partly symbolic shape) is a constant from here on */
         const kf_value *o = &g->values[n->out[0]];
-        if (o->symval && kf_symvec_const(o->symval) && kf_dtype_valid(o->type.dtype))
-            st = kf_symvec_tensor(o->symval, o->type.dtype, &known[n->out[0]]);
+        if (o->symval && kf_symvec_const(o->symval) && kf_dtype_valid(o->type.dtype)) {
+            kf_tensor t = {0};
+            st = kf_symvec_tensor(o->symval, o->type.dtype, &t);
+            if (!st) st = keep_known(s, n->out[0], &t);
+        }
     }
     if (!st) kf_clear_error();
     return st;
 }
 
-/* Whole-graph inference again, but only downstream of the values edits
- * touched since the last one (kf_graph.inferq): the nodes that produce or
- * read them, then the readers of every output whose type, symbolic
- * contents or computed constant changed. The rest keep what the last
- * inference gave them, which is what looking again would give. */
-static kf_status infer_incremental(kf_model *m, kf_infer_scratch *s, const kf_id *order, uint32_t norder) {
+/* Infers the marked nodes in topological order. An output whose type,
+ * symbolic contents or computed constant changes marks its readers (and,
+ * edits being tracked, is touched). */
+static kf_status infer_marked(kf_model *m, kf_infer_scratch *s, const kf_id *order, uint32_t norder, infer_io *io) {
     kf_graph *g = m->graph;
-    if (s->capmark < g->nnodes) {
-        uint32_t cap = g->nnodes < UINT32_MAX / 2 ? g->nnodes + g->nnodes / 2 + 64 : g->nnodes;
-        uint8_t *mk = kf_realloc(s->mark, cap);
-        if (!mk) return kf_fail(KF_ERR_NOMEM, "out of memory");
-        s->mark = mk;
-        s->capmark = cap;
-    }
     uint8_t *mark = s->mark;
-    memset(mark, 0, g->nnodes);
-    uint32_t marked = 0;
-    for (uint32_t i = 0; i < g->ninferq; i++) {
-        kf_id v = g->inferq[i];
-        if (v >= g->nvalues) continue;
-        kf_value *val = &g->values[v];
-        bool produced = val->producer && !g->nodes[val->producer].dead;
-        if (!produced) { /* a whole inference gives a value no node computes no contents */
-            if (val->symval) kf_graph_touch(g, v, KF_TOUCH_DEF);
-            kf_free(val->symval);
-            val->symval = NULL;
-            if (s->known[v].data || s->known[v].dtype) kf_tensor_release(&s->known[v]);
-        }
-        if (produced && !mark[val->producer]) mark[val->producer] = 1, marked++;
-        for (uint32_t u = 0; u < val->nusers; u++)
-            if (!mark[val->users[u]]) mark[val->users[u]] = 1, marked++;
-    }
-    if (!marked) return KF_OK;
-    infer_io io = {0};
-    KF_TRY(io_alloc(&io, g, order, norder));
     kf_status st = KF_OK;
-    kf_type *was = io.was;
-    kf_tensor *old = io.old;
     for (uint32_t k = 0; k < norder && !st; k++) {
         kf_id id = order[k];
         if (!mark[id]) continue;
         kf_node *n = &g->nodes[id];
-        kf_symvec was_sv;
-        bool had_sv = false;
         for (int j = 0; j < n->nout; j++) {
-            memset(&old[j], 0, sizeof old[j]);
-            if (!n->out[j]) continue;
-            was[j] = g->values[n->out[j]].type;
-            kf_tensor_move(&old[j], &s->known[n->out[j]]);
+            kf_id v = n->out[j];
+            io->old[j] = NULL;
+            io->had_sv[j] = false;
+            if (!v) continue;
+            kf_value *o = &g->values[v];
+            io->was[j] = o->type;
+            if ((io->had_sv[j] = o->symval != NULL)) io->was_sv[j] = *o->symval;
+            kf_free(o->symval); /* what this node's inference gives, or nothing */
+            o->symval = NULL;
+            io->old[j] = s->known[v];
+            s->known[v] = NULL;
         }
-        if (n->nout >= 1 && n->out[0] && g->values[n->out[0]].symval) {
-            was_sv = *g->values[n->out[0]].symval;
-            had_sv = true;
-        }
-        st = infer_step(m, n, s->known, &io);
+        st = infer_step(m, n, s, io);
         for (int j = 0; j < n->nout; j++) {
             kf_id v = n->out[j];
             if (!st && v) {
                 const kf_value *o = &g->values[v];
-                bool same = type_equal(&was[j], &o->type);
-                if (j == 0) same = same && had_sv == !!o->symval && (!had_sv || kf_symvec_equal(&was_sv, o->symval));
+                bool same = type_equal(&io->was[j], &o->type) && io->had_sv[j] == !!o->symval &&
+                            (!o->symval || kf_symvec_equal(&io->was_sv[j], o->symval));
                 if (!same) kf_graph_touch(g, v, KF_TOUCH_DEF);
-                const kf_tensor *now = &s->known[v];
-                bool same_known = !old[j].data == !now->data && (!now->data || kf_tensor_equal(&old[j], now));
+                const kf_tensor *now = s->known[v], *before = io->old[j];
+                bool same_known = !now == !before && (!now || kf_tensor_equal(before, now));
                 if (!same || !same_known)
                     for (uint32_t u = 0; u < o->nusers; u++) mark[o->users[u]] = 1;
             }
-            if (old[j].data || old[j].dtype) kf_tensor_release(&old[j]);
+            kf_tensor_free(io->old[j]);
         }
     }
-    io_free(&io);
     return st;
+}
+
+/* A value no live node computes has no contents and no computed constant,
+ * as a whole inference leaves it. */
+static void unproduced(kf_graph *g, kf_infer_scratch *s, kf_id v) {
+    kf_value *val = &g->values[v];
+    if (val->producer && !g->nodes[val->producer].dead) return;
+    if (val->symval) kf_graph_touch(g, v, KF_TOUCH_DEF);
+    kf_free(val->symval);
+    val->symval = NULL;
+    known_drop(s, v);
 }
 
 /* Debugging (kf_graph.infer_check): the types and symbolic contents an
@@ -379,64 +348,50 @@ kf_status kf_infer_shapes(kf_model *m) {
     kf_id *order;
     uint32_t norder;
     KF_TRY(kf_graph_topo(g, &order, &norder));
-    kf_status st = KF_OK;
     kf_infer_scratch local = {0}, *s = &local;
     if (g->track && !g->infer_scratch && !(g->infer_scratch = kf_calloc(1, sizeof *g->infer_scratch))) {
         kf_free(order);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
     if (g->track) s = g->infer_scratch;
-    if ((st = scratch_reserve(s, g->nvalues, g->track))) {
-        kf_free(order);
-        return st;
-    }
-    if (g->track && s->valid && !g->inferq_lost) {
-        st = infer_incremental(m, s, order, norder);
-        kf_free(order);
-        kf_graph_inferq_clear(g);
-        if (st) s->valid = false;
-        else if (g->infer_check) st = check_incremental(m);
-        return st;
-    }
-    s->valid = false;
-    kf_tensor *known = s->known; /* computed small constants */
-    for (uint32_t v = 0; v < s->cap; v++)
-        if (known[v].data || known[v].dtype) kf_tensor_release(&known[v]);
-    kf_type *was = g->track ? s->was : NULL; /* edit tracking: types and contents before */
-    struct kf_symvec **was_sv = g->track ? s->was_sv : NULL;
     infer_io io = {0};
-    if ((st = io_alloc(&io, g, order, norder))) goto done;
-    /* with edit tracking on, what inference changes is touched: the types
-     * and symbolic contents from before are kept to compare */
-    for (kf_id v = 1; v < g->nvalues; v++) {
-        if (was) {
-            was[v] = g->values[v].type;
-            was_sv[v] = g->values[v].symval;
-        } else {
-            kf_free(g->values[v].symval);
+    uint32_t capk = s->cap, capm = s->capmark;
+    kf_status st = kf_grow((void **)&s->known, &capk, g->nvalues, sizeof *s->known);
+    s->cap = capk;
+    if (!st) st = kf_grow((void **)&s->mark, &capm, g->nnodes, 1);
+    s->capmark = capm;
+    bool incremental = g->track && s->valid && !g->inferq_lost;
+    s->valid = false;
+    if (st) goto done;
+    if (incremental) {
+        /* the producers and readers of what edits touched */
+        memset(s->mark, 0, g->nnodes);
+        for (uint32_t i = 0; i < g->ninferq; i++) {
+            kf_id v = g->inferq[i];
+            if (v >= g->nvalues) continue;
+            const kf_value *val = &g->values[v];
+            unproduced(g, s, v);
+            if (val->producer && !g->nodes[val->producer].dead) s->mark[val->producer] = 1;
+            for (uint32_t u = 0; u < val->nusers; u++) s->mark[val->users[u]] = 1;
         }
-        g->values[v].symval = NULL;
-    }
-    for (uint32_t k = 0; k < norder && !st; k++) st = infer_step(m, &g->nodes[order[k]], known, &io);
-    for (kf_id v = 1; was && !st && v < g->nvalues; v++) {
-        const kf_value *val = &g->values[v];
-        bool same_sv = !was_sv[v] == !val->symval && (!val->symval || kf_symvec_equal(was_sv[v], val->symval));
-        if (!same_sv || !type_equal(&was[v], &val->type)) kf_graph_touch(g, v, KF_TOUCH_DEF);
-    }
-done:
-    if (was_sv)
-        for (kf_id v = 1; v < g->nvalues; v++) {
-            kf_free(was_sv[v]);
-            was_sv[v] = NULL;
-        }
-    if (g->track) {
-        s->valid = !st; /* known stays for the next, incremental, call */
-        kf_graph_inferq_clear(g);
     } else {
-        scratch_release(s);
+        for (kf_id v = 1; v < g->nvalues; v++) {
+            known_drop(s, v);
+            unproduced(g, s, v);
+        }
+        memset(s->mark, 1, g->nnodes);
     }
+    if (!(st = io_alloc(&io, g, order, norder))) st = infer_marked(m, s, order, norder, &io);
+done:
     io_free(&io);
     kf_free(order);
+    if (!g->track) {
+        scratch_release(s);
+        return st;
+    }
+    kf_graph_inferq_clear(g);
+    s->valid = !st; /* known stays for the next, incremental, call */
+    if (!st && incremental && g->infer_check) st = check_incremental(m);
     return st;
 }
 
