@@ -76,6 +76,7 @@ void kf_graph_free(kf_graph *g) {
     kf_free(g->outputs);
     kf_free(g->touched);
     kf_free(g->inferq);
+    kf_graph_fresh_free(g);
     kf_free(g->name);
     kf_free(g->doc);
     kf_free(g->hash);

@@ -204,14 +204,72 @@ static bool name_taken(const kf_graph *g, const char *name) {
     return false;
 }
 
+typedef struct kf_fresh_slot {
+    char *base; /* NULL: empty */
+    uint32_t last;
+} kf_fresh_slot;
+
+static uint32_t fresh_hash(const char *s) {
+    uint32_t h = 2166136261u; /* FNV-1a */
+    while (*s) h = (h ^ (uint8_t)*s++) * 16777619u;
+    return h;
+}
+
+/* The slot of base (empty when it has none). */
+static kf_fresh_slot *fresh_slot(const kf_graph *g, const char *base) {
+    uint32_t mask = g->capfresh - 1, i = fresh_hash(base) & mask;
+    while (g->fresh[i].base && strcmp(g->fresh[i].base, base)) i = (i + 1) & mask;
+    return &g->fresh[i];
+}
+
+/* Remembers that base took number k; a failure to remember only costs the
+ * next call its search from 1. */
+static void fresh_remember(kf_graph *g, const char *base, uint32_t k) {
+    if ((g->nfresh + 1) * 2 > g->capfresh) {
+        uint32_t cap = g->capfresh ? g->capfresh * 2 : 64;
+        kf_fresh_slot *t = cap > g->capfresh ? kf_calloc(cap, sizeof *t) : NULL;
+        if (!t) return;
+        kf_fresh_slot *old = g->fresh;
+        uint32_t oldcap = g->capfresh;
+        g->fresh = t;
+        g->capfresh = cap;
+        for (uint32_t i = 0; i < oldcap; i++)
+            if (old[i].base) *fresh_slot(g, old[i].base) = old[i];
+        kf_free(old);
+    }
+    kf_fresh_slot *sl = fresh_slot(g, base);
+    if (!sl->base) {
+        if (!(sl->base = kf_strdup(base))) return;
+        g->nfresh++;
+    }
+    sl->last = k;
+}
+
+void kf_graph_fresh_free(kf_graph *g) {
+    for (uint32_t i = 0; i < g->capfresh; i++) kf_free(g->fresh[i].base);
+    kf_free(g->fresh);
+    g->fresh = NULL;
+    g->nfresh = g->capfresh = 0;
+}
+
 kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id) {
     char name[512];
     if (!name_taken(g, base)) return kf_graph_add_value(g, base, id);
-    for (uint32_t k = 1;; k++) {
+    /* base__1, base__2, ...: the first that is free, searched from past
+     * the last one this graph handed out for base */
+    uint32_t k = 1;
+    if (g->capfresh) {
+        const kf_fresh_slot *sl = fresh_slot(g, base);
+        if (sl->base) k = sl->last + 1;
+    }
+    for (;; k++) {
         int w = snprintf(name, sizeof name, "%.480s__%u", base, k);
         if (w < 0) return kf_fail(KF_ERR_INTERNAL, "name formatting failed");
-        if (!name_taken(g, name)) return kf_graph_add_value(g, name, id);
+        if (!name_taken(g, name)) break;
     }
+    KF_TRY(kf_graph_add_value(g, name, id));
+    fresh_remember(g, base, k);
+    return KF_OK;
 }
 
 kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_id *id) {

@@ -152,6 +152,11 @@ typedef struct kf_graph {
     int64_t defer_concat_bytes;
     kf_id *touched;
     uint32_t ntouched, captouched;
+    /* kf_graph_fresh_value: per base name that was taken, the last number
+     * it appended (names are never given back, so every smaller one is
+     * taken too); open addressing */
+    struct kf_fresh_slot *fresh;
+    uint32_t nfresh, capfresh;
     /* The values an edit touched since whole-graph inference last ran
      * (kept apart from touched, which the rewrite driver drains, and
      * recorded under touch_all too): while tracking, inference looks again
@@ -281,6 +286,8 @@ kf_status kf_graph_set_input(kf_graph *g, kf_id node, int i, kf_id v);
 /* Adds a value with a fresh name derived from base ("base__1", ...), taken
  * neither in g nor in the graphs around it (g->outer). */
 kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id);
+/* Frees what kf_graph_fresh_value remembers (kf_graph_free). */
+void kf_graph_fresh_free(kf_graph *g);
 /* Adds an initializer value holding t (ownership of t moves to the graph). */
 kf_status kf_graph_add_constant(kf_graph *g, const char *base, kf_tensor *t, kf_id *id);
 /* Removes nodes none of whose outputs is used or a graph output, repeatedly;
