@@ -209,6 +209,7 @@ struct kf_model {
     char *dir;    /* folder external data is resolved in; may be NULL */
     void *proto;  /* the unpacked Onnx__ModelProto the model came from:
                    * fields kfuse does not model are written back from it */
+    void *proto_arena; /* what proto's small pieces were cut from (onnx.c); NULL: the heap */
     /* declared shapes that disagreed with what the graph computes (the
      * computed one wins, as in ONNX Runtime); the first is described */
     uint32_t shape_warnings;

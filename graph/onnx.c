@@ -40,6 +40,127 @@ static void pb_free(void *data, void *p) {
 }
 static ProtobufCAllocator pb_allocator = {pb_alloc, pb_free, NULL};
 
+/* ---- the model's decoding arena --------------------------------------------
+ * A model's ModelProto is thousands of small pieces (names, attributes,
+ * dims), most freed again right after import (drop_imported_bulk). Taken
+ * one by one from the heap and given back, they left its free lists long
+ * enough that the next code to allocate (the optimizer) paid for sorting
+ * them. Pieces under PB_ARENA_SMALL bytes are cut from blocks instead, and
+ * a block is given back whole once nothing in it is live; larger pieces
+ * (weights' raw_data, which the IR takes over) still come from the heap. */
+#define PB_ARENA_SMALL 4096
+#define PB_BLOCK_MIN ((size_t)64 << 10)
+#define PB_BLOCK_MAX ((size_t)16 << 20)
+
+typedef struct pb_block {
+    char *base;
+    size_t size, used;
+    size_t live; /* pieces cut and not freed */
+} pb_block;
+
+typedef struct pb_arena {
+    ProtobufCAllocator alloc; /* allocator_data points here */
+    pb_block *blocks;         /* by address */
+    uint32_t n, cap;
+    char *cur;                /* the block pieces are cut from (its base), NULL: none */
+    size_t total;             /* bytes in blocks so far: the next block is as large, within limits */
+} pb_arena;
+
+/* The block holding p, or -1. */
+static int64_t pb_block_of(const pb_arena *a, const void *p) {
+    uint32_t lo = 0, hi = a->n;
+    const char *c = p;
+    while (lo < hi) {
+        uint32_t mid = lo + (hi - lo) / 2;
+        if (c < a->blocks[mid].base) hi = mid;
+        else if (c >= a->blocks[mid].base + a->blocks[mid].size) lo = mid + 1;
+        else return mid;
+    }
+    return -1;
+}
+
+static pb_block *pb_current(pb_arena *a) {
+    int64_t b = a->cur ? pb_block_of(a, a->cur) : -1;
+    return b < 0 ? NULL : &a->blocks[b];
+}
+
+static void *arena_alloc(void *data, size_t n) {
+    pb_arena *a = data;
+    if (n >= PB_ARENA_SMALL) return pb_alloc(NULL, n);
+    n = n ? (n + 15) & ~(size_t)15 : 16; /* a zero-byte piece too lies inside its block */
+    pb_block *b = pb_current(a);
+    if (!b || b->size - b->used < n) {
+        if (b && !b->live) { /* everything cut from the full block was freed already */
+            int64_t i = b - a->blocks;
+            kf_free(b->base);
+            memmove(&a->blocks[i], &a->blocks[i + 1], (size_t)(a->n - (uint32_t)i - 1) * sizeof *a->blocks);
+            a->n--;
+            a->cur = NULL;
+        }
+        size_t size = a->total < PB_BLOCK_MIN ? PB_BLOCK_MIN : a->total > PB_BLOCK_MAX ? PB_BLOCK_MAX : a->total;
+        if (a->n == a->cap) {
+            uint32_t cap = a->cap ? 2 * a->cap : 16;
+            pb_block *t = kf_realloc(a->blocks, (size_t)cap * sizeof *t);
+            if (!t) {
+                pb_nomem = true;
+                return NULL;
+            }
+            a->blocks = t;
+            a->cap = cap;
+        }
+        char *base = kf_malloc(size);
+        if (!base) {
+            pb_nomem = true;
+            return NULL;
+        }
+        uint32_t at = a->n;
+        while (at > 0 && a->blocks[at - 1].base > base) at--;
+        memmove(&a->blocks[at + 1], &a->blocks[at], (size_t)(a->n - at) * sizeof *a->blocks);
+        a->blocks[at] = (pb_block){base, size, 0, 0};
+        a->n++;
+        a->total += size;
+        a->cur = base;
+        b = &a->blocks[at];
+    }
+    void *p = b->base + b->used;
+    b->used += n;
+    b->live++;
+    return p;
+}
+
+static void arena_free(void *data, void *p) {
+    pb_arena *a = data;
+    if (!p) return;
+    int64_t i = pb_block_of(a, p);
+    if (i < 0) {
+        kf_free(p); /* a large piece, from the heap */
+        return;
+    }
+    pb_block *b = &a->blocks[i];
+    if (--b->live || b->base == a->cur) return;
+    kf_free(b->base);
+    memmove(&a->blocks[i], &a->blocks[i + 1], (size_t)(a->n - (uint32_t)i - 1) * sizeof *a->blocks);
+    a->n--;
+}
+
+static pb_arena *arena_new(void) {
+    pb_arena *a = kf_calloc(1, sizeof *a);
+    if (!a) return NULL;
+    a->alloc = (ProtobufCAllocator){arena_alloc, arena_free, a};
+    return a;
+}
+
+/* Frees the arena's blocks, live pieces or not (after the message is freed). */
+static void arena_delete(pb_arena *a) {
+    if (!a) return;
+    for (uint32_t i = 0; i < a->n; i++) kf_free(a->blocks[i].base);
+    kf_free(a->blocks);
+    kf_free(a);
+}
+
+/* Whether p was cut from arena a (the IR may not take such a piece over). */
+static bool in_arena(const void *a, const void *p) { return a && pb_block_of(a, p) >= 0; }
+
 /* Largest model file read into memory; bigger weights belong in external
  * data, which is read tensor by tensor. */
 #define KF_MAX_FILE_BYTES ((int64_t)8 << 30)
@@ -328,7 +449,8 @@ static kf_status tensor_from_proto(Onnx__TensorProto *tp, const char *dir, kf_te
             return kf_fail(KF_ERR_BAD_MODEL, "tensor '%s': %s has %zu elements, shape needs %zu", tname, field, have,
                            need);
     }
-    if (raw && steal && !packed && nbytes && tp->raw_data.data) { /* little-endian host assumed, as ONNX stores */
+    if (raw && steal && !packed && nbytes && tp->raw_data.data &&
+        !in_arena(into ? into->proto_arena : NULL, tp->raw_data.data)) { /* little-endian host assumed, as ONNX stores */
         kf_tensor_release(t);
         t->dtype = (kf_dtype)dt;
         t->rank = (int)tp->n_dims;
@@ -1111,19 +1233,21 @@ void kf_model_free(kf_model *m) {
     for (int i = 0; i < m->nopsets; i++) kf_free(m->opsets[i].domain);
     kf_free(m->opsets);
     kf_free(m->dir);
-    if (m->proto) onnx__model_proto__free_unpacked(m->proto, &pb_allocator);
+    pb_arena *a = m->proto_arena;
+    if (m->proto) onnx__model_proto__free_unpacked(m->proto, a ? &a->alloc : &pb_allocator);
+    arena_delete(a);
     kf_free(m);
 }
 
 /* The IR now owns nodes and initializers; export rebuilds them from the IR.
  * Freeing them from the kept ModelProto stops a model costing twice its
  * weights in memory. (protobuf-c allocates with malloc unless told otherwise.) */
-static void drop_imported_bulk(Onnx__ModelProto *mp) {
+static void drop_imported_bulk(Onnx__ModelProto *mp, pb_arena *a) {
     Onnx__GraphProto *gp = mp->graph;
-    for (size_t i = 0; i < gp->n_initializer; i++) onnx__tensor_proto__free_unpacked(gp->initializer[i], &pb_allocator);
-    for (size_t i = 0; i < gp->n_node; i++) onnx__node_proto__free_unpacked(gp->node[i], &pb_allocator);
-    free(gp->initializer);
-    free(gp->node);
+    for (size_t i = 0; i < gp->n_initializer; i++) onnx__tensor_proto__free_unpacked(gp->initializer[i], &a->alloc);
+    for (size_t i = 0; i < gp->n_node; i++) onnx__node_proto__free_unpacked(gp->node[i], &a->alloc);
+    arena_free(a, gp->initializer);
+    arena_free(a, gp->node);
     gp->initializer = NULL;
     gp->node = NULL;
     gp->n_initializer = gp->n_node = 0;
@@ -1133,16 +1257,23 @@ kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const cha
     *out = NULL;
     if (!what) what = "model";
     KF_TRY(kf_proto_check_depth(data, len, what));
+    pb_arena *a = arena_new();
+    if (!a) return kf_fail(KF_ERR_NOMEM, "out of memory");
     pb_nomem = false;
-    Onnx__ModelProto *mp = onnx__model_proto__unpack(&pb_allocator, len, data);
-    if (!mp && pb_nomem) return kf_fail(KF_ERR_NOMEM, "%s: out of memory decoding the model", what);
-    if (!mp) return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid ONNX model (protobuf decoding failed)", what);
+    Onnx__ModelProto *mp = onnx__model_proto__unpack(&a->alloc, len, data);
+    if (!mp) {
+        arena_delete(a);
+        if (pb_nomem) return kf_fail(KF_ERR_NOMEM, "%s: out of memory decoding the model", what);
+        return kf_fail(KF_ERR_BAD_MODEL, "%s: not a valid ONNX model (protobuf decoding failed)", what);
+    }
     kf_model *m = kf_calloc(1, sizeof *m);
     if (!m) {
-        onnx__model_proto__free_unpacked(mp, &pb_allocator);
+        onnx__model_proto__free_unpacked(mp, &a->alloc);
+        arena_delete(a);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
     m->proto = mp;
+    m->proto_arena = a;
     m->ir_version = mp->ir_version;
     kf_status st = KF_OK;
     if (!mp->graph) {
@@ -1198,7 +1329,7 @@ kf_status kf_onnx_parse(const void *data, size_t len, const char *dir, const cha
         }
         kf_free(order);
     }
-    drop_imported_bulk(mp);
+    drop_imported_bulk(mp, a);
     *out = m;
     return KF_OK;
 fail:
