@@ -354,17 +354,41 @@ static kf_status fold_sym_target(kf_model *m, target_cache *c, kf_id node, bool 
     return KF_OK;
 }
 
+/* The tensor of a Constant node that holds its value as a `value` tensor
+ * and nothing else (the forms its evaluation copies whole), else NULL. */
+static kf_attr *value_tensor(kf_node *n) {
+    static const char *const others[] = {"sparse_value", "value_float", "value_floats", "value_int",
+                                         "value_ints",   "value_string", "value_strings"};
+    kf_attr *a = (kf_attr *)kf_attr_find(n, "value");
+    if (!a || a->type != KF_ATTR_TENSOR || !a->t || a->t->parts || n->nout != 1 || !n->out[0]) return NULL;
+    for (size_t k = 0; k < sizeof others / sizeof *others; k++)
+        if (kf_attr_find(n, others[k])) return NULL;
+    return a;
+}
+
 kf_status kf_pass_fold_constant_nodes(kf_model *m, kf_pass_ctx *ctx) {
     kf_graph *g = m->graph;
     const kf_tensor *none[1] = {NULL};
     for (kf_id id = 1; id < g->nnodes && ctx->fuel != 0; id++) {
-        const kf_node *n = &g->nodes[id];
+        kf_node *n = &g->nodes[id];
         if (n->dead || n->op != KF_OP_CONSTANT || n->nin || !output_used(g, n) || (id < ctx->nkeep && ctx->keep[id]))
             continue;
         int64_t cap;
         bool done = false;
         if (foldable(m, n, none, &cap) || !fits_before(n, none, cap)) continue;
-        KF_TRY(eval_and_commit(g, id, none, cap, &done));
+        kf_attr *a = value_tensor(n);
+        if (a) { /* the node goes: its tensor moves into the initializer rather than being copied */
+            kf_tensor t = {0};
+            kf_tensor_move(&t, a->t);
+            kf_status st = commit(g, id, &t);
+            if (st) {
+                kf_tensor_move(a->t, &t); /* commit changed nothing */
+                return st;
+            }
+            done = true;
+        } else {
+            KF_TRY(eval_and_commit(g, id, none, cap, &done));
+        }
         if (!done) continue;
         ctx->changes++;
         if (ctx->fuel > 0) ctx->fuel--;
