@@ -24,8 +24,7 @@
 #include "onnx_scope.h"
 
 /* protobuf-c allocates through kf_malloc too, so allocation-failure tests
- * reach the decoder (kf_free is free(), so the bulk freed by hand in
- * drop_imported_bulk stays compatible). */
+ * reach the decoder (a model's own message through its arena, below). */
 static _Thread_local bool pb_nomem; /* an allocation failed while decoding */
 static void *pb_alloc(void *data, size_t n) {
     (void)data;
@@ -1241,7 +1240,8 @@ void kf_model_free(kf_model *m) {
 
 /* The IR now owns nodes and initializers; export rebuilds them from the IR.
  * Freeing them from the kept ModelProto stops a model costing twice its
- * weights in memory. (protobuf-c allocates with malloc unless told otherwise.) */
+ * weights in memory (the arena gives a block back once nothing in it is
+ * live). */
 static void drop_imported_bulk(Onnx__ModelProto *mp, pb_arena *a) {
     Onnx__GraphProto *gp = mp->graph;
     for (size_t i = 0; i < gp->n_initializer; i++) onnx__tensor_proto__free_unpacked(gp->initializer[i], &a->alloc);

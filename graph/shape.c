@@ -191,7 +191,7 @@ static kf_status io_alloc(infer_io *io, const kf_graph *g, const kf_id *order, u
     return kf_fail(KF_ERR_NOMEM, "out of memory");
 }
 
-/* Output j of node n takes constant t over (NULL: none). */
+/* Value v keeps constant t (moved; released when that fails). */
 static kf_status keep_known(kf_infer_scratch *s, kf_id v, kf_tensor *t) {
     if (!(s->known[v] = kf_tensor_new())) {
         kf_tensor_release(t);
