@@ -85,7 +85,7 @@ void kf_graph_free(kf_graph *g) {
 
 /* ---- name hash ---------------------------------------------------------- */
 
-static uint32_t hash_str(const char *s) {
+uint32_t kf_hash_str(const char *s) {
     uint32_t h = 2166136261u; /* FNV-1a */
     while (*s) h = (h ^ (uint8_t)*s++) * 16777619u;
     return h;
@@ -93,7 +93,7 @@ static uint32_t hash_str(const char *s) {
 
 static void hash_insert(kf_graph *g, kf_id id) {
     uint32_t mask = g->hashcap - 1;
-    uint32_t i = hash_str(g->values[id].name) & mask;
+    uint32_t i = kf_hash_str(g->values[id].name) & mask;
     while (g->hash[i]) i = (i + 1) & mask;
     g->hash[i] = id;
 }
@@ -115,7 +115,7 @@ static kf_status hash_reserve(kf_graph *g, uint32_t nvalues) {
 kf_id kf_graph_find(const kf_graph *g, const char *name) {
     if (!g->hashcap || !name) return 0;
     uint32_t mask = g->hashcap - 1;
-    uint32_t i = hash_str(name) & mask;
+    uint32_t i = kf_hash_str(name) & mask;
     while (g->hash[i]) {
         if (strcmp(g->values[g->hash[i]].name, name) == 0) return g->hash[i];
         i = (i + 1) & mask;

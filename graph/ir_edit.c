@@ -32,7 +32,7 @@ kf_status kf_graph_add_use(kf_graph *g, kf_id node, int i) {
     return KF_OK;
 }
 
-static void inferq_clear(kf_graph *g) {
+void kf_graph_inferq_clear(kf_graph *g) {
     for (uint32_t i = 0; i < g->ninferq; i++)
         if (g->inferq[i] < g->nvalues) g->values[g->inferq[i]].infer_queued = false;
     g->ninferq = 0;
@@ -47,7 +47,7 @@ void kf_graph_track(kf_graph *g, bool on) {
     g->touch_all = false;
     bool was = g->track;
     g->track = on;
-    if (on != was) inferq_clear(g); /* the rewrite driver restarts the list, not inference's */
+    if (on != was) kf_graph_inferq_clear(g); /* the rewrite driver restarts the list, not inference's */
     if (!on) {
         kf_infer_scratch_free(g);
         kf_free(g->inferq);
@@ -55,8 +55,6 @@ void kf_graph_track(kf_graph *g, bool on) {
         g->capinferq = 0;
     }
 }
-
-void kf_graph_inferq_clear(kf_graph *g) { inferq_clear(g); }
 
 /* Appends v to list *l (n, cap) unless *listed; a list that cannot grow
  * sets *lost instead (grown by hand, not kf_grow: a failure here is no
@@ -209,15 +207,9 @@ typedef struct kf_fresh_slot {
     uint32_t last;
 } kf_fresh_slot;
 
-static uint32_t fresh_hash(const char *s) {
-    uint32_t h = 2166136261u; /* FNV-1a */
-    while (*s) h = (h ^ (uint8_t)*s++) * 16777619u;
-    return h;
-}
-
 /* The slot of base (empty when it has none). */
 static kf_fresh_slot *fresh_slot(const kf_graph *g, const char *base) {
-    uint32_t mask = g->capfresh - 1, i = fresh_hash(base) & mask;
+    uint32_t mask = g->capfresh - 1, i = kf_hash_str(base) & mask;
     while (g->fresh[i].base && strcmp(g->fresh[i].base, base)) i = (i + 1) & mask;
     return &g->fresh[i];
 }

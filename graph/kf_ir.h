@@ -287,6 +287,8 @@ kf_status kf_graph_set_input(kf_graph *g, kf_id node, int i, kf_id v);
 /* Adds a value with a fresh name derived from base ("base__1", ...), taken
  * neither in g nor in the graphs around it (g->outer). */
 kf_status kf_graph_fresh_value(kf_graph *g, const char *base, kf_id *id);
+/* The hash of string s (FNV-1a) the graph's name tables use. */
+uint32_t kf_hash_str(const char *s);
 /* Frees what kf_graph_fresh_value remembers (kf_graph_free). */
 void kf_graph_fresh_free(kf_graph *g);
 /* Adds an initializer value holding t (ownership of t moves to the graph). */

@@ -78,6 +78,13 @@ static int64_t pb_block_of(const pb_arena *a, const void *p) {
     return -1;
 }
 
+/* Gives block i back to the heap. */
+static void pb_drop_block(pb_arena *a, int64_t i) {
+    kf_free(a->blocks[i].base);
+    memmove(&a->blocks[i], &a->blocks[i + 1], (size_t)(a->n - (uint32_t)i - 1) * sizeof *a->blocks);
+    a->n--;
+}
+
 static pb_block *pb_current(pb_arena *a) {
     int64_t b = a->cur ? pb_block_of(a, a->cur) : -1;
     return b < 0 ? NULL : &a->blocks[b];
@@ -90,10 +97,7 @@ static void *arena_alloc(void *data, size_t n) {
     pb_block *b = pb_current(a);
     if (!b || b->size - b->used < n) {
         if (b && !b->live) { /* everything cut from the full block was freed already */
-            int64_t i = b - a->blocks;
-            kf_free(b->base);
-            memmove(&a->blocks[i], &a->blocks[i + 1], (size_t)(a->n - (uint32_t)i - 1) * sizeof *a->blocks);
-            a->n--;
+            pb_drop_block(a, b - a->blocks);
             a->cur = NULL;
         }
         size_t size = a->total < PB_BLOCK_MIN ? PB_BLOCK_MIN : a->total > PB_BLOCK_MAX ? PB_BLOCK_MAX : a->total;
@@ -137,9 +141,7 @@ static void arena_free(void *data, void *p) {
     }
     pb_block *b = &a->blocks[i];
     if (--b->live || b->base == a->cur) return;
-    kf_free(b->base);
-    memmove(&a->blocks[i], &a->blocks[i + 1], (size_t)(a->n - (uint32_t)i - 1) * sizeof *a->blocks);
-    a->n--;
+    pb_drop_block(a, i);
 }
 
 static pb_arena *arena_new(void) {
