@@ -151,11 +151,10 @@ typedef struct kf_rule {
     int reach;           /* nodes upstream of the root the rule reads (its match nodes; callbacks
                           * KF_CALLBACK_REACH) */
     kf_op root_opid;     /* root_op resolved in the op table (0: none) */
-    /* A built-in rule not parsed yet (kf_rules_add_builtin_lazy): its text,
-     * which outlives the rule; NULL once parsed. Until then only name,
-     * file, line, root_op, root_opid and opt_in are set. */
-    const char *lazy_text;
-    size_t lazy_len;
+    /* A built-in rule (kf_rules_add_builtin): names, lists and attributes
+     * are the library's constant tables; only the run state below is the
+     * rule's own. */
+    bool compiled;
     kf_rule_fn fn;
     void *user;
     /* Search states for matching (pattern_match.c), sized to this rule and
@@ -177,13 +176,12 @@ typedef struct kf_ruleset {
  * Errors: KF_ERR_BAD_MODEL with "file:line: message". */
 kf_status kf_rules_parse(kf_ruleset *rs, const char *text, size_t len, const char *file);
 kf_status kf_rules_load_file(kf_ruleset *rs, const char *path);
-/* Appends the built-in rules (the .kfp files of fusion/patterns, embedded). */
+/* Appends the built-in rules (the .kfp files of fusion/patterns), parsed at
+ * build time: nothing is parsed here. */
 kf_status kf_rules_add_builtin(kf_ruleset *rs);
-/* The same rules, each parsed on its first kf_rule_try (kf_rule_complete):
- * a run parses only the rules whose root op the graph has. */
-kf_status kf_rules_add_builtin_lazy(kf_ruleset *rs);
-/* Parses a rule added by kf_rules_add_builtin_lazy (no-op otherwise). */
-kf_status kf_rule_complete(kf_rule *r);
+/* Appends the same rules parsed now from the text embedded in the library
+ * (what the build step compiles; the tests compare the two). */
+kf_status kf_rules_parse_builtin(kf_ruleset *rs);
 /* Appends a C callback rule for nodes of op type root_op. */
 kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *root_op, kf_rule_fn fn,
                                 void *user);

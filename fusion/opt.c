@@ -113,7 +113,7 @@ static kf_status optimize(kf_model *m, const kf_opt_options *o, kf_opt_result *r
     res->nodes_before = kf_graph_live_nodes(m->graph);
     kf_status st = KF_OK;
     if (!o->no_builtin) {
-        st = kf_rules_add_builtin_lazy(&res->rules); /* a rule is parsed when the graph has its root op */
+        st = kf_rules_add_builtin(&res->rules);
         if (!st) st = add_rule_passes(&res->rules);
     }
     for (int i = 0; !st && i < o->npattern_files; i++) st = kf_rules_load_file(&res->rules, o->pattern_files[i]);

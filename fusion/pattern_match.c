@@ -501,7 +501,6 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     *applied = false;
     kf_graph *g = m->graph;
     const kf_node *n = &g->nodes[node];
-    KF_TRY(kf_rule_complete(r));
     r->attempts++;
     if (r->fn) {
         const char *why = NULL;

@@ -624,6 +624,17 @@ static void attr_free(kf_pat_attr *a) {
     kf_free(a->ref_attr);
 }
 
+/* Frees what a rule gathered while it ran: near misses and search states. */
+static void rule_free_run_state(kf_rule *r) {
+    for (int i = 0; i < r->nnear; i++) {
+        kf_free(r->near[i].node);
+        kf_free(r->near[i].reason);
+    }
+    r->nnear = 0;
+    kf_free(r->match_pool);
+    r->match_pool = NULL;
+}
+
 /* Frees what a rule's list entries, name, file and near misses hold. */
 static void rule_free_contents(kf_rule *r) {
     kf_free(r->name);
@@ -650,16 +661,16 @@ static void rule_free_contents(kf_rule *r) {
         for (int k = 0; k < r->examples[i].nattrs; k++) kf_attr_release(&r->examples[i].attrs[k]);
         kf_free(r->examples[i].attrs);
     }
-    for (int i = 0; i < r->nnear; i++) {
-        kf_free(r->near[i].node);
-        kf_free(r->near[i].reason);
-    }
-    kf_free(r->match_pool);
-    r->match_pool = NULL;
+    rule_free_run_state(r);
 }
 
 static void rule_free(kf_rule *r) {
     if (!r) return;
+    if (r->compiled) { /* the rest is the built-in tables' */
+        rule_free_run_state(r);
+        kf_free(r);
+        return;
+    }
     rule_free_contents(r);
     kf_free(r->vars);
     kf_free(r->src);
@@ -955,124 +966,11 @@ struct kf_builtin_patterns_entry {
 };
 extern const struct kf_builtin_patterns_entry kf_builtin_patterns[];
 
-/* The rules of one built-in file as stubs: each rule's span of text, name,
- * root op (the op of the last line of its match section) and opt_in, found
- * by the lexer alone. A file the skim cannot read is parsed whole, which
- * reports what is wrong with it. */
-static kf_status skim_builtin(kf_ruleset *rs, const char *text, size_t len, const char *file) {
-    uint32_t first = rs->n;
-    lexer lx = {text, text + len, file, 0, {0}};
-    const char *start = NULL, *p = text;
-    int start_line = 0;
-    bool in_match = false, opt_in = false;
-    int nmatch = 0;
-    char name[128] = "", root[128] = "";
-    while (p < text + len) {
-        lx.line++;
-        const char *eol = memchr(p, '\n', (size_t)(text + len - p));
-        if (!eol) eol = text + len;
-        const char *line = p;
-        lx.p = p;
-        lx.end = eol;
-        next(&lx);
-        p = eol + 1;
-        if (lx.t.kind == T_END) continue;
-        if (is(&lx, "rule")) {
-            next(&lx);
-            if (start || lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof name) goto whole;
-            copy_text(name, sizeof name, lx.t.text);
-            start = line;
-            start_line = lx.line;
-            in_match = opt_in = false;
-            nmatch = 0;
-            root[0] = 0;
-        } else if (!start) {
-            goto whole;
-        } else if (is(&lx, "end")) {
-            char *sep = strstr(root, "::");
-            if (sep) *sep = 0;
-            kf_op op = root[0] ? kf_op_lookup(sep ? root : "", sep ? sep + 2 : root) : 0;
-            if (!op) goto whole;
-            kf_rule *r = kf_calloc(1, sizeof *r);
-            if (!r) return kf_fail(KF_ERR_NOMEM, "out of memory");
-            r->name = kf_strdup(name);
-            r->file = kf_strdup(file);
-            r->line = start_line;
-            r->root_opid = op;
-            r->root_op = kf_op_get(op)->name;
-            r->opt_in = opt_in;
-            r->reach = nmatch;
-            r->result_var = -1;
-            r->lazy_text = start;
-            r->lazy_len = (size_t)(p > text + len ? text + len - start : p - start);
-            if (!r->name || !r->file) {
-                rule_free(r);
-                return kf_fail(KF_ERR_NOMEM, "out of memory");
-            }
-            KF_TRY(add_rule(rs, r));
-            start = NULL;
-        } else if (is(&lx, "match") || is(&lx, "where") || is(&lx, "replace") || is(&lx, "example") ||
-                   is(&lx, "requires") || is(&lx, "refines")) {
-            in_match = is(&lx, "match");
-        } else if (is(&lx, "opt_in")) {
-            opt_in = true;
-        } else if (in_match) { /* outs = Op(...): the last one is the root */
-            while (lx.t.kind == T_IDENT || is(&lx, ",")) next(&lx);
-            if (!is(&lx, "=")) goto whole;
-            next(&lx);
-            if (lx.t.kind != T_IDENT || strlen(lx.t.text) >= sizeof root) goto whole;
-            copy_text(root, sizeof root, lx.t.text);
-            nmatch++;
-        }
-    }
-    if (!start) return KF_OK;
-whole:
-    for (uint32_t i = first; i < rs->n; i++) rule_free(rs->rules[i]);
-    rs->n = first;
-    return parse_text(rs, text, len, file, 0);
-}
-
-kf_status kf_rule_complete(kf_rule *r) {
-    if (!r->lazy_text) return KF_OK;
-    kf_ruleset one = {0};
-    int line0 = r->line - 1;
-    kf_status st = parse_text(&one, r->lazy_text, r->lazy_len, r->file, line0);
-    if (!st && (one.n != 1 || strcmp(one.rules[0]->name, r->name) || one.rules[0]->root_opid != r->root_opid ||
-                one.rules[0]->opt_in != r->opt_in || one.rules[0]->reach != r->reach))
-        st = kf_fail(KF_ERR_INTERNAL, "%s:%d: rule '%s' parses unlike its skim", r->file, r->line, r->name);
-    if (st) {
-        kf_rules_free(&one);
-        return st;
-    }
-    /* the parsed rule's lists and fields move into r; r keeps its statistics */
-    kf_rule *q = one.rules[0];
-    r->vars = q->vars, r->nvars = q->nvars;
-    r->src = q->src, r->nsrc = q->nsrc;
-    r->guards = q->guards, r->nguards = q->nguards;
-    r->dst = q->dst, r->ndst = q->ndst;
-    r->examples = q->examples, r->nexamples = q->nexamples;
-    r->result_var = q->result_var;
-    r->min_opset = q->min_opset;
-    r->nan_refined = q->nan_refined;
-    r->root_op = q->root_op;
-    r->lazy_text = NULL;
-    q->vars = NULL, q->src = NULL, q->guards = NULL, q->dst = NULL, q->examples = NULL;
-    q->nvars = q->nsrc = q->nguards = q->ndst = q->nexamples = 0;
-    kf_rules_free(&one);
-    return KF_OK;
-}
-
-/* Adds every built-in file's rules with `add` (a parse or a skim). */
-static kf_status add_builtin_files(kf_ruleset *rs,
-                                   kf_status (*add)(kf_ruleset *, const char *, size_t, const char *)) {
+kf_status kf_rules_parse_builtin(kf_ruleset *rs) {
     for (const struct kf_builtin_patterns_entry *p = kf_builtin_patterns; p->name; p++) {
         char file[256];
         snprintf(file, sizeof file, "builtin:%s", p->name);
-        KF_TRY(add(rs, p->text, p->len, file));
+        KF_TRY(kf_rules_parse(rs, p->text, p->len, file));
     }
     return KF_OK;
 }
-
-kf_status kf_rules_add_builtin_lazy(kf_ruleset *rs) { return add_builtin_files(rs, skim_builtin); }
-
-kf_status kf_rules_add_builtin(kf_ruleset *rs) { return add_builtin_files(rs, kf_rules_parse); }

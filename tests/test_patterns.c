@@ -12,6 +12,7 @@
 
 #include "graph_text.h"
 #include "kf_opt.h"
+#include "rules_emit.h"
 
 static kf_ruleset rules_from(const char *text) {
     kf_ruleset rs = {0};
@@ -333,67 +334,70 @@ Test(patterns, every_builtin_rule_passes_the_checker, .timeout = 120) {
     kf_rules_free(&rs);
 }
 
-/* The optimizer adds the built-in rules as stubs (name, root op, opt_in from
- * a skim of the text) and parses each on its first try. Every stub must
- * agree with the eager parse of the same rule, and complete to the same
- * rule: its lists, guards, opset and source lines. */
-Test(patterns, lazy_builtin_rules_complete_to_the_eager_parse) {
-    kf_ruleset eager = {0}, lazy = {0};
-    cr_assert_eq(kf_rules_add_builtin(&eager), KF_OK, "%s", kf_last_error());
-    cr_assert_eq(kf_rules_add_builtin_lazy(&lazy), KF_OK, "%s", kf_last_error());
-    cr_assert_eq(lazy.n, eager.n);
-    for (uint32_t i = 0; i < eager.n; i++) {
-        kf_rule *e = eager.rules[i], *l = lazy.rules[i];
-        cr_assert_str_eq(l->name, e->name);
-        cr_assert_str_eq(l->file, e->file);
-        cr_assert_not_null(l->lazy_text, "rule '%s' was parsed eagerly", l->name);
-        cr_assert_eq(l->nsrc, 0, "rule '%s'", l->name);
-        cr_assert_eq(l->line, e->line, "rule '%s'", l->name);
-        cr_assert_eq(l->root_opid, e->root_opid, "rule '%s': root %s, skimmed %s", l->name, e->root_op, l->root_op);
-        cr_assert_neq(l->root_opid, 0, "rule '%s'", l->name);
-        cr_assert_eq(l->opt_in, e->opt_in, "rule '%s'", l->name);
-        cr_assert_eq(l->reach, e->nsrc, "rule '%s': the skim counts its match nodes", l->name);
-        cr_assert_eq(kf_rule_complete(l), KF_OK, "%s", kf_last_error());
-        cr_assert_null(l->lazy_text);
-        cr_assert_str_eq(l->root_op, e->root_op);
-        cr_assert(l->nsrc == e->nsrc && l->ndst == e->ndst && l->nvars == e->nvars && l->nguards == e->nguards &&
-                      l->nexamples == e->nexamples && l->result_var == e->result_var,
-                  "rule '%s' completes to a different rule", l->name);
-        cr_assert(l->min_opset == e->min_opset && l->nan_refined == e->nan_refined, "rule '%s'", l->name);
-        for (int k = 0; k < e->nsrc; k++) {
-            cr_assert_str_eq(l->src[k].op, e->src[k].op);
-            cr_assert_eq(l->src[k].line, e->src[k].line, "rule '%s'", l->name);
-        }
-        for (int k = 0; k < e->nguards; k++)
-            cr_assert(l->guards[k].kind == e->guards[k].kind && l->guards[k].line == e->guards[k].line,
-                      "rule '%s', guard %d", l->name, k);
-        cr_assert_eq(kf_rule_complete(l), KF_OK, "completing twice is a no-op");
-    }
-    kf_rules_free(&eager);
-    kf_rules_free(&lazy);
+/* The rules as C tables (tools/rules_emit.c), in one string. */
+static char *emit_text(const kf_ruleset *rs, kf_status *st) {
+    char *text = NULL;
+    size_t len = 0;
+    FILE *f = open_memstream(&text, &len);
+    cr_assert_not_null(f);
+    *st = kf_rules_emit_c(f, rs);
+    fclose(f);
+    return text;
 }
 
-/* A rule is parsed when the driver first tries it: a graph without the
- * root op of a rule leaves that rule a stub. */
-Test(patterns, lazy_rules_are_parsed_only_for_root_ops_the_graph_has) {
-    kf_model *m = gt_parse("input x float[2, 3]\n"
-                           "y = Relu(x)\n"
-                           "output y\n");
-    kf_opt_options o;
-    kf_opt_options_default(&o);
-    kf_opt_result res;
-    cr_assert_eq(kf_optimize(m, &o, &res), KF_OK, "%s", kf_last_error());
-    int stubs = 0, parsed = 0;
-    for (uint32_t i = 0; i < res.rules.n; i++) {
-        const kf_rule *r = res.rules.rules[i];
-        if (r->lazy_text) stubs++;
-        else if (r->nsrc) parsed++;
-        cr_assert(!r->lazy_text || !r->attempts, "rule '%s' was tried unparsed", r->name);
+/* The optimizer takes the built-in rules from the tables the build wrote
+ * (kfuse_rules_compile). They must be the rules a parse of the embedded
+ * text gives now: the emitter writes every field of both, and the texts
+ * must agree. A changed guard value must show in the text, or the
+ * comparison could not fail. */
+Test(patterns, compiled_builtin_rules_equal_the_parse) {
+    kf_ruleset parsed = {0}, compiled = {0};
+    cr_assert_eq(kf_rules_parse_builtin(&parsed), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(kf_rules_add_builtin(&compiled), KF_OK, "%s", kf_last_error());
+    cr_assert_eq(compiled.n, parsed.n);
+    cr_assert_gt(parsed.n, 40);
+    int examples = 0, attrs = 0, guards = 0;
+    for (uint32_t i = 0; i < compiled.n; i++) {
+        const kf_rule *r = compiled.rules[i];
+        cr_assert(r->compiled && !parsed.rules[i]->compiled, "rule '%s'", r->name);
+        cr_assert_neq(r->root_opid, 0, "rule '%s'", r->name);
+        examples += r->nexamples, guards += r->nguards;
+        for (int k = 0; k < r->ndst; k++) attrs += r->dst[k].nattrs;
     }
-    cr_assert_gt(stubs, 40, "most built-in rules stay stubs on a graph of one Relu");
-    cr_assert_eq(parsed, 0, "no built-in rule is rooted at Relu");
-    kf_rules_free(&res.rules);
-    kf_model_free(m);
+    cr_assert(examples > 0 && attrs > 0 && guards > 0, "the tables hold examples, attributes and guards");
+    kf_status st1, st2;
+    char *a = emit_text(&parsed, &st1), *b = emit_text(&compiled, &st2);
+    cr_assert(!st1 && !st2, "%s", kf_last_error());
+    cr_assert_gt(strlen(a), 10000);
+    cr_assert_str_eq(a, b);
+    kf_rule *r = parsed.rules[parsed.n / 2];
+    cr_assert_gt(r->nguards, 0, "rule '%s'", r->name);
+    r->guards[r->nguards - 1].line++;
+    char *c = emit_text(&parsed, &st1);
+    cr_assert(!st1 && strcmp(a, c), "a changed guard of rule '%s' must change the tables", r->name);
+    free(a);
+    free(b);
+    free(c);
+    kf_rules_free(&parsed);
+    kf_rules_free(&compiled);
+}
+
+static kf_status never_applies(kf_model *m, kf_id node, void *user, bool *applied, const char **why) {
+    (void)m, (void)node, (void)user, (void)why;
+    *applied = false;
+    return KF_OK;
+}
+
+/* A callback rule has no table form: the emitter names it and fails. */
+Test(patterns, rule_tables_refuse_a_callback) {
+    kf_ruleset rs = {0};
+    cr_assert_eq(kf_rules_add_callback(&rs, "cb_rule", "Relu", never_applies, NULL), KF_OK);
+    kf_status st;
+    char *text = emit_text(&rs, &st);
+    cr_assert_eq(st, KF_ERR_UNSUPPORTED);
+    cr_assert(strstr(kf_last_error(), "cb_rule"), "%s", kf_last_error());
+    free(text);
+    kf_rules_free(&rs);
 }
 
 /* Quantised rules: integer inputs span their type's whole range and
