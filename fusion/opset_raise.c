@@ -531,8 +531,8 @@ static const char *convert_node(raise_ctx *c, kf_id id, int64_t from, int64_t ta
         }
         if (why) return why;
         /* deprecated ops continue as their replacements */
-        const char *renamed = !strcmp(op, "Upsample") && v == 10   ? "Resize"
-                              : !strcmp(op, "Scatter") && v == 11 ? "ScatterElements"
+        const char *renamed = v == 10 && !strcmp(op, "Upsample")   ? "Resize"
+                              : v == 11 && !strcmp(op, "Scatter") ? "ScatterElements"
                                                                    : NULL;
         if (renamed) {
             if (c->apply && !c->st) {
@@ -550,7 +550,8 @@ static const char *convert_node(raise_ctx *c, kf_id id, int64_t from, int64_t ta
             p = h->versions;
         }
     }
-    const kf_op_info *info = kf_op_get(kf_op_lookup("", op));
+    const kf_node *now = &g->nodes[id]; /* conversions may have added nodes */
+    const kf_op_info *info = kf_op_get(op == now->op_type ? now->op : kf_op_lookup("", op));
     if (info && target > info->ver_hi) {
         snprintf(why_buf, sizeof why_buf, "kfuse's kernel covers opsets %d..%d only", info->ver_lo, info->ver_hi);
         return why_buf;
@@ -572,15 +573,14 @@ static kf_status raise_nodes(raise_ctx *c, int64_t cur, int64_t target, const ch
             if (n->dead || !default_domain(n->domain)) continue;
             int64_t from = n->opset ? n->opset : cur;
             int at = 0;
-            char op[128];
-            snprintf(op, sizeof op, "%s", n->op_type);
             const char *why = convert_node(c, id, from, target, &at);
             if (c->st) return c->st;
-            if (why) {
+            if (why) { /* the checking pass: the node is as it was */
                 char msg[sizeof why_buf];
                 char ver[32] = "";
                 if (at) snprintf(ver, sizeof ver, " (changed at opset %d)", at);
-                snprintf(msg, sizeof msg, "node '%s' (%s)%s: %s", kf_node_label(&g->nodes[id]), op, ver, why);
+                snprintf(msg, sizeof msg, "node '%s' (%s)%s: %s", kf_node_label(&g->nodes[id]), g->nodes[id].op_type, ver,
+                         why);
                 snprintf(why_buf, sizeof why_buf, "%s", msg);
                 if (why_not) *why_not = why_buf;
                 KF_ASSERT(!c->apply); /* every decline is found by the checking pass */
