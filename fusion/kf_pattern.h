@@ -158,8 +158,10 @@ typedef struct kf_rule {
     kf_rule_fn fn;
     void *user;
     /* Search states for matching (pattern_match.c), sized to this rule and
-     * made on its first try: a try allocates nothing. */
+     * made on its first try, or the set's (kf_rules_share_match_pool): a
+     * try allocates nothing. */
     void *match_pool;
+    bool match_pool_shared;
     /* statistics of the last kf_rewrite run */
     uint64_t attempts, hits, misses;
     uint64_t opset_misses; /* declines only because the model's opset is older than min_opset */
@@ -170,6 +172,10 @@ typedef struct kf_rule {
 typedef struct kf_ruleset {
     kf_rule **rules;
     uint32_t n, cap;
+    /* Search states that the set's text rules share (a try uses them only
+     * while it runs): one set sized to the largest rule, so a run touches
+     * far less fresh memory than one set per rule. */
+    void *match_pool;
 } kf_ruleset;
 
 /* Parses .kfp text (file names messages) and appends its rules to rs.
@@ -186,6 +192,11 @@ kf_status kf_rules_parse_builtin(kf_ruleset *rs);
 kf_status kf_rules_add_callback(kf_ruleset *rs, const char *name, const char *root_op, kf_rule_fn fn,
                                 void *user);
 void kf_rules_free(kf_ruleset *rs);
+
+/* Gives the set's text rules that have no search states yet one shared
+ * set (freed by kf_rules_free; with fewer than two such rules, nothing).
+ * Only for speed; rules match the same. */
+kf_status kf_rules_share_match_pool(kf_ruleset *rs);
 
 /* Tries rule r at node; on a match applies the replacement and sets
  * *applied. A decline after the root op matched records a near miss. */

@@ -622,7 +622,7 @@ static bool check_rule(kf_rule *r, rng *g, FILE *out) {
             return false;
         }
         kf_rule *one[1] = {r};
-        kf_ruleset rs = {one, 1, 1};
+        kf_ruleset rs = {one, 1, 1, NULL}; /* one rule: no shared search states */
         kf_rewrite_opts ro = {1, false}; /* one rewrite: the rule's own output may match it again */
         uint64_t hits = 0;
         kf_rules_reset_stats(&rs);

@@ -37,29 +37,67 @@ typedef struct match_pool {
     mstate states[];
 } match_pool;
 
-static match_pool *pool_for(kf_rule *r) {
-    if (r->match_pool) return r->match_pool;
-    int nstates = r->nsrc + 1, maxgoals = 1;
-    for (int i = 0; i < r->nsrc; i++) maxgoals += r->src[i].nargs;
-    size_t per = (size_t)(r->nvars + r->nsrc) * sizeof(kf_id);
+/* The sizes a rule's search needs: states, and per state variables,
+ * source nodes and goals (each source node pushes its operands once). */
+typedef struct pool_dims {
+    int nstates, nvars, nsrc, maxgoals;
+} pool_dims;
+
+static pool_dims dims_of(const kf_rule *r) {
+    pool_dims d = {r->nsrc + 1, r->nvars, r->nsrc, 1};
+    for (int i = 0; i < r->nsrc; i++) d.maxgoals += r->src[i].nargs;
+    return d;
+}
+
+static match_pool *pool_new(pool_dims d) {
+    size_t per = (size_t)(d.nvars + d.nsrc) * sizeof(kf_id);
     per = (per + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
-    per += (size_t)maxgoals * sizeof(goal);
-    size_t head = sizeof(match_pool) + (size_t)nstates * sizeof(mstate);
+    per += (size_t)d.maxgoals * sizeof(goal);
+    size_t head = sizeof(match_pool) + (size_t)d.nstates * sizeof(mstate);
     head = (head + sizeof(void *) - 1) / sizeof(void *) * sizeof(void *);
-    match_pool *p = kf_malloc(head + (size_t)nstates * per);
+    match_pool *p = kf_malloc(head + (size_t)d.nstates * per);
     if (!p) return NULL;
-    p->nstates = nstates;
-    for (int k = 0; k < nstates; k++) {
+    p->nstates = d.nstates;
+    for (int k = 0; k < d.nstates; k++) {
         char *base = (char *)p + head + (size_t)k * per;
         mstate *s = &p->states[k];
         s->bind = (kf_id *)base;
-        s->node_of = s->bind + r->nvars;
-        s->goals = (goal *)(base + per - (size_t)maxgoals * sizeof(goal));
-        s->maxgoals = maxgoals;
+        s->node_of = s->bind + d.nvars;
+        s->goals = (goal *)(base + per - (size_t)d.maxgoals * sizeof(goal));
+        s->maxgoals = d.maxgoals;
         s->matched = s->ngoals = 0;
     }
-    r->match_pool = p;
     return p;
+}
+
+static match_pool *pool_for(kf_rule *r) {
+    if (!r->match_pool) r->match_pool = pool_new(dims_of(r));
+    return r->match_pool;
+}
+
+kf_status kf_rules_share_match_pool(kf_ruleset *rs) {
+    if (rs->match_pool) return KF_OK;
+    pool_dims m = {1, 0, 0, 1};
+    uint32_t need = 0;
+    for (uint32_t i = 0; i < rs->n; i++) {
+        const kf_rule *r = rs->rules[i];
+        if (r->fn || r->match_pool) continue;
+        need++;
+        pool_dims d = dims_of(r);
+        if (d.nstates > m.nstates) m.nstates = d.nstates;
+        if (d.nvars > m.nvars) m.nvars = d.nvars;
+        if (d.nsrc > m.nsrc) m.nsrc = d.nsrc;
+        if (d.maxgoals > m.maxgoals) m.maxgoals = d.maxgoals;
+    }
+    if (need < 2) return KF_OK; /* one rule keeps states of its own (a set wrapping a rule of another set) */
+    if (!(rs->match_pool = pool_new(m))) return kf_fail(KF_ERR_NOMEM, "out of memory");
+    for (uint32_t i = 0; i < rs->n; i++) {
+        kf_rule *r = rs->rules[i];
+        if (r->fn || r->match_pool) continue;
+        r->match_pool = rs->match_pool;
+        r->match_pool_shared = true;
+    }
+    return KF_OK;
 }
 
 typedef struct mctx {

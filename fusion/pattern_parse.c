@@ -631,8 +631,9 @@ static void rule_free_run_state(kf_rule *r) {
         kf_free(r->near[i].reason);
     }
     r->nnear = 0;
-    kf_free(r->match_pool);
+    if (!r->match_pool_shared) kf_free(r->match_pool);
     r->match_pool = NULL;
+    r->match_pool_shared = false;
 }
 
 /* Frees what a rule's list entries, name, file and near misses hold. */
@@ -744,6 +745,7 @@ static kf_status rule_take_lists(kf_rule *r, rule_lists *l) {
 void kf_rules_free(kf_ruleset *rs) {
     for (uint32_t i = 0; i < rs->n; i++) rule_free(rs->rules[i]);
     kf_free(rs->rules);
+    kf_free(rs->match_pool);
     memset(rs, 0, sizeof *rs);
 }
 

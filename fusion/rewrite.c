@@ -188,6 +188,7 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
     rule_index *ri = NULL;
     kf_status st = incremental ? wake_init(&w, reach) : KF_OK;
     if (!st) st = index_rules(rs, &ri);
+    if (!st) st = kf_rules_share_match_pool(rs);
     if (!st) st = kf_infer_shapes(m);
     int sweep = 0;
     bool out_of_fuel = false;
