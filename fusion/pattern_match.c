@@ -100,26 +100,56 @@ kf_status kf_rules_share_match_pool(kf_ruleset *rs) {
     return KF_OK;
 }
 
+/* A reason for a decline, kept as its pattern and arguments: a try fails
+ * many times on its way and only the reason kept in the end is written
+ * out (why_text). The arguments are names in the rule or the graph, which
+ * stay put until the try returns. */
+typedef struct why_note {
+    const char *fmt, *a, *b; /* fmt: text with up to two %s; NULL: none */
+    bool lit;                /* b is the number `num` */
+    double num;
+} why_note;
+
 typedef struct mctx {
     const kf_rule *r;
     match_pool *pool;
     const kf_graph *g;
     const kf_model *m;
-    char why[256];   /* reason of the failure that got furthest */
+    why_note why; /* reason of the failure that got furthest */
     int why_depth;
-    char guard_why[384]; /* a complete match whose guards failed: the last such reason */
+    /* a complete match whose guards failed: the last such guard and what it said */
+    const kf_pat_guard *guard;
+    char guard_bad[128];
 } mctx;
 
 /* Whether a reason given at state s would be kept: the report has room
- * and it got at least as far as the one kept (else skip the formatting). */
+ * and it got at least as far as the one kept. */
 static bool why_wanted(const mctx *c, const mstate *s) {
     return c->r->nnear < KF_PAT_MAX_NEAR && s->matched >= c->why_depth;
+}
+
+/* fmt's %s replaced by a, then b ("" for NULL); nothing else is a
+ * conversion. Cut at cap - 1 bytes. A report writes hundreds of these, and
+ * this is a fraction of snprintf's cost. */
+static void put_reason(char *buf, size_t cap, const char *fmt, const char *a, const char *b) {
+    size_t len = 0;
+    const char *args[2] = {a ? a : "", b ? b : ""};
+    int next = 0;
+    for (const char *p = fmt; *p && len + 1 < cap; p++) {
+        if (p[0] == '%' && p[1] == 's' && next < 2) {
+            for (const char *q = args[next++]; *q && len + 1 < cap; q++) buf[len++] = *q;
+            p++;
+        } else {
+            buf[len++] = *p;
+        }
+    }
+    buf[len] = 0;
 }
 
 static void fail_at(mctx *c, const mstate *s, const char *fmt, const char *a, const char *b) {
     if (!why_wanted(c, s)) return;
     c->why_depth = s->matched;
-    snprintf(c->why, sizeof c->why, fmt, a ? a : "", b ? b : "");
+    c->why = (why_note){fmt, a, b, false, 0};
 }
 
 /* Every element of constant v equals x (relative tolerance tol, at least
@@ -236,9 +266,8 @@ static bool solve(mctx *c, mstate *s) {
         if (a->kind == KF_PA_LITERAL) {
             if (!kf_value_is_constant(c->m, v) || !const_all(val->init, a->lit, LITERAL_TOL)) {
                 if (why_wanted(c, s)) {
-                    char lit[32];
-                    snprintf(lit, sizeof lit, "%g", a->lit);
-                    fail_at(c, s, "'%s' is not a constant equal to %s", val->name, lit);
+                    fail_at(c, s, "'%s' is not a constant equal to %s", val->name, NULL);
+                    c->why.lit = true, c->why.num = a->lit;
                 }
                 return false;
             }
@@ -398,12 +427,30 @@ static bool guards_hold(mctx *c, const mstate *s) {
         const char *bad = check_guard(c->m, gd, s, buf, sizeof buf);
         if (bad && c->r->nnear >= KF_PAT_MAX_NEAR) return false; /* the report keeps no more */
         if (bad) {
-            snprintf(c->guard_why, sizeof c->guard_why, "guard at %s:%d on '%s': %s", c->r->file, gd->line,
-                     c->r->vars[gd->var].name, bad);
+            c->guard = gd;
+            put_reason(c->guard_bad, sizeof c->guard_bad, "%s", bad, NULL); /* bad may be buf */
             return false;
         }
     }
     return true;
+}
+
+/* The reason a failed try gives, in buf: its last failed guard, else the
+ * failure that got furthest. Not written when the report is full. */
+static const char *why_text(const mctx *c, char *buf, size_t n) {
+    if (c->r->nnear >= KF_PAT_MAX_NEAR) return "";
+    if (c->guard) {
+        snprintf(buf, n, "guard at %s:%d on '%s': %s", c->r->file, c->guard->line, c->r->vars[c->guard->var].name,
+                 c->guard_bad);
+    } else if (c->why.fmt) {
+        char lit[32];
+        const char *b = c->why.b;
+        if (c->why.lit) snprintf(lit, sizeof lit, "%g", c->why.num), b = lit;
+        put_reason(buf, n, c->why.fmt, c->why.a, b);
+    } else {
+        return "structure differs";
+    }
+    return buf;
 }
 
 /* ---- replacement --------------------------------------------------------------- */
@@ -549,20 +596,20 @@ kf_status kf_rule_try(kf_rule *r, kf_model *m, kf_id node, bool *applied) {
     }
     const kf_pat_node *root = &r->src[r->nsrc - 1];
     if (root->opid != n->op) return KF_OK;
-    mctx c; /* the reason buffers are strings: only their first bytes need clearing */
+    mctx c;
     c.r = r, c.g = g, c.m = m, c.why_depth = -1;
-    c.why[0] = c.guard_why[0] = 0;
+    c.why.fmt = NULL, c.guard = NULL;
     if (!(c.pool = pool_for(r))) return kf_fail(KF_ERR_NOMEM, "out of memory");
     mstate *s = &c.pool->states[0];
     state_clear(s, r);
     kf_pat_arg root_arg = {KF_PA_VAR, root->outs[0], 0};
     s->goals[s->ngoals++] = (goal){&root_arg, n->out[0]};
     kf_status st = KF_OK;
+    char why[384];
     if (!n->out[0] || !solve(&c, s)) {
-        near_miss(r, n, c.guard_why[0] ? c.guard_why : c.why[0] ? c.why : "structure differs");
+        near_miss(r, n, why_text(&c, why, sizeof why));
         goto done;
     }
-    char why[384];
     if (r->min_opset && kf_model_opset(m, "") < r->min_opset) {
         snprintf(why, sizeof why, "needs opset %lld, the model imports %lld", (long long)r->min_opset,
                  (long long)kf_model_opset(m, ""));
