@@ -69,6 +69,7 @@ void kf_graph_free(kf_graph *g) {
     for (uint32_t i = 1; i < g->nsyms; i++) kf_free(g->syms[i]);
     for (uint32_t i = 1; i < g->nsymx; i++) kf_free(g->symx[i]);
     kf_free(g->symx);
+    kf_free(g->sdim_memo);
     kf_free(g->values);
     kf_free(g->nodes);
     kf_free(g->syms);

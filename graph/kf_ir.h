@@ -133,6 +133,8 @@ typedef struct kf_graph {
     /* an expression could not be interned for lack of memory (the dim it
      * would have named became unknown); kf_sym_take_nomem reports it */
     bool sym_nomem;
+    /* answers of the dim arithmetic on symbols (symdim.c), made on first use */
+    struct kf_sdim_memo *sdim_memo;
     char *name;
     char *doc;
     /* name -> value id hash (open addressing), rebuilt as values grow */

@@ -234,13 +234,43 @@ static kf_sdim from_terms(kf_graph *g, term *all, int n) {
 
 /* ---- arithmetic --------------------------------------------------------- */
 
-kf_sdim kf_sdim_add(kf_graph *g, kf_sdim a, kf_sdim b) {
+/* Answers of add, mul and div on symbolic operands, by operation and
+ * operands. Shape inference asks the same ones again and again (a
+ * Reshape's element count at every look), and each costs a canonical sort
+ * and an intern; symbols only grow, so an answer never goes stale. A
+ * direct-mapped table: a collision just computes again. */
+#define SDIM_MEMO_SLOTS 256
+typedef enum { MEMO_NONE, MEMO_ADD, MEMO_MUL, MEMO_DIV } memo_op;
+typedef struct memo_entry {
+    kf_sdim a, b, r;
+    memo_op op;
+} memo_entry;
+struct kf_sdim_memo {
+    memo_entry e[SDIM_MEMO_SLOTS];
+};
+
+static memo_entry *memo_slot(kf_graph *g, memo_op op, kf_sdim a, kf_sdim b) {
+    if (!g->sdim_memo && !(g->sdim_memo = kf_calloc(1, sizeof *g->sdim_memo))) return NULL;
+    uint64_t h = ((uint64_t)a.v * 0x9E3779B97F4A7C15u) ^ ((uint64_t)a.sym << 7) ^ ((uint64_t)b.v * 0xC2B2AE3D27D4EB4Fu) ^
+                 ((uint64_t)b.sym << 17) ^ (uint64_t)op;
+    h ^= h >> 29;
+    return &g->sdim_memo->e[h % SDIM_MEMO_SLOTS];
+}
+
+static bool memo_hit(const memo_entry *e, memo_op op, kf_sdim a, kf_sdim b) {
+    return e && e->op == op && e->a.v == a.v && e->a.sym == a.sym && e->b.v == b.v && e->b.sym == b.sym;
+}
+
+/* Keeps r unless making it ran out of memory (that is reported once, by
+ * kf_sym_take_nomem, and a later call may succeed). */
+static kf_sdim memo_keep(kf_graph *g, memo_entry *e, memo_op op, kf_sdim a, kf_sdim b, kf_sdim r) {
+    if (e && !g->sym_nomem) *e = (memo_entry){a, b, r, op};
+    return r;
+}
+
+static kf_sdim add_terms(kf_graph *g, kf_sdim a, kf_sdim b) {
     poly p, q;
     if (!to_poly(g, a, &p) || !to_poly(g, b, &q)) return kf_sdim_unknown();
-    if (a.sym == 0 && b.sym == 0) {
-        int64_t r;
-        return kf_add_ok(a.v, b.v, &r) ? kf_sdim_const(r) : kf_sdim_unknown();
-    }
     term all[SX_TERMS * 2];
     int n = 0;
     for (int i = 0; i < p.nt; i++) all[n++] = p.t[i];
@@ -264,15 +294,32 @@ static bool poly_mul(const poly *p, const poly *q, poly *r) {
     return canon(all, n, r);
 }
 
-kf_sdim kf_sdim_mul(kf_graph *g, kf_sdim a, kf_sdim b) {
+static kf_sdim mul_terms(kf_graph *g, kf_sdim a, kf_sdim b) {
     poly p, q, r;
-    if (!to_poly(g, a, &p) || !to_poly(g, b, &q)) return kf_sdim_unknown();
+    if (!to_poly(g, a, &p) || !to_poly(g, b, &q) || !poly_mul(&p, &q, &r)) return kf_sdim_unknown();
+    return from_terms(g, r.t, r.nt);
+}
+
+kf_sdim kf_sdim_add(kf_graph *g, kf_sdim a, kf_sdim b) {
+    if (!kf_sdim_known(a) || !kf_sdim_known(b)) return kf_sdim_unknown();
+    if (a.sym == 0 && b.sym == 0) {
+        int64_t r;
+        return kf_add_ok(a.v, b.v, &r) ? kf_sdim_const(r) : kf_sdim_unknown();
+    }
+    memo_entry *e = memo_slot(g, MEMO_ADD, a, b);
+    if (memo_hit(e, MEMO_ADD, a, b)) return e->r;
+    return memo_keep(g, e, MEMO_ADD, a, b, add_terms(g, a, b));
+}
+
+kf_sdim kf_sdim_mul(kf_graph *g, kf_sdim a, kf_sdim b) {
+    if (!kf_sdim_known(a) || !kf_sdim_known(b)) return kf_sdim_unknown();
     if (a.sym == 0 && b.sym == 0) {
         int64_t v;
         return smul(a.v, b.v, &v) ? kf_sdim_const(v) : kf_sdim_unknown();
     }
-    if (!poly_mul(&p, &q, &r)) return kf_sdim_unknown();
-    return from_terms(g, r.t, r.nt);
+    memo_entry *e = memo_slot(g, MEMO_MUL, a, b);
+    if (memo_hit(e, MEMO_MUL, a, b)) return e->r;
+    return memo_keep(g, e, MEMO_MUL, a, b, mul_terms(g, a, b));
 }
 
 int kf_type_numel_cmp(const kf_graph *g, const kf_type *a, const kf_type *b) {
@@ -319,14 +366,23 @@ static int64_t floor_div(int64_t a, int64_t b) {
     return q;
 }
 
+static kf_sdim div_terms(kf_graph *g, kf_sdim a, kf_sdim b);
+
 kf_sdim kf_sdim_div(kf_graph *g, kf_sdim a, kf_sdim b) {
-    poly p, q;
-    if (!to_poly(g, a, &p) || !to_poly(g, b, &q)) return kf_sdim_unknown();
+    if (!kf_sdim_known(a) || !kf_sdim_known(b)) return kf_sdim_unknown();
     if (b.sym == 0) {
         if (b.v == 0) return kf_sdim_unknown();
         if (a.sym == 0) return (a.v == INT64_MIN && b.v == -1) ? kf_sdim_unknown() : kf_sdim_const(floor_div(a.v, b.v));
         if (b.v == 1) return a;
     }
+    memo_entry *e = memo_slot(g, MEMO_DIV, a, b);
+    if (memo_hit(e, MEMO_DIV, a, b)) return e->r;
+    return memo_keep(g, e, MEMO_DIV, a, b, div_terms(g, a, b));
+}
+
+static kf_sdim div_terms(kf_graph *g, kf_sdim a, kf_sdim b) {
+    poly p, q;
+    if (!to_poly(g, a, &p) || !to_poly(g, b, &q)) return kf_sdim_unknown();
     /* exact division by a single term: every term of a holds its factors
      * and a multiple of its coefficient */
     if (q.nt == 1 && q.t[0].c != 0) {

@@ -34,6 +34,32 @@ Test(symdim, products_commute_and_intern_once) {
     kf_graph_free(g);
 }
 
+/* Answers are remembered by operation and operands: asked again, in any
+ * order and after many others (table collisions), each is what a graph
+ * that never asked before gives, and a sum is never taken for a product
+ * of the same operands. */
+Test(symdim, remembered_answers_match_fresh_ones) {
+    kf_graph *g = kf_graph_new(), *fresh = kf_graph_new();
+    kf_sdim s[4] = {sym(g, "a"), sym(g, "b"), sym(g, "c"), sym(g, "d")};
+    for (int i = 0; i < 4; i++) sym(fresh, kf_sym_name(g, s[i].sym)); /* the same ids in both graphs */
+    for (int round = 0; round < 3; round++)
+        for (int i = 0; i < 4; i++)
+            for (int j = 0; j < 4; j++)
+                for (int k = 1; k < 40; k++) {
+                    kf_sdim x = kf_sdim_mul(g, s[i], c(k)), y = kf_sdim_add(g, s[j], c(k));
+                    kf_sdim p = kf_sdim_mul(g, x, y), q = kf_sdim_add(g, x, y), d = kf_sdim_div(g, p, x);
+                    cr_assert(kf_sdim_known(p) && kf_sdim_known(q) && !kf_sdim_eq(p, q));
+                    cr_assert(kf_sdim_eq(d, y), "(%s)/%s", kf_sym_name(g, p.sym), kf_sym_name(g, x.sym));
+                    if (round < 2) continue;
+                    kf_graph *f = fresh;
+                    kf_sdim fx = kf_sdim_mul(f, s[i], c(k)), fy = kf_sdim_add(f, s[j], c(k));
+                    cr_assert_str_eq(kf_sym_name(g, p.sym), kf_sym_name(f, kf_sdim_mul(f, fx, fy).sym));
+                    cr_assert_str_eq(kf_sym_name(g, q.sym), kf_sym_name(f, kf_sdim_add(f, fx, fy).sym));
+                }
+    kf_graph_free(g);
+    kf_graph_free(fresh);
+}
+
 Test(symdim, sums_expand_and_cancel) {
     kf_graph *g = kf_graph_new();
     kf_sdim a = sym(g, "a"), b = sym(g, "b");
