@@ -133,19 +133,71 @@ static kf_status drain(kf_graph *g, wake *w, int reach) {
     return KF_OK;
 }
 
+/* ---- ops a rule needs ------------------------------------------------------
+ * A text rule matches only where the graph has every op of its source
+ * (a Gelu rule needs Erf or Tanh, a norm rule ReduceMean or Pow), so a
+ * sweep tries a rule only when those ops are there: `present` is taken
+ * from the live nodes when a sweep starts and grows with each rewrite's
+ * new nodes and its root. An op a rewrite gives an older node in place is
+ * not seen until the next sweep, so a node passed over then might never be
+ * woken again: the ops that made a rule be passed over are remembered,
+ * and when the rules settle while one of them is in the graph, every node
+ * is tried once more. So the fixed point is the one of trying every rule. */
+typedef struct op_filter {
+    uint8_t present[KF_OP_MAX_];
+    uint8_t skipped[KF_OP_MAX_]; /* an op whose absence passed a rule over */
+    bool any_skipped;
+} op_filter;
+
+static void ops_present(const kf_graph *g, op_filter *f) {
+    memset(f->present, 0, sizeof f->present);
+    for (kf_id n = 1; n < g->nnodes; n++)
+        if (!g->nodes[n].dead && g->nodes[n].op > 0 && g->nodes[n].op < KF_OP_MAX_) f->present[g->nodes[n].op] = 1;
+}
+
 /* The rules of each root op in rule-set order: rs->rules[idx[first[op]]]
- * .. rs->rules[idx[first[op + 1] - 1]] (a counting sort by root op). */
+ * .. rs->rules[idx[first[op + 1] - 1]] (a counting sort by root op), and
+ * each rule's source ops besides the root: need[need_at[i] .. need_at[i + 1]). */
 typedef struct rule_index {
     uint32_t first[KF_OP_MAX_ + 1];
     uint32_t *idx;
+    uint32_t *need_at;
+    kf_op *need;
 } rule_index;
+
+/* Whether rule i may match: every op it needs is in the graph. */
+static bool rule_possible(const rule_index *x, op_filter *f, uint32_t i) {
+    for (uint32_t k = x->need_at[i]; k < x->need_at[i + 1]; k++)
+        if (!f->present[x->need[k]]) {
+            f->skipped[x->need[k]] = 1;
+            f->any_skipped = true;
+            return false;
+        }
+    return true;
+}
 
 static kf_status index_rules(const kf_ruleset *rs, rule_index **out) {
     rule_index *x = kf_calloc(1, sizeof *x);
-    if (!x || !(x->idx = kf_malloc(sizeof(uint32_t) * (rs->n + 1)))) {
+    uint32_t nneed = 0;
+    for (uint32_t i = 0; i < rs->n; i++) nneed += rs->rules[i]->fn ? 0 : (uint32_t)rs->rules[i]->nsrc;
+    if (!x || !(x->idx = kf_malloc(sizeof(uint32_t) * (rs->n + 1))) ||
+        !(x->need_at = kf_malloc(sizeof(uint32_t) * (rs->n + 1))) || !(x->need = kf_malloc(sizeof(kf_op) * (nneed + 1)))) {
+        if (x) kf_free(x->idx), kf_free(x->need_at);
         kf_free(x);
         return kf_fail(KF_ERR_NOMEM, "out of memory");
     }
+    nneed = 0;
+    for (uint32_t i = 0; i < rs->n; i++) {
+        const kf_rule *r = rs->rules[i];
+        x->need_at[i] = nneed;
+        for (int k = 0; !r->fn && k < r->nsrc - 1; k++) { /* the root is the node tried */
+            kf_op op = r->src[k].opid;
+            bool seen = op <= 0 || op >= KF_OP_MAX_;
+            for (uint32_t j = x->need_at[i]; j < nneed && !seen; j++) seen = x->need[j] == op;
+            if (!seen) x->need[nneed++] = op;
+        }
+    }
+    x->need_at[rs->n] = nneed;
     for (uint32_t i = 0; i < rs->n; i++) {
         kf_op op = rs->rules[i]->root_opid;
         if (op > 0 && op < KF_OP_MAX_) x->first[op + 1]++;
@@ -171,7 +223,7 @@ static void rule_span(const rule_index *x, kf_op op, int64_t after, uint32_t *r,
 }
 
 static void index_free(rule_index *x) {
-    if (x) kf_free(x->idx);
+    if (x) kf_free(x->idx), kf_free(x->need_at), kf_free(x->need);
     kf_free(x);
 }
 
@@ -186,7 +238,8 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
     if (reach > 64) reach = 64;
     wake w = {0};
     rule_index *ri = NULL;
-    kf_status st = incremental ? wake_init(&w, reach) : KF_OK;
+    op_filter *f = kf_calloc(1, sizeof *f);
+    kf_status st = !f ? kf_fail(KF_ERR_NOMEM, "out of memory") : incremental ? wake_init(&w, reach) : KF_OK;
     if (!st) st = index_rules(rs, &ri);
     if (!st) st = kf_rules_share_match_pool(rs);
     if (!st) st = kf_infer_shapes(m);
@@ -197,6 +250,7 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
         uint32_t norder;
         if (incremental && (st = drain(g, &w, reach))) break;
         if ((st = kf_graph_topo(g, &order, &norder))) break;
+        ops_present(g, f);
         uint64_t before = total;
         for (uint32_t k = 0; k < norder && !st && !out_of_fuel; k++) {
             kf_id nid = order[k];
@@ -215,13 +269,18 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
                 if (r >= hi) break;
                 uint32_t i = ri->idx[r++];
                 last = i;
+                if (!rule_possible(ri, f, i)) continue;
                 if (opts && opts->fuel == 0) {
                     out_of_fuel = true;
                     break;
                 }
                 bool applied = false;
+                uint32_t nodes_before = g->nnodes;
                 st = kf_rule_try(rs->rules[i], m, nid, &applied);
                 if (st || !applied) continue;
+                for (kf_id k = nodes_before; k < g->nnodes; k++) /* new nodes, and the root changed in place */
+                    if (g->nodes[k].op > 0 && g->nodes[k].op < KF_OP_MAX_) f->present[g->nodes[k].op] = 1;
+                if (g->nodes[nid].op > 0 && g->nodes[nid].op < KF_OP_MAX_) f->present[g->nodes[nid].op] = 1;
                 total++;
                 last_rule = rs->rules[i]->name;
                 if (opts && opts->fuel > 0) opts->fuel--;
@@ -233,10 +292,22 @@ kf_status kf_rewrite(kf_model *m, kf_ruleset *rs, kf_rewrite_opts *opts, uint64_
         }
         kf_free(order);
         if (!st) st = kf_graph_dce(g, NULL);
+        if (total == before && !st && f->any_skipped) { /* settled: was a rule passed over for an op there now? */
+            ops_present(g, f);
+            bool again = false;
+            for (int op = 0; op < KF_OP_MAX_ && !again; op++) again = f->skipped[op] && f->present[op];
+            memset(f->skipped, 0, sizeof f->skipped);
+            f->any_skipped = false;
+            if (again) {
+                if (incremental) g->touch_all = true; /* the next drain wakes every node */
+                continue;
+            }
+        }
         if (total == before) break;
     }
     wake_free(&w);
     index_free(ri);
+    kf_free(f);
     if (!st && sweep >= KF_REWRITE_MAX_SWEEPS)
         st = kf_fail(KF_ERR_INTERNAL, "rewriting did not reach a fixed point after %d sweeps; last rule applied: %s",
                      KF_REWRITE_MAX_SWEEPS, last_rule ? last_rule : "(none)");

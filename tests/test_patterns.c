@@ -113,6 +113,61 @@ Test(patterns, a_repeated_near_miss_is_noted_once) {
     kf_model_free(m);
 }
 
+/* Turns the graph's Relu into Abs in place, once: an op appearing on an
+ * older node that is neither new nor the rule's root. */
+static kf_status relu_turns_abs(kf_model *m, kf_id node, void *user, bool *applied, const char **why) {
+    int *done = user;
+    kf_graph *g = m->graph;
+    (void)node, (void)why;
+    *applied = false;
+    for (kf_id n = 1; n < g->nnodes && !*done; n++) {
+        kf_node *r = &g->nodes[n];
+        if (r->dead || r->op != kf_op_lookup("", "Relu")) continue;
+        char *t = kf_strdup("Abs");
+        cr_assert_not_null(t);
+        kf_free(r->op_type);
+        r->op_type = t;
+        r->op = kf_op_lookup("", "Abs");
+        kf_graph_touch(g, r->out[0], KF_TOUCH_DEF);
+        *done = *applied = true;
+    }
+    return KF_OK;
+}
+
+/* A rule is tried only where the graph has every op of its source. When an
+ * op appears on an older node in the middle of a sweep, a node woken by
+ * that edit can be passed over for it in the same sweep; the driver must
+ * still reach the fixed point of trying every rule (here: Neg(Abs(x))
+ * rewritten, after the Sigmoid's callback made the Abs). */
+Test(patterns, a_rule_passed_over_for_a_missing_op_is_tried_when_it_appears) {
+    kf_model *m = gt_parse("input x float[2, 3]\n"
+                           "q = Relu(x)\n"
+                           "s = Sigmoid(x)\n"
+                           "z = Neg(q)\n"
+                           "w = Add(z, s)\n"
+                           "output w\n");
+    const char *text = "rule neg_of_abs\n"
+                       "  match\n"
+                       "    a = Abs(x)\n"
+                       "    z = Neg(a)\n"
+                       "  replace\n"
+                       "    z = Relu(a)\n"
+                       "end\n";
+    kf_ruleset rs = {0};
+    int done = 0;
+    cr_assert_eq(kf_rules_add_callback(&rs, "relu_turns_abs", "Sigmoid", relu_turns_abs, &done), KF_OK);
+    cr_assert_eq(kf_rules_parse(&rs, text, strlen(text), "t.kfp"), KF_OK, "%s", kf_last_error());
+    kf_graph_track(m->graph, true);
+    m->graph->touch_all = true;
+    cr_assert_eq(rewrite(m, &rs, -1), 2);
+    cr_assert(done);
+    cr_assert_eq(gt_count(m, "Neg"), 0, "the rule needing Abs was never tried after the Abs appeared");
+    cr_assert_eq(gt_count(m, "Abs"), 1);
+    kf_graph_track(m->graph, false);
+    kf_rules_free(&rs);
+    kf_model_free(m);
+}
+
 Test(patterns, does_not_match_a_constant_of_another_value) {
     kf_model *m = gt_parse("input x float[3]\n"
                            "const two float[] = 2\n"
