@@ -341,8 +341,10 @@ static kf_status concat_columns(const group *gr, column_kind kind, kf_dtype dt, 
     for (int i = 0; i < gr->count; i++) {
         const sibling *s = &gr->s[i];
         const kf_tensor *q = kind == COL_BIAS ? s->bias : kind == COL_SCALE ? s->scale : s->zero;
-        for (int64_t j = 0; q && j < s->n; j++)
-            memcpy(dst + (size_t)(off + j) * esz, (const char *)q->data + (size_t)(q->numel == 1 ? 0 : j) * esz, esz);
+        if (q && q->numel != 1) /* one per column: the block at once */
+            memcpy(dst + (size_t)off * esz, q->data, (size_t)s->n * esz);
+        for (int64_t j = 0; q && q->numel == 1 && j < s->n; j++) /* one for all: repeated */
+            memcpy(dst + (size_t)(off + j) * esz, q->data, esz);
         off += s->n;
     }
     return KF_OK;
