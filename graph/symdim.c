@@ -257,13 +257,13 @@ static memo_entry *memo_slot(kf_graph *g, memo_op op, kf_sdim a, kf_sdim b) {
     return &g->sdim_memo->e[h % SDIM_MEMO_SLOTS];
 }
 
-static bool memo_hit(const memo_entry *e, memo_op op, kf_sdim a, kf_sdim b) {
-    return e && e->op == op && e->a.v == a.v && e->a.sym == a.sym && e->b.v == b.v && e->b.sym == b.sym;
-}
-
-/* Keeps r unless making it ran out of memory (that is reported once, by
- * kf_sym_take_nomem, and a later call may succeed). */
-static kf_sdim memo_keep(kf_graph *g, memo_entry *e, memo_op op, kf_sdim a, kf_sdim b, kf_sdim r) {
+/* f(g, a, b) on symbolic operands, from the table when it was asked
+ * before; an answer made while memory ran out is not kept (that is
+ * reported once, by kf_sym_take_nomem, and a later call may succeed). */
+static kf_sdim memoized(kf_graph *g, memo_op op, kf_sdim a, kf_sdim b, kf_sdim (*f)(kf_graph *, kf_sdim, kf_sdim)) {
+    memo_entry *e = memo_slot(g, op, a, b);
+    if (e && e->op == op && e->a.v == a.v && e->a.sym == a.sym && e->b.v == b.v && e->b.sym == b.sym) return e->r;
+    kf_sdim r = f(g, a, b);
     if (e && !g->sym_nomem) *e = (memo_entry){a, b, r, op};
     return r;
 }
@@ -306,9 +306,7 @@ kf_sdim kf_sdim_add(kf_graph *g, kf_sdim a, kf_sdim b) {
         int64_t r;
         return kf_add_ok(a.v, b.v, &r) ? kf_sdim_const(r) : kf_sdim_unknown();
     }
-    memo_entry *e = memo_slot(g, MEMO_ADD, a, b);
-    if (memo_hit(e, MEMO_ADD, a, b)) return e->r;
-    return memo_keep(g, e, MEMO_ADD, a, b, add_terms(g, a, b));
+    return memoized(g, MEMO_ADD, a, b, add_terms);
 }
 
 kf_sdim kf_sdim_mul(kf_graph *g, kf_sdim a, kf_sdim b) {
@@ -317,9 +315,7 @@ kf_sdim kf_sdim_mul(kf_graph *g, kf_sdim a, kf_sdim b) {
         int64_t v;
         return smul(a.v, b.v, &v) ? kf_sdim_const(v) : kf_sdim_unknown();
     }
-    memo_entry *e = memo_slot(g, MEMO_MUL, a, b);
-    if (memo_hit(e, MEMO_MUL, a, b)) return e->r;
-    return memo_keep(g, e, MEMO_MUL, a, b, mul_terms(g, a, b));
+    return memoized(g, MEMO_MUL, a, b, mul_terms);
 }
 
 int kf_type_numel_cmp(const kf_graph *g, const kf_type *a, const kf_type *b) {
@@ -375,9 +371,7 @@ kf_sdim kf_sdim_div(kf_graph *g, kf_sdim a, kf_sdim b) {
         if (a.sym == 0) return (a.v == INT64_MIN && b.v == -1) ? kf_sdim_unknown() : kf_sdim_const(floor_div(a.v, b.v));
         if (b.v == 1) return a;
     }
-    memo_entry *e = memo_slot(g, MEMO_DIV, a, b);
-    if (memo_hit(e, MEMO_DIV, a, b)) return e->r;
-    return memo_keep(g, e, MEMO_DIV, a, b, div_terms(g, a, b));
+    return memoized(g, MEMO_DIV, a, b, div_terms);
 }
 
 static kf_sdim div_terms(kf_graph *g, kf_sdim a, kf_sdim b) {
