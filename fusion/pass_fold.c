@@ -355,15 +355,16 @@ static kf_status fold_sym_target(kf_model *m, target_cache *c, kf_id node, bool 
 }
 
 /* The tensor of a Constant node that holds its value as a `value` tensor
- * and nothing else (the forms its evaluation copies whole), else NULL. */
+ * (the form its evaluation copies whole), else NULL; a malformed node is
+ * left to the evaluation, which names what is wrong. */
 static kf_attr *value_tensor(kf_node *n) {
-    static const char *const others[] = {"sparse_value", "value_float", "value_floats", "value_int",
-                                         "value_ints",   "value_string", "value_strings"};
-    kf_attr *a = (kf_attr *)kf_attr_find(n, "value");
-    if (!a || a->type != KF_ATTR_TENSOR || !a->t || a->t->parts || n->nout != 1 || !n->out[0]) return NULL;
-    for (size_t k = 0; k < sizeof others / sizeof *others; k++)
-        if (kf_attr_find(n, others[k])) return NULL;
-    return a;
+    const kf_attr *a;
+    if (kf_constant_value_attr(n, &a)) {
+        kf_clear_error();
+        return NULL;
+    }
+    if (strcmp(a->name, "value") || a->t->parts || n->nout != 1 || !n->out[0]) return NULL;
+    return (kf_attr *)a;
 }
 
 kf_status kf_pass_fold_constant_nodes(kf_model *m, kf_pass_ctx *ctx) {

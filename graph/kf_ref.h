@@ -111,6 +111,11 @@ kf_status kf_eval_node(const kf_node *n, int nin, const kf_tensor *const *in, kf
 kf_status kf_eval_graph(const kf_model *m, const kf_graph *g, const kf_tensor *const *bound, kf_tensor *outputs,
                         int depth);
 
+/* The one value attribute of Constant node n (value, value_float, ...),
+ * checked for its kind, in *out. Errors name the node: none or several set,
+ * the wrong kind, sparse_value (unsupported). (ops_shape_gen.c) */
+kf_status kf_constant_value_attr(const kf_node *n, const kf_attr **out);
+
 /* ---- control flow (ops_control.c) ------------------------------------------ */
 
 struct kf_body;

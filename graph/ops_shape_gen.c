@@ -24,8 +24,7 @@ static const char *const constant_attrs[] = {"value",        "sparse_value", "va
                                              "value_floats", "value_int",    "value_ints",
                                              "value_string", "value_strings"};
 
-/* The one value attribute of a Constant node, checked for its kind. */
-static kf_status constant_attr(const kf_node *n, const kf_attr **out) {
+kf_status kf_constant_value_attr(const kf_node *n, const kf_attr **out) {
     const kf_attr *found = NULL;
     for (size_t k = 0; k < sizeof constant_attrs / sizeof constant_attrs[0]; k++) {
         const kf_attr *a = kf_attr_find(n, constant_attrs[k]);
@@ -60,7 +59,7 @@ kf_status kf_layout_constant_shape(const kf_node *n, int nin, const kf_type *con
     (void)val;
     (void)nout;
     const kf_attr *a;
-    KF_TRY(constant_attr(n, &a));
+    KF_TRY(kf_constant_value_attr(n, &a));
     kf_type *o = &out[0];
     o->rank = 1;
     memset(o->syms, 0, sizeof o->syms);
@@ -79,7 +78,7 @@ kf_status kf_layout_constant_shape(const kf_node *n, int nin, const kf_type *con
 kf_status kf_layout_constant_eval(const kf_node *n, int nin, const kf_tensor *const *in, int nout,
                                   kf_tensor *out) {
     const kf_attr *a;
-    KF_TRY(constant_attr(n, &a));
+    KF_TRY(kf_constant_value_attr(n, &a));
     if (a->type == KF_ATTR_TENSOR) return kf_tensor_copy(&out[0], a->t);
     KF_TRY(kf_layout_prepare(n, nin, in, nout, out, kf_layout_constant_shape));
     kf_tensor *o = &out[0];
